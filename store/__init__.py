@@ -1,0 +1,51 @@
+"""Rollway's embedded store: rollouts, attempts, spans, resources, models and keys over SQLite or PostgreSQL.
+
+It knows nothing of HTTP. ``Store.open(url)`` creates or upgrades the schema and starts the single batched
+writer (SQLite) and the watchdog; every other public object is a pydantic schema from ``store.schemas``.
+"""
+
+from store.errors import ConflictError, NotFoundError, StoreError, StoreValidationError, UnavailableError
+from store.schemas import (
+    ApiKey,
+    Attempt,
+    AttemptedRollout,
+    Backend,
+    ModelAlias,
+    Page,
+    ResourcesUpdate,
+    Rollout,
+    RolloutConfig,
+    Span,
+    SpanStatus,
+    StoreStats,
+    TaskSpec,
+    Worker,
+)
+from store.states import AttemptStatus, RolloutStatus
+from store.store import UNSET, Store
+
+__all__ = [
+    "UNSET",
+    "ApiKey",
+    "Attempt",
+    "AttemptStatus",
+    "AttemptedRollout",
+    "Backend",
+    "ConflictError",
+    "ModelAlias",
+    "NotFoundError",
+    "Page",
+    "ResourcesUpdate",
+    "Rollout",
+    "RolloutConfig",
+    "RolloutStatus",
+    "Span",
+    "SpanStatus",
+    "Store",
+    "StoreError",
+    "StoreStats",
+    "StoreValidationError",
+    "TaskSpec",
+    "UnavailableError",
+    "Worker",
+]

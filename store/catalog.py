@@ -1,0 +1,158 @@
+"""Model aliases (what clients put in ``model``) with their backends, and API keys.
+
+Backend API keys are stored so the gateway can use them; the public ``Backend`` keeps them as
+``SecretStr``, so they never print. Gateway and rollout keys are random tokens shown once at mint time and
+stored only as SHA-256 digests (they carry 256 bits of entropy, so a fast hash is the right tool).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from store import ids, models
+from store.errors import NotFoundError, StoreValidationError
+from store.schemas import ApiKey, Backend, KeyScope, ModelAlias
+
+M = models.model_aliases
+K = models.api_keys
+KEY_PREFIXES: dict[str, str] = {"gateway": "sk-rw-", "rollout": "rk-", "admin": "ak-"}
+
+
+def _backend_json(backend: Backend) -> dict[str, Any]:
+    data = backend.model_dump(mode="json")
+    data["api_key"] = backend.api_key.get_secret_value() if backend.api_key else None
+    return data
+
+
+def _alias(row: Any) -> ModelAlias:
+    return ModelAlias(
+        alias=row["alias"],
+        backends=[Backend.model_validate(b) for b in row["backends"]],
+        version=row["version"],
+        sampling=row["sampling"],
+        paused=row["paused"],
+        created_time=row["created_time"],
+        updated_time=row["updated_time"],
+    )
+
+
+async def get_model(conn: AsyncConnection, alias: str) -> ModelAlias:
+    row = (await conn.execute(select(M).where(M.c.alias == alias))).mappings().first()
+    if row is None:
+        raise NotFoundError(f"model '{alias}' not found")
+    return _alias(row)
+
+
+async def list_models(conn: AsyncConnection) -> list[ModelAlias]:
+    return [_alias(r) for r in (await conn.execute(select(M).order_by(M.c.alias))).mappings()]
+
+
+async def put_model(
+    conn: AsyncConnection,
+    alias: str,
+    backends: list[Backend],
+    version: str | None,
+    sampling: dict[str, Any] | None,
+    now: float,
+) -> ModelAlias:
+    """Create or replace an alias. Without an explicit version, a replaced alias gets its version + 1."""
+    if not alias:
+        raise StoreValidationError("a model alias must not be empty")
+    if not backends:
+        raise StoreValidationError(f"model '{alias}' needs at least one backend")
+    if len({b.backend_id for b in backends}) != len(backends):
+        raise StoreValidationError(f"model '{alias}' has two backends with the same backend_id")
+    row = (await conn.execute(select(M).where(M.c.alias == alias))).mappings().first()
+    if version is None:
+        version = "1" if row is None else _next_version(row["version"])
+    values = {
+        "backends": [_backend_json(b) for b in backends],
+        "version": version,
+        "sampling": sampling,
+        "updated_time": now,
+    }
+    if row is None:
+        await conn.execute(M.insert().values(alias=alias, paused=False, created_time=now, **values))
+    else:
+        await conn.execute(update(M).where(M.c.alias == alias).values(**values))
+    return await get_model(conn, alias)
+
+
+def _next_version(version: str) -> str:
+    return str(int(version) + 1) if version.isdigit() else f"{version}+1"
+
+
+async def set_paused(conn: AsyncConnection, alias: str, paused: bool, now: float) -> ModelAlias:
+    result = await conn.execute(update(M).where(M.c.alias == alias).values(paused=paused, updated_time=now))
+    if result.rowcount == 0:
+        raise NotFoundError(f"model '{alias}' not found")
+    return await get_model(conn, alias)
+
+
+async def delete_model(conn: AsyncConnection, alias: str) -> None:
+    if (await conn.execute(delete(M).where(M.c.alias == alias))).rowcount == 0:
+        raise NotFoundError(f"model '{alias}' not found")
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _key(row: Any) -> ApiKey:
+    return ApiKey.model_validate({k: row[k] for k in ApiKey.model_fields})
+
+
+async def mint_key(
+    conn: AsyncConnection,
+    scope: KeyScope,
+    now: float,
+    *,
+    name: str | None = None,
+    rollout_id: str | None = None,
+    attempt_id: str | None = None,
+    expires_time: float | None = None,
+) -> tuple[ApiKey, str]:
+    """A new key: the stored record and the key itself (returned once, never stored in clear)."""
+    if scope == "rollout" and not (rollout_id and attempt_id):
+        raise StoreValidationError("a rollout key needs a rollout_id and an attempt_id")
+    plain = KEY_PREFIXES[scope] + secrets.token_urlsafe(32)
+    row = {
+        "key_id": ids.key_id(),
+        "key_hash": digest(plain),
+        "prefix": plain[:10],
+        "scope": scope,
+        "name": name,
+        "rollout_id": rollout_id,
+        "attempt_id": attempt_id,
+        "created_time": now,
+        "expires_time": expires_time,
+        "revoked_time": None,
+    }
+    await conn.execute(K.insert().values(**row))
+    return _key(row), plain
+
+
+async def find_key(conn: AsyncConnection, plain: str, now: float) -> ApiKey | None:
+    """The live key record for ``plain`` (None when unknown, revoked or expired)."""
+    row = (await conn.execute(select(K).where(K.c.key_hash == digest(plain)))).mappings().first()
+    if row is None or row["revoked_time"] is not None:
+        return None
+    if row["expires_time"] is not None and row["expires_time"] <= now:
+        return None
+    return _key(row)
+
+
+async def revoke_key(conn: AsyncConnection, key_id: str, now: float) -> ApiKey:
+    result = await conn.execute(
+        update(K).where(K.c.key_id == key_id, K.c.revoked_time.is_(None)).values(revoked_time=now)
+    )
+    row = (await conn.execute(select(K).where(K.c.key_id == key_id))).mappings().first()
+    if row is None:
+        raise NotFoundError(f"key '{key_id}' not found")
+    del result
+    return _key(row)

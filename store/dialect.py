@@ -1,0 +1,54 @@
+"""The few places where SQLite and PostgreSQL differ in SQL, behind one small interface."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from sqlalchemy import Select, Table
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from store.errors import StoreValidationError
+
+
+def upsert(conn: AsyncConnection, table: Table) -> Any:
+    """An ``INSERT`` with ``on_conflict_do_*`` (both engines spell it the same way)."""
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(table)
+    return sqlite.insert(table)
+
+
+def lock_rows(stmt: Select[Any], conn: AsyncConnection, *, skip_locked: bool = False) -> Select[Any]:
+    """``FOR UPDATE [SKIP LOCKED]`` on PostgreSQL; SQLite's single writer already excludes other writers."""
+    if conn.dialect.name == "postgresql":
+        return stmt.with_for_update(skip_locked=skip_locked)
+    return stmt
+
+
+def encode_cursor(pk: int) -> str:
+    return base64.urlsafe_b64encode(f"pk:{pk}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> int | None:
+    """The row position a cursor stands for; a cursor this store did not make is a validation error."""
+    if cursor is None or cursor == "":
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        kind, _, value = raw.partition(":")
+        if kind != "pk":
+            raise ValueError(kind)
+        pk = int(value)
+    except (ValueError, UnicodeDecodeError, binascii.Error) as exc:
+        raise StoreValidationError(f"invalid cursor '{cursor}'") from exc
+    if pk < 0:
+        raise StoreValidationError(f"invalid cursor '{cursor}'")
+    return pk
+
+
+def check_limit(limit: int, maximum: int = 1000) -> int:
+    if limit < 1 or limit > maximum:
+        raise StoreValidationError(f"limit must be between 1 and {maximum}, got {limit}")
+    return limit

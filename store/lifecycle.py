@@ -1,0 +1,185 @@
+"""Attempt outcomes and their propagation to the rollout (the seed's transition tables, applied).
+
+Every function here runs inside a write transaction. Row locks are always taken rollout first, then
+attempt, then span sequence, so concurrent operations on PostgreSQL cannot deadlock each other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import RowMapping, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from store import models
+from store.dialect import lock_rows, upsert
+from store.errors import ConflictError, NotFoundError
+from store.schemas import RolloutConfig
+from store.states import (
+    ATTEMPT_TERMINAL,
+    FINISHED,
+    REVIVED_BY_SPAN,
+    AttemptStatus,
+    RolloutStatus,
+    check_attempt_transition,
+    check_rollout_transition,
+    rollout_status_for_attempt,
+)
+
+R = models.rollouts
+A = models.attempts
+FINISH_COUNTER = "rollout_finish_seq"
+
+
+async def load_rollout(conn: AsyncConnection, rollout_id: str, *, lock: bool = True) -> RowMapping:
+    stmt = select(R).where(R.c.rollout_id == rollout_id)
+    row = (await conn.execute(lock_rows(stmt, conn) if lock else stmt)).mappings().first()
+    if row is None:
+        raise NotFoundError(f"rollout '{rollout_id}' not found")
+    return row
+
+
+async def load_attempt(
+    conn: AsyncConnection, rollout: RowMapping, attempt_id: str, *, lock: bool = True
+) -> RowMapping:
+    """The attempt ``attempt_id`` (or ``latest``) of ``rollout``."""
+    if attempt_id == "latest":
+        if rollout["latest_attempt_id"] is None:
+            raise NotFoundError(f"rollout '{rollout['rollout_id']}' has no attempts")
+        attempt_id = rollout["latest_attempt_id"]
+    stmt = select(A).where(A.c.attempt_id == attempt_id, A.c.rollout_id == rollout["rollout_id"])
+    row = (await conn.execute(lock_rows(stmt, conn) if lock else stmt)).mappings().first()
+    if row is None:
+        raise NotFoundError(f"attempt '{attempt_id}' of rollout '{rollout['rollout_id']}' not found")
+    return row
+
+
+def require_latest(rollout: RowMapping, attempt: RowMapping) -> None:
+    """Refuse a write to an attempt that a newer attempt has replaced."""
+    if rollout["latest_attempt_id"] != attempt["attempt_id"]:
+        raise ConflictError(
+            f"attempt '{attempt['attempt_id']}' of rollout '{rollout['rollout_id']}' is stale: "
+            f"the latest attempt is '{rollout['latest_attempt_id']}'"
+        )
+
+
+async def next_finish_seq(conn: AsyncConnection) -> int:
+    """The next position in the order rollouts finish (for incremental exports)."""
+    stmt = upsert(conn, models.counters).values(name=FINISH_COUNTER, value=1)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["name"], set_={"value": models.counters.c.value + 1}
+    ).returning(models.counters.c.value)
+    return int((await conn.execute(stmt)).scalar_one())
+
+
+async def set_rollout_status(
+    conn: AsyncConnection, rollout: RowMapping, status: RolloutStatus, now: float, *, check: bool = True
+) -> RolloutStatus:
+    """Move ``rollout`` to ``status`` with the side effects the status implies."""
+    current = RolloutStatus(rollout["status"])
+    if status == current:
+        return current
+    if check:
+        check_rollout_transition(current, status)
+    values: dict[str, Any] = {"status": status.value, "updated_time": now}
+    if status in FINISHED:
+        values["end_time"] = now
+        values["finish_seq"] = await next_finish_seq(conn)
+        values["queue_time"] = None
+    elif status == RolloutStatus.REQUEUING:
+        values["end_time"] = None
+        values["finish_seq"] = None
+        values["queue_time"] = now
+    else:
+        values["end_time"] = None
+        values["finish_seq"] = None
+        values["queue_time"] = None
+    await conn.execute(update(R).where(R.c.pk == rollout["pk"]).values(**values))
+    return status
+
+
+async def apply_attempt_status(
+    conn: AsyncConnection,
+    rollout: RowMapping,
+    attempt: RowMapping,
+    status: AttemptStatus,
+    now: float,
+) -> None:
+    """Set an attempt's status and, when it is the latest attempt, propagate it to the rollout."""
+    current = AttemptStatus(attempt["status"])
+    check_attempt_transition(current, status)
+    if status == current:
+        return
+    values: dict[str, Any] = {"status": status.value}
+    if status in ATTEMPT_TERMINAL:
+        values["end_time"] = now
+    await conn.execute(update(A).where(A.c.pk == attempt["pk"]).values(**values))
+    await sync_worker(conn, attempt["worker_id"], rollout["rollout_id"], attempt["attempt_id"], status, now)
+    if rollout["latest_attempt_id"] != attempt["attempt_id"]:
+        return
+    if rollout["status"] == RolloutStatus.CANCELLED:
+        return
+    config = RolloutConfig.model_validate(rollout["config"])
+    target = rollout_status_for_attempt(
+        status, attempt["sequence_id"], config.max_attempts, config.retry_condition
+    )
+    await set_rollout_status(conn, rollout, target, now)
+
+
+async def record_heartbeat(
+    conn: AsyncConnection, rollout: RowMapping, attempt: RowMapping, now: float
+) -> None:
+    """A span or heartbeat: refresh liveness, revive ``preparing``/``unresponsive`` to ``running``.
+
+    A heartbeat never revives ``timeout``, ``failed`` or ``succeeded``. The rollout follows to ``running``
+    only from ``preparing``/``queuing``/``requeuing`` and only for its latest attempt.
+    """
+    values: dict[str, Any] = {"last_heartbeat_time": now}
+    revived = AttemptStatus(attempt["status"]) in REVIVED_BY_SPAN
+    if revived:
+        values["status"] = AttemptStatus.RUNNING.value
+    await conn.execute(update(A).where(A.c.pk == attempt["pk"]).values(**values))
+    if not revived or rollout["latest_attempt_id"] != attempt["attempt_id"]:
+        return
+    await sync_worker(
+        conn, attempt["worker_id"], rollout["rollout_id"], attempt["attempt_id"], AttemptStatus.RUNNING, now
+    )
+    if rollout["status"] in (RolloutStatus.PREPARING, RolloutStatus.QUEUING, RolloutStatus.REQUEUING):
+        await set_rollout_status(conn, rollout, RolloutStatus.RUNNING, now, check=False)
+
+
+async def sync_worker(
+    conn: AsyncConnection,
+    worker_id: str | None,
+    rollout_id: str,
+    attempt_id: str,
+    status: AttemptStatus,
+    now: float,
+) -> None:
+    """Keep the worker's view (idle/busy/unknown) in step with the attempt it runs."""
+    if not worker_id:
+        return
+    values: dict[str, Any]
+    if status in (AttemptStatus.SUCCEEDED, AttemptStatus.FAILED):
+        values = {
+            "status": "idle",
+            "last_idle_time": now,
+            "current_rollout_id": None,
+            "current_attempt_id": None,
+        }
+    elif status in (AttemptStatus.TIMEOUT, AttemptStatus.UNRESPONSIVE):
+        values = {
+            "status": "unknown",
+            "last_idle_time": now,
+            "current_rollout_id": None,
+            "current_attempt_id": None,
+        }
+    else:
+        values = {
+            "status": "busy",
+            "last_busy_time": now,
+            "current_rollout_id": rollout_id,
+            "current_attempt_id": attempt_id,
+        }
+    stmt = upsert(conn, models.workers).values(worker_id=worker_id, **values)
+    await conn.execute(stmt.on_conflict_do_update(index_elements=["worker_id"], set_=values))

@@ -1,0 +1,16 @@
+"""Alembic environment. Rollway runs migrations itself (``store.migrate``) on a connection it passes in."""
+
+from __future__ import annotations
+
+from alembic import context
+
+from store.models import SQLModel
+
+connection = context.config.attributes["connection"]
+context.configure(
+    connection=connection,
+    target_metadata=SQLModel.metadata,
+    render_as_batch=connection.dialect.name == "sqlite",
+)
+with context.begin_transaction():
+    context.run_migrations()

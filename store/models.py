@@ -1,0 +1,187 @@
+"""Database tables (SQLModel). Public shapes live in ``store.schemas``; these are storage only.
+
+Times are float seconds since the epoch. JSON columns hold what clients sent, untouched. Unattributed spans
+(gateway calls that belong to no rollout) use the empty string as rollout and attempt id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Column, Index, Integer, UniqueConstraint, text
+from sqlmodel import Field, SQLModel
+
+#: 64-bit ids on PostgreSQL; INTEGER (the rowid alias, also 64-bit) on SQLite.
+BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
+
+QUEUED_SQL = "status IN ('queuing', 'requeuing')"
+
+
+def _json(nullable: bool = True) -> Any:
+    return Field(default=None, sa_column=Column(JSON, nullable=nullable))
+
+
+class RolloutRow(SQLModel, table=True):
+    __tablename__ = "rollouts"
+    __table_args__ = (
+        Index(
+            "ix_rollouts_queue",
+            text("priority DESC"),
+            "queue_time",
+            "pk",
+            sqlite_where=text(QUEUED_SQL),
+            postgresql_where=text(QUEUED_SQL),
+        ),
+        Index("ix_rollouts_finish_seq", "finish_seq"),
+    )
+
+    pk: int | None = Field(default=None, primary_key=True)
+    rollout_id: str = Field(max_length=128, unique=True)
+    input: Any = _json()
+    mode: str | None = Field(default=None, max_length=16)
+    resources_id: str | None = Field(default=None, max_length=64)
+    status: str = Field(max_length=16, index=True)
+    config: Any = _json(nullable=False)
+    meta: Any = Field(default=None, sa_column=Column("metadata", JSON, nullable=True))
+    group_id: str | None = Field(default=None, max_length=128, index=True)
+    group_size: int | None = None
+    group_index: int | None = None
+    priority: int = 0
+    agent: str | None = Field(default=None, max_length=128)
+    start_time: float
+    end_time: float | None = None
+    queue_time: float | None = None
+    finish_seq: int | None = Field(default=None, sa_type=BigInteger)
+    attempt_count: int = 0
+    latest_attempt_id: str | None = Field(default=None, max_length=64)
+    updated_time: float
+
+
+class AttemptRow(SQLModel, table=True):
+    __tablename__ = "attempts"
+    __table_args__ = (UniqueConstraint("rollout_id", "sequence_id", name="uq_attempts_rollout_sequence"),)
+
+    pk: int | None = Field(default=None, primary_key=True)
+    rollout_id: str = Field(max_length=128, foreign_key="rollouts.rollout_id")
+    attempt_id: str = Field(max_length=64, unique=True)
+    sequence_id: int
+    status: str = Field(max_length=16)
+    worker_id: str | None = Field(default=None, max_length=128)
+    start_time: float
+    end_time: float | None = None
+    last_heartbeat_time: float | None = None
+    meta: Any = Field(default=None, sa_column=Column("metadata", JSON, nullable=True))
+
+
+class SpanRow(SQLModel, table=True):
+    __tablename__ = "spans"
+    __table_args__ = (
+        UniqueConstraint("rollout_id", "attempt_id", "sequence_id", name="uq_spans_sequence"),
+        UniqueConstraint("rollout_id", "attempt_id", "span_id", name="uq_spans_span_id"),
+    )
+
+    pk: int | None = Field(default=None, primary_key=True, sa_type=BIG_ID)
+    rollout_id: str = Field(max_length=128)
+    attempt_id: str = Field(max_length=64)
+    sequence_id: int
+    trace_id: str = Field(max_length=64)
+    span_id: str = Field(max_length=64)
+    parent_id: str | None = Field(default=None, max_length=64)
+    name: str = Field(max_length=512)
+    status_code: str = Field(default="UNSET", max_length=8)
+    status_description: str | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+    attributes: Any = _json()
+    events: Any = _json()
+    links: Any = _json()
+    resource: Any = _json()
+    extra: Any = _json()
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    created_time: float
+
+
+class SpanSequenceRow(SQLModel, table=True):
+    """The last sequence id handed out per (rollout, attempt)."""
+
+    __tablename__ = "span_sequences"
+
+    rollout_id: str = Field(primary_key=True, max_length=128)
+    attempt_id: str = Field(primary_key=True, max_length=64)
+    last_value: int = 0
+
+
+class ResourcesRow(SQLModel, table=True):
+    """One immutable version of a named-resources bundle; the newest row overall is "latest"."""
+
+    __tablename__ = "resources"
+    __table_args__ = (UniqueConstraint("resources_id", "version", name="uq_resources_version"),)
+
+    pk: int | None = Field(default=None, primary_key=True)
+    resources_id: str = Field(max_length=64, index=True)
+    version: int
+    resources: Any = _json(nullable=False)
+    create_time: float
+    update_time: float
+
+
+class CounterRow(SQLModel, table=True):
+    """Named monotonic counters (finish order of rollouts) and debounce clocks (the watchdog's)."""
+
+    __tablename__ = "counters"
+
+    name: str = Field(primary_key=True, max_length=64)
+    value: float = 0.0
+
+
+class ModelAliasRow(SQLModel, table=True):
+    __tablename__ = "model_aliases"
+
+    alias: str = Field(primary_key=True, max_length=256)
+    backends: Any = _json(nullable=False)
+    version: str = Field(max_length=128)
+    sampling: Any = _json()
+    paused: bool = False
+    created_time: float
+    updated_time: float
+
+
+class ApiKeyRow(SQLModel, table=True):
+    __tablename__ = "api_keys"
+
+    key_id: str = Field(primary_key=True, max_length=64)
+    key_hash: str = Field(max_length=128, unique=True)
+    prefix: str = Field(max_length=16)
+    scope: str = Field(max_length=16)
+    name: str | None = Field(default=None, max_length=256)
+    rollout_id: str | None = Field(default=None, max_length=128, index=True)
+    attempt_id: str | None = Field(default=None, max_length=64)
+    created_time: float
+    expires_time: float | None = None
+    revoked_time: float | None = None
+
+
+class WorkerRow(SQLModel, table=True):
+    __tablename__ = "workers"
+
+    worker_id: str = Field(primary_key=True, max_length=128)
+    status: str = Field(default="unknown", max_length=16)
+    heartbeat_stats: Any = _json()
+    last_heartbeat_time: float | None = None
+    last_dequeue_time: float | None = None
+    last_busy_time: float | None = None
+    last_idle_time: float | None = None
+    current_rollout_id: str | None = Field(default=None, max_length=128)
+    current_attempt_id: str | None = Field(default=None, max_length=64)
+
+
+rollouts = RolloutRow.__table__  # type: ignore[attr-defined]
+attempts = AttemptRow.__table__  # type: ignore[attr-defined]
+spans = SpanRow.__table__  # type: ignore[attr-defined]
+span_sequences = SpanSequenceRow.__table__  # type: ignore[attr-defined]
+resources = ResourcesRow.__table__  # type: ignore[attr-defined]
+counters = CounterRow.__table__  # type: ignore[attr-defined]
+model_aliases = ModelAliasRow.__table__  # type: ignore[attr-defined]
+api_keys = ApiKeyRow.__table__  # type: ignore[attr-defined]
+workers = WorkerRow.__table__  # type: ignore[attr-defined]

@@ -1,0 +1,243 @@
+"""The task queue: enqueue (idempotent by client ``rollout_id``, groups), the atomic claim, and direct starts.
+
+The queue is not a separate structure: it is the rollouts in ``queuing``/``requeuing``, ordered by priority
+(high first) then by the time they entered the queue (FIFO), read through a partial index. A claim moves
+them to ``preparing`` in the same transaction that selects them: on SQLite under the single writer's
+``BEGIN IMMEDIATE``, on PostgreSQL with ``FOR UPDATE SKIP LOCKED``, so no rollout goes to two workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import RowMapping, bindparam, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from store import convert, ids, models
+from store import resources as resources_ops
+from store.dialect import lock_rows, upsert
+from store.errors import ConflictError, StoreValidationError
+from store.lifecycle import load_rollout, set_rollout_status, sync_worker
+from store.schemas import AttemptedRollout, RolloutConfig, TaskSpec
+from store.states import QUEUED, AttemptStatus, RolloutStatus
+
+R = models.rollouts
+A = models.attempts
+
+
+def expand(spec: TaskSpec) -> list[tuple[str | None, str | None, int | None]]:
+    """(rollout_id, group_id, group_index) for each rollout a task stands for."""
+    size = spec.group_size or 1
+    if size == 1:
+        return [(spec.rollout_id, spec.group_id, 0 if spec.group_id else None)]
+    group = spec.group_id or (f"{spec.rollout_id}" if spec.rollout_id else ids.group_id())
+    return [(f"{spec.rollout_id}-{i}" if spec.rollout_id else None, group, i) for i in range(size)]
+
+
+async def _resolve_resources(conn: AsyncConnection, specs: list[TaskSpec]) -> str | None:
+    """Check the named resources exist; return the latest id for tasks that name none."""
+    named = {s.resources_id for s in specs if s.resources_id}
+    for rid in named:
+        if not await resources_ops.exists(conn, rid):
+            raise StoreValidationError(f"resources '{rid}' not found")
+    if all(s.resources_id for s in specs):
+        return None
+    return await resources_ops.latest_id(conn)
+
+
+def _row(
+    spec: TaskSpec,
+    rollout_id: str,
+    group: tuple[str | None, int | None],
+    status: RolloutStatus,
+    latest_resources: str | None,
+    now: float,
+) -> dict[str, Any]:
+    group_id, group_index = group
+    return {
+        "rollout_id": rollout_id,
+        "input": spec.input,
+        "mode": spec.mode,
+        "resources_id": spec.resources_id or latest_resources,
+        "status": status.value,
+        "config": (spec.config or RolloutConfig()).model_dump(mode="json"),
+        "metadata": spec.metadata,
+        "group_id": group_id,
+        "group_size": (spec.group_size or 1) if group_id else None,
+        "group_index": group_index,
+        "priority": spec.priority,
+        "agent": spec.agent,
+        "start_time": now,
+        "end_time": None,
+        "queue_time": now if status in QUEUED else None,
+        "finish_seq": None,
+        "attempt_count": 0,
+        "latest_attempt_id": None,
+        "updated_time": now,
+    }
+
+
+async def enqueue(conn: AsyncConnection, specs: list[TaskSpec], now: float) -> list[RowMapping]:
+    """Insert the rollouts ``specs`` stand for; a client ``rollout_id`` that exists returns the stored one."""
+    latest = await _resolve_resources(conn, specs)
+    planned: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for spec in specs:
+        for rollout_id, group_id, group_index in expand(spec):
+            rid = rollout_id or ids.rollout_id()
+            if rid in seen:
+                continue
+            seen.add(rid)
+            planned.append(_row(spec, rid, (group_id, group_index), RolloutStatus.QUEUING, latest, now))
+    client_ids = [r["rollout_id"] for r in planned if r["rollout_id"]]
+    if any(s.rollout_id for s in specs):
+        # Idempotent enqueue: skip ids that already exist (a concurrent insert is absorbed by ON CONFLICT).
+        stmt = upsert(conn, R).on_conflict_do_nothing(index_elements=["rollout_id"])
+        await conn.execute(stmt, planned)
+        rows = (await conn.execute(select(R).where(R.c.rollout_id.in_(client_ids)))).mappings().all()
+        by_id = {r["rollout_id"]: r for r in rows}
+        return [by_id[r["rollout_id"]] for r in planned]
+    await conn.execute(R.insert(), planned)
+    return [_as_mapping(r) for r in planned]
+
+
+class _Mapping(dict[str, Any]):
+    """A planned row used as a RowMapping (same item access)."""
+
+
+def _as_mapping(row: dict[str, Any]) -> RowMapping:
+    return _Mapping(row)  # type: ignore[return-value]
+
+
+async def _new_attempt(
+    conn: AsyncConnection, rollout: RowMapping, worker_id: str | None, now: float
+) -> dict[str, Any]:
+    attempt = {
+        "rollout_id": rollout["rollout_id"],
+        "attempt_id": ids.attempt_id(),
+        "sequence_id": rollout["attempt_count"] + 1,
+        "status": AttemptStatus.PREPARING.value,
+        "worker_id": worker_id,
+        "start_time": now,
+        "end_time": None,
+        "last_heartbeat_time": None,
+        "metadata": None,
+    }
+    await set_rollout_status(conn, rollout, RolloutStatus.PREPARING, now)  # refuses finished rollouts
+    await conn.execute(A.insert().values(**attempt))
+    await conn.execute(
+        update(R)
+        .where(R.c.pk == rollout["pk"])
+        .values(attempt_count=attempt["sequence_id"], latest_attempt_id=attempt["attempt_id"])
+    )
+    await sync_worker(
+        conn, worker_id, rollout["rollout_id"], attempt["attempt_id"], AttemptStatus.PREPARING, now
+    )
+    return attempt
+
+
+async def _attempted(
+    conn: AsyncConnection, pairs: list[tuple[RowMapping, dict[str, Any]]], now: float
+) -> list[AttemptedRollout]:
+    wanted = {r["resources_id"] for r, _ in pairs if r["resources_id"]}
+    found = await resources_ops.many(conn, wanted)
+    out = []
+    for rollout, attempt in pairs:
+        ro = convert.rollout(rollout).model_copy(
+            update={
+                "status": RolloutStatus.PREPARING,
+                "attempt_count": attempt["sequence_id"],
+                "end_time": None,
+            }
+        )
+        out.append(
+            AttemptedRollout(
+                rollout=ro,
+                attempt=convert.attempt(_as_mapping(attempt)),
+                resources=found.get(rollout["resources_id"]) if rollout["resources_id"] else None,
+            )
+        )
+    return out
+
+
+async def claim(
+    conn: AsyncConnection, worker_id: str | None, limit: int, now: float
+) -> list[AttemptedRollout]:
+    """Hand up to ``limit`` queued rollouts to ``worker_id``, each with a new attempt in ``preparing``."""
+    stmt = (
+        select(R)
+        .where(R.c.status.in_([s.value for s in QUEUED]))
+        .order_by(R.c.priority.desc(), R.c.queue_time, R.c.pk)
+        .limit(limit)
+    )
+    rows = (await conn.execute(lock_rows(stmt, conn, skip_locked=True))).mappings().all()
+    if worker_id:
+        values = {"last_dequeue_time": now}
+        await conn.execute(
+            upsert(conn, models.workers)
+            .values(worker_id=worker_id, status="idle", **values)
+            .on_conflict_do_update(index_elements=["worker_id"], set_=values)
+        )
+    if not rows:
+        return []
+    attempts = [
+        {
+            "rollout_id": r["rollout_id"],
+            "attempt_id": ids.attempt_id(),
+            "sequence_id": r["attempt_count"] + 1,
+            "status": AttemptStatus.PREPARING.value,
+            "worker_id": worker_id,
+            "start_time": now,
+            "end_time": None,
+            "last_heartbeat_time": None,
+            "metadata": None,
+        }
+        for r in rows
+    ]
+    await conn.execute(A.insert(), attempts)
+    await conn.execute(
+        update(R)
+        .where(R.c.pk == bindparam("b_pk"))
+        .values(
+            status=RolloutStatus.PREPARING.value,
+            attempt_count=bindparam("b_count"),
+            latest_attempt_id=bindparam("b_attempt"),
+            queue_time=None,
+            updated_time=now,
+        ),
+        [
+            {"b_pk": r["pk"], "b_count": a["sequence_id"], "b_attempt": a["attempt_id"]}
+            for r, a in zip(rows, attempts, strict=True)
+        ],
+    )
+    last = attempts[-1]
+    await sync_worker(conn, worker_id, last["rollout_id"], last["attempt_id"], AttemptStatus.PREPARING, now)
+    return await _attempted(conn, list(zip(rows, attempts, strict=True)), now)
+
+
+async def start_rollout(
+    conn: AsyncConnection, spec: TaskSpec, worker_id: str | None, now: float
+) -> AttemptedRollout:
+    """Create a rollout that skips the queue: attempt 1 in ``preparing`` right away."""
+    if (spec.group_size or 1) != 1:
+        raise StoreValidationError("start_rollout takes a single task: group_size must be 1")
+    latest = await _resolve_resources(conn, [spec])
+    group = (spec.group_id, 0 if spec.group_id else None)
+    if spec.rollout_id:
+        taken = await conn.execute(select(R.c.pk).where(R.c.rollout_id == spec.rollout_id))
+        if taken.first() is not None:
+            raise ConflictError(f"rollout '{spec.rollout_id}' already exists")
+    row = _row(spec, spec.rollout_id or ids.rollout_id(), group, RolloutStatus.PREPARING, latest, now)
+    row["pk"] = (await conn.execute(R.insert().values(**row).returning(R.c.pk))).scalar_one()
+    rollout = _as_mapping(row)
+    attempt = await _new_attempt(conn, rollout, worker_id, now)
+    return (await _attempted(conn, [(rollout, attempt)], now))[0]
+
+
+async def start_attempt(
+    conn: AsyncConnection, rollout_id: str, worker_id: str | None, now: float
+) -> AttemptedRollout:
+    """A new attempt for an existing rollout (a manual retry); the previous attempt becomes stale."""
+    rollout = await load_rollout(conn, rollout_id)
+    attempt = await _new_attempt(conn, rollout, worker_id, now)
+    return (await _attempted(conn, [(rollout, attempt)], now))[0]

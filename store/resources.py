@@ -1,0 +1,112 @@
+"""Versioned named resources (LLM endpoints, prompt templates, ...).
+
+Each ``add`` makes a new bundle (new id, version 1); each ``update`` a new immutable version of an existing
+bundle (version + 1). The newest version written, of any bundle, is "latest".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from store import convert, ids, models
+from store.dialect import check_limit, decode_cursor, encode_cursor
+from store.errors import NotFoundError, StoreValidationError
+from store.schemas import Page, ResourcesUpdate
+
+T = models.resources
+
+
+def _check(resources: Any) -> dict[str, Any]:
+    if not isinstance(resources, dict) or not all(isinstance(k, str) and k for k in resources):
+        raise StoreValidationError("resources must be an object mapping names to resources")
+    return resources
+
+
+async def add(conn: AsyncConnection, resources: dict[str, Any], now: float) -> ResourcesUpdate:
+    row = {
+        "resources_id": ids.resources_id(),
+        "version": 1,
+        "resources": _check(resources),
+        "create_time": now,
+        "update_time": now,
+    }
+    await conn.execute(T.insert().values(**row))
+    return ResourcesUpdate.model_validate(row)
+
+
+async def update(
+    conn: AsyncConnection, resources_id: str, resources: dict[str, Any], now: float
+) -> ResourcesUpdate:
+    """A new version of ``resources_id`` (version 1 when the id is new, as Agent-lightning's upsert)."""
+    current = await _newest(conn, resources_id)
+    row = {
+        "resources_id": resources_id,
+        "version": 1 if current is None else current.version + 1,
+        "resources": _check(resources),
+        "create_time": now if current is None else current.create_time,
+        "update_time": now,
+    }
+    await conn.execute(T.insert().values(**row))
+    return ResourcesUpdate.model_validate(row)
+
+
+async def _newest(conn: AsyncConnection, resources_id: str) -> ResourcesUpdate | None:
+    stmt = select(T).where(T.c.resources_id == resources_id).order_by(T.c.version.desc()).limit(1)
+    row = (await conn.execute(stmt)).mappings().first()
+    return None if row is None else convert.resources(row)
+
+
+async def get(conn: AsyncConnection, resources_id: str) -> ResourcesUpdate:
+    found = await _newest(conn, resources_id)
+    if found is None:
+        raise NotFoundError(f"resources '{resources_id}' not found")
+    return found
+
+
+async def latest(conn: AsyncConnection) -> ResourcesUpdate | None:
+    row = (await conn.execute(select(T).order_by(T.c.pk.desc()).limit(1))).mappings().first()
+    return None if row is None else convert.resources(row)
+
+
+async def latest_id(conn: AsyncConnection) -> str | None:
+    stmt = select(T.c.resources_id).order_by(T.c.pk.desc()).limit(1)
+    return (await conn.execute(stmt)).scalar_one_or_none()
+
+
+async def exists(conn: AsyncConnection, resources_id: str) -> bool:
+    stmt = select(T.c.pk).where(T.c.resources_id == resources_id).limit(1)
+    return (await conn.execute(stmt)).first() is not None
+
+
+async def many(conn: AsyncConnection, resources_ids: set[str]) -> dict[str, ResourcesUpdate]:
+    """The newest version of each of ``resources_ids``."""
+    if not resources_ids:
+        return {}
+    newest = (
+        select(T.c.resources_id, func.max(T.c.version).label("version"))
+        .where(T.c.resources_id.in_(resources_ids))
+        .group_by(T.c.resources_id)
+        .subquery()
+    )
+    stmt = select(T).join(
+        newest, (T.c.resources_id == newest.c.resources_id) & (T.c.version == newest.c.version)
+    )
+    return {row["resources_id"]: convert.resources(row) for row in (await conn.execute(stmt)).mappings()}
+
+
+async def page(conn: AsyncConnection, limit: int, cursor: str | None) -> Page[ResourcesUpdate]:
+    """Every bundle at its newest version, oldest bundle first."""
+    check_limit(limit)
+    after = decode_cursor(cursor)
+    first = select(func.min(T.c.pk).label("pk"), T.c.resources_id).group_by(T.c.resources_id).subquery()
+    stmt = select(first.c.pk, first.c.resources_id).order_by(first.c.pk).limit(limit + 1)
+    if after is not None:
+        stmt = stmt.where(first.c.pk > after)
+    rows = (await conn.execute(stmt)).all()
+    found = await many(conn, {r.resources_id for r in rows[:limit]})
+    items = [found[r.resources_id] for r in rows[:limit]]
+    next_cursor = encode_cursor(rows[limit - 1].pk) if len(rows) > limit else None
+    return Page[ResourcesUpdate](items=items, next_cursor=next_cursor)

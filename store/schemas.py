@@ -1,0 +1,202 @@
+"""Public objects of the store: what callers pass in and get back (pydantic, JSON-ready)."""
+
+from __future__ import annotations
+
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from store import ids
+from store.states import RETRYABLE, AttemptStatus, RolloutStatus
+
+Mode = Literal["train", "val", "test"]
+BackendKind = Literal["openai", "vllm", "sglang", "litellm"]
+KeyScope = Literal["gateway", "rollout", "admin"]
+WorkerStatus = Literal["idle", "busy", "unknown"]
+StatusCode = Literal["UNSET", "OK", "ERROR"]
+
+T = TypeVar("T")
+
+
+class RolloutConfig(BaseModel):
+    """Timeouts and retry policy of a rollout (Agent-lightning's RolloutConfig)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_seconds: float | None = Field(default=None, gt=0)
+    unresponsive_seconds: float | None = Field(default=None, gt=0)
+    max_attempts: int = Field(default=1, ge=1)
+    retry_condition: list[AttemptStatus] = Field(default_factory=list)
+
+    @field_validator("retry_condition")
+    @classmethod
+    def _only_retryable(cls, value: list[AttemptStatus]) -> list[AttemptStatus]:
+        bad = [s.value for s in value if s not in RETRYABLE]
+        if bad:
+            raise ValueError(f"retry_condition may only hold failed, timeout, unresponsive; got {bad}")
+        return list(dict.fromkeys(value))
+
+
+class TaskSpec(BaseModel):
+    """One task to enqueue. ``group_size: n`` expands to n rollouts sharing one ``group_id``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: Any = None
+    mode: Mode | None = None
+    group_id: str | None = Field(default=None, min_length=1, max_length=128)
+    group_size: int | None = Field(default=None, ge=1, le=4096)
+    rollout_id: str | None = Field(default=None, min_length=1, max_length=128)
+    resources_id: str | None = None
+    config: RolloutConfig | None = None
+    metadata: dict[str, Any] | None = None
+    priority: int = 0
+    agent: str | None = None
+
+
+class Attempt(BaseModel):
+    rollout_id: str
+    attempt_id: str
+    sequence_id: int
+    status: AttemptStatus
+    worker_id: str | None = None
+    start_time: float
+    end_time: float | None = None
+    last_heartbeat_time: float | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class Rollout(BaseModel):
+    rollout_id: str
+    input: Any = None
+    mode: Mode | None = None
+    resources_id: str | None = None
+    status: RolloutStatus
+    config: RolloutConfig
+    metadata: dict[str, Any] | None = None
+    group_id: str | None = None
+    group_size: int | None = None
+    group_index: int | None = None
+    priority: int = 0
+    agent: str | None = None
+    start_time: float
+    end_time: float | None = None
+    attempt_count: int = 0
+    attempts: list[Attempt] | None = None
+
+
+class ResourcesUpdate(BaseModel):
+    """One version of a named-resources bundle."""
+
+    resources_id: str
+    version: int
+    create_time: float
+    update_time: float
+    resources: dict[str, Any]
+
+
+class AttemptedRollout(BaseModel):
+    """A rollout handed to a worker: the rollout, its new attempt and the resources it runs with."""
+
+    rollout: Rollout
+    attempt: Attempt
+    resources: ResourcesUpdate | None = None
+
+
+class SpanStatus(BaseModel):
+    status_code: StatusCode = "UNSET"
+    description: str | None = None
+
+
+class Span(BaseModel):
+    """A span in OpenTelemetry's shape plus rollout, attempt and sequence ids. Unknown fields round-trip.
+
+    ``rollout_id``/``attempt_id`` are ``None`` for unattributed spans; ``sequence_id`` is assigned by the
+    store when absent.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+    sequence_id: int | None = Field(default=None, ge=1)
+    trace_id: str
+    span_id: str
+    parent_id: str | None = None
+    name: str
+    status: SpanStatus = Field(default_factory=SpanStatus)
+    start_time: float | None = None
+    end_time: float | None = None
+    attributes: dict[str, Any] = Field(default_factory=dict)
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    links: list[dict[str, Any]] = Field(default_factory=list)
+    resource: dict[str, Any] = Field(default_factory=dict)
+
+
+class Backend(BaseModel):
+    """An inference server behind a model alias. ``api_key`` is a secret: never echoed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend_id: str = Field(default_factory=ids.backend_id, min_length=1, max_length=128)
+    base_url: str = Field(min_length=1)
+    kind: BackendKind = "openai"
+    model: str = Field(min_length=1)
+    api_key: SecretStr | None = None
+    weight: float = Field(default=1.0, gt=0)
+    max_concurrency: int | None = Field(default=None, ge=1)
+    version: str | None = None
+
+
+class ModelAlias(BaseModel):
+    alias: str
+    backends: list[Backend]
+    version: str
+    sampling: dict[str, Any] | None = None
+    paused: bool = False
+    created_time: float
+    updated_time: float
+
+
+class ApiKey(BaseModel):
+    """A gateway or rollout-scoped key as stored (the key itself is only ever shown at mint time)."""
+
+    key_id: str
+    prefix: str
+    scope: KeyScope
+    name: str | None = None
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+    created_time: float
+    expires_time: float | None = None
+    revoked_time: float | None = None
+
+
+class Worker(BaseModel):
+    worker_id: str
+    status: WorkerStatus = "unknown"
+    heartbeat_stats: dict[str, Any] | None = None
+    last_heartbeat_time: float | None = None
+    last_dequeue_time: float | None = None
+    last_busy_time: float | None = None
+    last_idle_time: float | None = None
+    current_rollout_id: str | None = None
+    current_attempt_id: str | None = None
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    next_cursor: str | None = None
+
+
+class StoreStats(BaseModel):
+    rollouts_by_status: dict[str, int]
+    attempts_by_status: dict[str, int]
+    queue_depth: int
+    total_rollouts: int
+    total_attempts: int
+    total_spans: int
+    total_resources: int
+    total_workers: int
+    input_tokens: int
+    output_tokens: int

@@ -1,0 +1,436 @@
+"""``Store``: the one object callers use. It owns the engines, the writer, the watchdog loop and the
+in-process signals, and turns each public method into one read or one write operation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from store import catalog, convert, migrate, queries, queue, resources, spans, watchdog
+from store.engine import Engines, create_engines
+from store.errors import ConflictError, NotFoundError, StoreValidationError
+from store.lifecycle import apply_attempt_status, load_attempt, load_rollout, record_heartbeat, require_latest
+from store.schemas import (
+    ApiKey,
+    Attempt,
+    AttemptedRollout,
+    Backend,
+    KeyScope,
+    ModelAlias,
+    Page,
+    ResourcesUpdate,
+    Rollout,
+    Span,
+    StoreStats,
+    TaskSpec,
+    Worker,
+)
+from store.signals import Signal
+from store.states import FINISHED, AttemptStatus, RolloutStatus
+from store.writer import BatchWriter, DirectWriter, Writer
+
+log = logging.getLogger("rollway.store")
+
+T = TypeVar("T")
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
+
+MAX_WAIT_SECONDS = 60.0
+
+
+class Store:
+    """The embedded store over SQLite or PostgreSQL (see the package docstring)."""
+
+    def __init__(
+        self,
+        engines: Engines,
+        writer: Writer,
+        *,
+        clock: Callable[[], float] = time.time,
+        watchdog_interval: float = 1.0,
+        poll_interval: float = 0.5,
+    ) -> None:
+        self.engines = engines
+        self.writer = writer
+        self.clock = clock
+        self.watchdog_interval = watchdog_interval
+        self.poll_interval = poll_interval
+        self.finished = Signal()
+        self.queued = Signal()
+        self._watchdog_task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(
+        cls,
+        url: str,
+        *,
+        sqlite_synchronous: str = "NORMAL",
+        clock: Callable[[], float] = time.time,
+        watchdog_interval: float = 1.0,
+        poll_interval: float = 0.5,
+        run_watchdog: bool = True,
+        max_batch: int = 256,
+    ) -> Store:
+        """Open (and create or upgrade) the database at ``url`` and start the writer and watchdog."""
+        engines = create_engines(url, sqlite_synchronous=sqlite_synchronous)
+        try:
+            await migrate.upgrade(engines.writer)
+        except BaseException:
+            await engines.dispose()
+            raise
+        writer: Writer = (
+            BatchWriter(engines.writer, max_batch=max_batch)
+            if engines.is_sqlite
+            else DirectWriter(engines.writer)
+        )
+        store = cls(
+            engines, writer, clock=clock, watchdog_interval=watchdog_interval, poll_interval=poll_interval
+        )
+        await writer.start()
+        if run_watchdog and watchdog_interval > 0:
+            store._watchdog_task = asyncio.create_task(store._watchdog_loop(), name="rollway-watchdog")
+        return store
+
+    async def close(self) -> None:
+        if self._watchdog_task is not None:
+            self._watchdog_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog_task
+            self._watchdog_task = None
+        await self.writer.close()
+        await self.engines.dispose()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    # -- plumbing -------------------------------------------------------------------------------------
+
+    async def _write(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        try:
+            return await self.writer.submit(op)
+        except IntegrityError as exc:
+            raise ConflictError(f"the write conflicts with stored data: {exc.orig}") from exc
+
+    async def _read(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        async with self.engines.reader.connect() as conn:
+            return await op(conn)
+
+    async def ping(self) -> None:
+        """Raise when the database cannot be read."""
+        await self._read(lambda conn: conn.exec_driver_sql("SELECT 1"))
+
+    # -- queue and lifecycle --------------------------------------------------------------------------
+
+    async def enqueue(self, tasks: Sequence[TaskSpec | Mapping[str, Any]]) -> list[Rollout]:
+        """Queue tasks (``group_size`` expands); a client ``rollout_id`` that exists is returned as stored."""
+        specs = [t if isinstance(t, TaskSpec) else TaskSpec.model_validate(t) for t in tasks]
+        if not specs:
+            return []
+        now = self.clock()
+        rows = await self._write(lambda conn: queue.enqueue(conn, specs, now))
+        self.queued.notify()
+        return [convert.rollout(r) for r in rows]
+
+    async def claim(
+        self, worker_id: str | None = None, limit: int = 1, wait_seconds: float = 0.0
+    ) -> list[AttemptedRollout]:
+        """Take up to ``limit`` queued rollouts, waiting up to ``wait_seconds`` (≤ 60) for one to appear."""
+        if limit < 1 or limit > 1000:
+            raise StoreValidationError(f"limit must be between 1 and 1000, got {limit}")
+        if wait_seconds < 0:
+            raise StoreValidationError("wait_seconds must not be negative")
+        deadline = time.monotonic() + min(wait_seconds, MAX_WAIT_SECONDS)
+        while True:
+            generation = self.queued.generation()
+            claimed = await self._write(lambda conn: queue.claim(conn, worker_id, limit, self.clock()))
+            remaining = deadline - time.monotonic()
+            if claimed or remaining <= 0:
+                return claimed
+            await Signal.wait(generation, min(remaining, self.poll_interval))
+
+    async def start_rollout(
+        self, task: TaskSpec | Mapping[str, Any], worker_id: str | None = None
+    ) -> AttemptedRollout:
+        spec = task if isinstance(task, TaskSpec) else TaskSpec.model_validate(task)
+        now = self.clock()
+        return await self._write(lambda conn: queue.start_rollout(conn, spec, worker_id, now))
+
+    async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:
+        now = self.clock()
+        return await self._write(lambda conn: queue.start_attempt(conn, rollout_id, worker_id, now))
+
+    async def update_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str = "latest",
+        *,
+        status: AttemptStatus | str | None = None,
+        metadata: Any = UNSET,
+        worker_id: Any = UNSET,
+    ) -> Attempt:
+        """Report an attempt's outcome or metadata; the latest attempt's status drives the rollout."""
+        new_status = AttemptStatus(status) if status is not None else None
+        if metadata is not UNSET and metadata is not None and not isinstance(metadata, dict):
+            raise StoreValidationError("attempt metadata must be an object")
+        now = self.clock()
+
+        async def op(conn: AsyncConnection) -> Attempt:
+            rollout = await load_rollout(conn, rollout_id)
+            attempt = await load_attempt(conn, rollout, attempt_id)
+            require_latest(rollout, attempt)
+            extra: dict[str, Any] = {}
+            if metadata is not UNSET:
+                extra["metadata"] = metadata
+            if worker_id is not UNSET:
+                extra["worker_id"] = worker_id
+            if extra:
+                await conn.execute(queries.A.update().where(queries.A.c.pk == attempt["pk"]).values(**extra))
+            if new_status is not None:
+                await apply_attempt_status(conn, rollout, attempt, new_status, now)
+            return convert.attempt(await load_attempt(conn, rollout, attempt["attempt_id"], lock=False))
+
+        result = await self._write(op)
+        self._notify_all()
+        return result
+
+    async def heartbeat(self, rollout_id: str, attempt_id: str = "latest") -> Attempt:
+        """An explicit heartbeat: same effect on liveness as a span."""
+        now = self.clock()
+
+        async def op(conn: AsyncConnection) -> Attempt:
+            rollout = await load_rollout(conn, rollout_id)
+            attempt = await load_attempt(conn, rollout, attempt_id)
+            require_latest(rollout, attempt)
+            await record_heartbeat(conn, rollout, attempt, now)
+            return convert.attempt(await load_attempt(conn, rollout, attempt["attempt_id"], lock=False))
+
+        return await self._write(op)
+
+    async def cancel(self, rollout_id: str) -> Rollout:
+        """Cancel a rollout: it leaves the queue and is never claimed; a finished rollout cannot be cancelled."""
+        now = self.clock()
+
+        async def op(conn: AsyncConnection) -> Rollout:
+            from store.lifecycle import set_rollout_status
+
+            rollout = await load_rollout(conn, rollout_id)
+            await set_rollout_status(conn, rollout, RolloutStatus.CANCELLED, now)
+            return convert.rollout(await load_rollout(conn, rollout_id, lock=False))
+
+        result = await self._write(op)
+        self._notify_all()
+        return result
+
+    async def sweep(self, *, force: bool = False) -> int:
+        """Run the watchdog once (if no process swept within the interval, or when ``force``)."""
+        now = self.clock()
+
+        async def op(conn: AsyncConnection) -> int:
+            if not force and not await watchdog.claim_turn(conn, now, self.watchdog_interval * 0.9):
+                return 0
+            return await watchdog.sweep(conn, now)
+
+        changed = await self._write(op)
+        if changed:
+            self._notify_all()
+        return changed
+
+    async def _watchdog_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.watchdog_interval)
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("watchdog sweep failed")
+
+    def _notify_all(self) -> None:
+        self.finished.notify()
+        self.queued.notify()
+
+    # -- spans ------------------------------------------------------------------------------------------
+
+    async def allocate_sequence(
+        self, rollout_id: str | None, attempt_id: str | None = "latest", count: int = 1
+    ) -> tuple[str | None, int]:
+        """Reserve sequence ids when a request arrives: (the attempt id they belong to, the first id)."""
+        return await self._write(lambda conn: spans.allocate(conn, rollout_id, attempt_id, count))
+
+    async def next_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
+        return (await self.allocate_sequence(rollout_id, attempt_id))[1]
+
+    async def add_spans(self, items: Sequence[Span | Mapping[str, Any]]) -> list[Span]:
+        """Write spans (each a heartbeat); returns the ones written, with their sequence ids."""
+        batch = [s if isinstance(s, Span) else Span.model_validate(s) for s in items]
+        if not batch:
+            return []
+        now = self.clock()
+        written = await self._write(lambda conn: spans.add(conn, batch, now))
+        return written
+
+    async def add_span(self, span: Span | Mapping[str, Any]) -> Span | None:
+        """Write one span; None when a span with the same ``span_id`` is already stored for its attempt."""
+        written = await self.add_spans([span])
+        return written[0] if written else None
+
+    async def query_spans(
+        self,
+        rollout_id: str | None,
+        attempt_id: str = "all",
+        *,
+        name: str | None = None,
+        after_sequence: int | None = None,
+        limit: int | None = None,
+    ) -> list[Span]:
+        return await self._read(
+            lambda conn: spans.query(
+                conn, rollout_id, attempt_id, name=name, after_sequence=after_sequence, limit=limit
+            )
+        )
+
+    # -- reads ------------------------------------------------------------------------------------------
+
+    async def get_rollout(self, rollout_id: str, *, with_attempts: bool = False) -> Rollout:
+        return await self._read(
+            lambda conn: queries.get_rollout(conn, rollout_id, with_attempts=with_attempts)
+        )
+
+    async def list_rollouts(self, **filters: Any) -> Page[Rollout]:
+        return await self._read(lambda conn: queries.list_rollouts(conn, **filters))
+
+    async def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        async def op(conn: AsyncConnection) -> list[Attempt]:
+            await load_rollout(conn, rollout_id, lock=False)
+            return await queries.list_attempts(conn, rollout_id)
+
+        return await self._read(op)
+
+    async def get_attempt(self, rollout_id: str, attempt_id: str = "latest") -> Attempt:
+        return await self._read(lambda conn: queries.get_attempt(conn, rollout_id, attempt_id))
+
+    async def get_group(self, group_id: str) -> list[Rollout]:
+        return await self._read(lambda conn: queries.group(conn, group_id))
+
+    async def list_workers(self) -> list[Worker]:
+        return await self._read(queries.list_workers)
+
+    async def get_worker(self, worker_id: str) -> Worker:
+        return await self._read(lambda conn: queries.get_worker(conn, worker_id))
+
+    async def stats(self) -> StoreStats:
+        return await self._read(queries.stats)
+
+    async def wait_for_rollouts(
+        self, rollout_ids: Sequence[str], timeout: float
+    ) -> tuple[list[Rollout], list[str]]:
+        """Block until every rollout finished or ``timeout`` (≤ 60 s) passed: (finished, pending ids)."""
+        if timeout < 0:
+            raise StoreValidationError("timeout must not be negative")
+        wanted = list(dict.fromkeys(rollout_ids))
+        deadline = time.monotonic() + min(timeout, MAX_WAIT_SECONDS)
+        while True:
+            generation = self.finished.generation()
+            rows = await self._read(lambda conn: queries.statuses(conn, wanted))
+            unknown = [r for r in wanted if r not in rows]
+            if unknown:
+                raise NotFoundError(f"rollouts not found: {', '.join(unknown[:10])}")
+            done = [convert.rollout(rows[r]) for r in wanted if rows[r]["status"] in FINISHED]
+            pending = [r for r in wanted if rows[r]["status"] not in FINISHED]
+            remaining = deadline - time.monotonic()
+            if not pending or remaining <= 0:
+                return done, pending
+            await Signal.wait(generation, min(remaining, self.poll_interval))
+
+    # -- resources --------------------------------------------------------------------------------------
+
+    async def add_resources(self, named: dict[str, Any]) -> ResourcesUpdate:
+        now = self.clock()
+        return await self._write(lambda conn: resources.add(conn, named, now))
+
+    async def update_resources(self, resources_id: str, named: dict[str, Any]) -> ResourcesUpdate:
+        now = self.clock()
+        return await self._write(lambda conn: resources.update(conn, resources_id, named, now))
+
+    async def get_resources(self, resources_id: str) -> ResourcesUpdate:
+        return await self._read(lambda conn: resources.get(conn, resources_id))
+
+    async def latest_resources(self) -> ResourcesUpdate | None:
+        return await self._read(resources.latest)
+
+    async def list_resources(self, limit: int = 100, cursor: str | None = None) -> Page[ResourcesUpdate]:
+        return await self._read(lambda conn: resources.page(conn, limit, cursor))
+
+    # -- models and keys --------------------------------------------------------------------------------
+
+    async def put_model(
+        self,
+        alias: str,
+        backends: Sequence[Backend | Mapping[str, Any]],
+        *,
+        version: str | None = None,
+        sampling: dict[str, Any] | None = None,
+    ) -> ModelAlias:
+        parsed = [b if isinstance(b, Backend) else Backend.model_validate(b) for b in backends]
+        now = self.clock()
+        return await self._write(lambda conn: catalog.put_model(conn, alias, parsed, version, sampling, now))
+
+    async def get_model(self, alias: str) -> ModelAlias:
+        return await self._read(lambda conn: catalog.get_model(conn, alias))
+
+    async def list_models(self) -> list[ModelAlias]:
+        return await self._read(catalog.list_models)
+
+    async def delete_model(self, alias: str) -> None:
+        await self._write(lambda conn: catalog.delete_model(conn, alias))
+
+    async def set_model_paused(self, alias: str, paused: bool) -> ModelAlias:
+        now = self.clock()
+        return await self._write(lambda conn: catalog.set_paused(conn, alias, paused, now))
+
+    async def mint_key(
+        self,
+        scope: KeyScope = "gateway",
+        *,
+        name: str | None = None,
+        rollout_id: str | None = None,
+        attempt_id: str | None = None,
+        expires_time: float | None = None,
+    ) -> tuple[ApiKey, str]:
+        now = self.clock()
+        return await self._write(
+            lambda conn: catalog.mint_key(
+                conn,
+                scope,
+                now,
+                name=name,
+                rollout_id=rollout_id,
+                attempt_id=attempt_id,
+                expires_time=expires_time,
+            )
+        )
+
+    async def find_key(self, plain: str) -> ApiKey | None:
+        now = self.clock()
+        return await self._read(lambda conn: catalog.find_key(conn, plain, now))
+
+    async def revoke_key(self, key_id: str) -> ApiKey:
+        now = self.clock()
+        return await self._write(lambda conn: catalog.revoke_key(conn, key_id, now))
+
+
+AttemptRef = str | Literal["latest"]

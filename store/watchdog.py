@@ -1,0 +1,77 @@
+"""The watchdog: marks attempts ``timeout`` or ``unresponsive`` per their rollout's config.
+
+It is not a per-request cost: each store runs a sweep at most once per interval in the background, and a
+debounce row in the database makes the processes sharing one database take turns, so N gateway processes
+still sweep about once per interval. A sweep is a single transaction; the rows it changes are locked
+(``SKIP LOCKED`` on PostgreSQL) so it never fights a runner's own update.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from store import models
+from store.dialect import lock_rows, upsert
+from store.lifecycle import apply_attempt_status
+from store.schemas import RolloutConfig
+from store.states import ACTIVE, AttemptStatus
+
+R = models.rollouts
+A = models.attempts
+C = models.counters
+DEBOUNCE = "watchdog_last_sweep"
+
+
+async def claim_turn(conn: AsyncConnection, now: float, interval: float) -> bool:
+    """True when no process has swept within ``interval``; records this sweep's time."""
+    await conn.execute(
+        upsert(conn, C).values(name=DEBOUNCE, value=0.0).on_conflict_do_nothing(index_elements=["name"])
+    )
+    result = await conn.execute(
+        update(C).where(C.c.name == DEBOUNCE, C.c.value <= now - interval).values(value=now)
+    )
+    return result.rowcount == 1
+
+
+def verdict(config: RolloutConfig, start: float, heartbeat: float | None, now: float) -> AttemptStatus | None:
+    """What the watchdog makes of a live attempt: timeout first, then unresponsive, else nothing."""
+    if config.timeout_seconds is not None and now - start > config.timeout_seconds:
+        return AttemptStatus.TIMEOUT
+    if config.unresponsive_seconds is not None and now - (heartbeat or start) > config.unresponsive_seconds:
+        return AttemptStatus.UNRESPONSIVE
+    return None
+
+
+async def sweep(conn: AsyncConnection, now: float) -> int:
+    """Check every live rollout's latest attempt; return how many attempts changed."""
+    live = select(R.c.rollout_id).where(R.c.status.in_([s.value for s in ACTIVE])).order_by(R.c.pk)
+    rollout_ids = [r.rollout_id for r in await conn.execute(live)]
+    changed = 0
+    for chunk_start in range(0, len(rollout_ids), 500):
+        chunk = rollout_ids[chunk_start : chunk_start + 500]
+        stmt = lock_rows(
+            select(R).where(R.c.rollout_id.in_(chunk), R.c.status.in_([s.value for s in ACTIVE])),
+            conn,
+            skip_locked=True,
+        )
+        rollouts = (await conn.execute(stmt)).mappings().all()
+        if not rollouts:
+            continue
+        latest_ids = [r["latest_attempt_id"] for r in rollouts if r["latest_attempt_id"]]
+        attempts = {
+            a["attempt_id"]: a
+            for a in (
+                await conn.execute(lock_rows(select(A).where(A.c.attempt_id.in_(latest_ids)), conn))
+            ).mappings()
+        }
+        for rollout in rollouts:
+            attempt = attempts.get(rollout["latest_attempt_id"])
+            if attempt is None or attempt["status"] not in (AttemptStatus.PREPARING, AttemptStatus.RUNNING):
+                continue
+            config = RolloutConfig.model_validate(rollout["config"])
+            status = verdict(config, attempt["start_time"], attempt["last_heartbeat_time"], now)
+            if status is not None:
+                await apply_attempt_status(conn, rollout, attempt, status, now)
+                changed += 1
+    return changed
