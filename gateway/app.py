@@ -1,0 +1,78 @@
+"""``create_app(settings)``: the one FastAPI application (data plane, and the control plane as it lands).
+
+The lifespan owns everything long-lived: the store (its writer and watchdog). Nothing is created at import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from gateway import errors
+from gateway.settings import Settings
+from store import Store
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    store: Store
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.rollway
+    return state
+
+
+State = Annotated[AppState, Depends(get_state)]
+
+
+def create_app(settings: Settings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = await Store.open(
+            settings.database_url,
+            sqlite_synchronous=settings.sqlite_synchronous,
+            watchdog_interval=settings.watchdog_interval,
+        )
+        app.state.rollway = AppState(settings=settings, store=store)
+        try:
+            yield
+        finally:
+            await store.close()
+
+    app = FastAPI(title="Rollway", version=_version(), lifespan=lifespan)
+    errors.install(app)
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        """The process is alive."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"], response_model=None)
+    async def readyz(state: State) -> Any:
+        """The store answers."""
+        try:
+            await state.store.ping()
+        except Exception as exc:
+            return JSONResponse(
+                errors.envelope(f"store unreachable: {type(exc).__name__}", "service_unavailable"),
+                status_code=503,
+            )
+        return {"status": "ready", "store": "ok"}
+
+    return app
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rollway")
+    except PackageNotFoundError:
+        return "0+unknown"

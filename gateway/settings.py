@@ -1,0 +1,80 @@
+"""Configuration: ``ROLLWAY_*`` environment variables, then an optional YAML file, then defaults.
+
+Built once at start (``Settings()``) and passed to ``create_app``; nothing reads the environment at import.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ROLLWAY_", extra="forbid")
+
+    host: str = Field(default="127.0.0.1", description="address to listen on")
+    port: int = Field(default=8080, ge=0, le=65535, description="port to listen on")
+    database_url: str = Field(
+        default="sqlite:///./rollway.db",
+        description="sqlite:///path/to/file.db (default) or postgresql://user@host:port/db",
+    )
+    admin_token: SecretStr | None = Field(
+        default=None, description="bearer token for the admin API; required to listen beyond loopback"
+    )
+    sqlite_synchronous: Literal["NORMAL", "FULL", "EXTRA"] = Field(
+        default="NORMAL",
+        description="NORMAL survives a killed process; FULL also survives power loss, at a cost per commit",
+    )
+    watchdog_interval: float = Field(default=1.0, gt=0, description="seconds between watchdog sweeps")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(default="info")
+    config_file: Path | None = Field(default=None, description="optional YAML file with these settings")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = _config_path(init_settings(), env_settings())
+        if path is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)
+
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    def check_exposure(self) -> None:
+        """Refuse to listen on a non-loopback address without an admin token."""
+        if not self.is_loopback() and self.admin_token is None:
+            raise ValueError(
+                f"refusing to listen on {self.host} without an admin token: set ROLLWAY_ADMIN_TOKEN "
+                "(or listen on 127.0.0.1)"
+            )
+
+
+def _config_path(*layers: dict[str, Any]) -> Path | None:
+    for layer in layers:
+        if layer.get("config_file"):
+            path = Path(layer["config_file"])
+            if not path.is_file():
+                raise ValueError(f"config file {path} does not exist")
+            return path
+    return None

@@ -1,0 +1,143 @@
+"""The served application: health, readiness, the error envelope, settings and the ``rollway serve`` command."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from gateway.app import create_app
+from gateway.settings import Settings
+
+
+@pytest.fixture
+async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
+    application = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'app.db'}"))
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://rollway") as c:
+        yield c
+
+
+async def test_healthz_and_readyz_answer(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["store"] == "ok"
+
+
+async def test_readyz_reports_an_unreachable_store(app: FastAPI, client: httpx.AsyncClient) -> None:
+    async def broken() -> None:
+        raise ConnectionError("database is gone")
+
+    app.state.rollway.store.ping = broken
+    response = await client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["error"]["type"] == "service_unavailable"
+
+
+async def test_unknown_route_answers_in_the_error_envelope(client: httpx.AsyncClient) -> None:
+    response = await client.get("/no/such/route")
+    assert response.status_code == 404
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_settings_come_from_env_then_yaml_then_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "rollway.yaml"
+    config.write_text("port: 9001\nwatchdog_interval: 2.5\nlog_level: debug\n")
+    monkeypatch.setenv("ROLLWAY_CONFIG_FILE", str(config))
+    monkeypatch.setenv("ROLLWAY_PORT", "9002")
+    settings = Settings()
+    assert settings.port == 9002  # environment beats the file
+    assert settings.watchdog_interval == 2.5  # the file beats the default
+    assert settings.host == "127.0.0.1"
+
+
+def test_admin_token_is_secret_in_settings() -> None:
+    settings = Settings(admin_token="s3cret-token")  # type: ignore[arg-type]
+    assert "s3cret-token" not in repr(settings)
+    assert "s3cret-token" not in settings.model_dump_json()
+
+
+@pytest.mark.parametrize(("host", "token", "refused"), [
+    ("127.0.0.1", None, False), ("localhost", None, False), ("::1", None, False),
+    ("0.0.0.0", None, True), ("10.1.2.3", None, True), ("0.0.0.0", "t0ken", False),
+])
+def test_non_loopback_listen_needs_an_admin_token(host: str, token: str | None, refused: bool) -> None:
+    settings = Settings(host=host, admin_token=token)  # type: ignore[arg-type]
+    if refused:
+        with pytest.raises(ValueError, match="admin token"):
+            settings.check_exposure()
+    else:
+        settings.check_exposure()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _rollway(*args: str, cwd: Path) -> list[str]:
+    return [sys.executable, "-c", "from gateway.cli import main; main()", *args]
+
+
+@pytest.mark.slow
+def test_rollway_serve_starts_on_a_sqlite_file_and_answers_health(tmp_path: Path) -> None:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLWAY_")}
+    proc = subprocess.Popen(
+        _rollway("serve", "--port", str(port), cwd=tmp_path),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:  # uvicorn says when it is up
+            seen.append(line)
+            if "Uvicorn running on" in line:
+                break
+        assert any("Uvicorn running on" in s for s in seen), "".join(seen)
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json() == {"status": "ok"}
+        assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
+        assert (tmp_path / "rollway.db").exists()  # the default ./rollway.db
+    finally:
+        proc.terminate()
+        _, rest = proc.communicate(timeout=20)
+    assert "Application shutdown complete" in rest  # SIGTERM shuts down gracefully (store closed)
+
+
+def test_rollway_serve_refuses_a_public_address_without_token(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLWAY_")}
+    done = subprocess.run(
+        _rollway("serve", "--host", "0.0.0.0", cwd=tmp_path),
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2
+    assert "ROLLWAY_ADMIN_TOKEN" in done.stderr
+    assert not (tmp_path / "rollway.db").exists()
+
+
+def test_rollway_help_lists_commands_and_settings(tmp_path: Path) -> None:
+    done = subprocess.run(_rollway("--help", cwd=tmp_path), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    assert "serve" in done.stdout
+    for name in Settings.model_fields:
+        assert f"ROLLWAY_{name.upper()}" in done.stdout
