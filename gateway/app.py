@@ -14,6 +14,11 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from gateway import errors
+from gateway.attribution import KeyCache
+from gateway.dataplane import DataPlane
+from gateway.proxy import Gateway
+from gateway.registry import ModelRegistry
+from gateway.routing import Router
 from gateway.settings import Settings
 from store import Store
 
@@ -22,6 +27,10 @@ from store import Store
 class AppState:
     settings: Settings
     store: Store
+    registry: ModelRegistry
+    router: Router
+    gateway: Gateway
+    keys: KeyCache
 
 
 def get_state(request: Request) -> AppState:
@@ -40,14 +49,22 @@ def create_app(settings: Settings) -> FastAPI:
             sqlite_synchronous=settings.sqlite_synchronous,
             watchdog_interval=settings.watchdog_interval,
         )
-        app.state.rollway = AppState(settings=settings, store=store)
+        registry = ModelRegistry(store)
+        router = Router()
+        gateway = Gateway(settings, store, registry, router)
+        await gateway.start()
+        app.state.rollway = AppState(
+            settings=settings, store=store, registry=registry, router=router, gateway=gateway, keys=KeyCache(store)
+        )
         try:
             yield
         finally:
+            await gateway.close()
             await store.close()
 
     app = FastAPI(title="Rollway", version=_version(), lifespan=lifespan)
     errors.install(app)
+    app.add_middleware(DataPlane)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

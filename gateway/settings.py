@@ -36,6 +36,19 @@ class Settings(BaseSettings):
     )
     watchdog_interval: float = Field(default=1.0, gt=0, description="seconds between watchdog sweeps")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(default="info")
+    gateway_auth: Literal["none", "keys"] = Field(
+        default="none", description="'keys': data-plane calls need a gateway key (sk-rw-...) or a rollout key (rk-...)"
+    )
+    connect_timeout: float = Field(default=5.0, gt=0, description="seconds to connect to a backend")
+    read_timeout: float = Field(
+        default=600.0, gt=0, description="seconds a backend may stay silent before the call fails with 504"
+    )
+    upstream_retries: int = Field(default=3, ge=0, le=10, description="retries on connect errors, 5xx and 429")
+    retry_max_wait: float = Field(default=10.0, ge=0, description="longest wait before one retry (Retry-After cap)")
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0, description="largest request body accepted")
+    pause_wait_seconds: float = Field(
+        default=30.0, ge=0, description="how long a call waits on a paused model before 429"
+    )
     config_file: Path | None = Field(default=None, description="optional YAML file with these settings")
 
     @classmethod

@@ -7,8 +7,11 @@ mid-transaction, and a small pool of readers (WAL lets them read while the write
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
@@ -18,6 +21,17 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 from store.errors import StoreValidationError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def dumps(value: Any) -> str:
+    """JSON for the JSON columns: orjson (token id lists are large), stdlib for what orjson refuses."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # e.g. integers beyond 64 bits, non-string keys
+        return json.dumps(value)
+
+
+JSON_CODEC: dict[str, Any] = {"json_serializer": dumps, "json_deserializer": orjson.loads}
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,7 @@ def _sqlite_engine(url: str, *, begin: str, synchronous: str, pool_size: int) ->
         pool_size=pool_size,
         max_overflow=0,
         connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+        **JSON_CODEC,
     )
 
     @event.listens_for(engine.sync_engine, "connect")
@@ -94,5 +109,5 @@ def create_engines(url: str, *, sqlite_synchronous: str = "NORMAL", pool_size: i
         writer = _sqlite_engine(url, begin="BEGIN IMMEDIATE", synchronous=sync, pool_size=1)
         reader = _sqlite_engine(url, begin="BEGIN", synchronous=sync, pool_size=4)
         return Engines(url=url, writer=writer, reader=reader)
-    engine = create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=False)
+    engine = create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, **JSON_CODEC)
     return Engines(url=url, writer=engine, reader=engine)

@@ -26,7 +26,7 @@ A = models.attempts
 UNATTRIBUTED = ""
 
 
-async def _advance(
+async def advance(
     conn: AsyncConnection, rollout_id: str, attempt_id: str, count: int, floor: int = 0
 ) -> int:
     """Raise the counter to at least ``floor``, reserve ``count`` ids after it; return the counter's new value."""
@@ -60,7 +60,7 @@ async def allocate(
         raise StoreValidationError("count must be at least 1")
     target = await _target(conn, rollout_id, attempt_id)
     rid, aid = (UNATTRIBUTED, UNATTRIBUTED) if target is None else (rollout_id or "", target[1]["attempt_id"])
-    last = await _advance(conn, rid, aid, count)
+    last = await advance(conn, rid, aid, count)
     return (aid or None), last - count + 1
 
 
@@ -95,7 +95,7 @@ async def _add_group(
         return []
     missing = sum(1 for s in fresh if s.sequence_id is None)
     given = max((s.sequence_id for s in fresh if s.sequence_id is not None), default=0)
-    next_id = await _advance(conn, rollout_id, aid, missing, floor=given) - missing + 1
+    next_id = await advance(conn, rollout_id, aid, missing, floor=given) - missing + 1
     rows: list[dict[str, Any]] = []
     out: list[Span] = []
     for span in fresh:
@@ -141,5 +141,7 @@ async def query(
     if after_sequence is not None:
         stmt = stmt.where(S.c.sequence_id > after_sequence)
     if limit is not None:
+        if limit < 1:
+            raise StoreValidationError(f"limit must be at least 1, got {limit}")
         stmt = stmt.limit(limit)
     return [convert.span(row) for row in (await conn.execute(stmt)).mappings()]

@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeVar
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from store import catalog, convert, migrate, queries, queue, resources, spans, watchdog
+from store import calls, catalog, convert, migrate, queries, queue, resources, spans, watchdog
 from store.engine import Engines, create_engines
 from store.errors import ConflictError, NotFoundError, StoreValidationError
 from store.lifecycle import apply_attempt_status, load_attempt, load_rollout, record_heartbeat, require_latest
@@ -185,7 +185,10 @@ class Store:
         worker_id: Any = UNSET,
     ) -> Attempt:
         """Report an attempt's outcome or metadata; the latest attempt's status drives the rollout."""
-        new_status = AttemptStatus(status) if status is not None else None
+        try:
+            new_status = AttemptStatus(status) if status is not None else None
+        except ValueError as exc:
+            raise StoreValidationError(f"unknown attempt status '{status}'") from exc
         if metadata is not UNSET and metadata is not None and not isinstance(metadata, dict):
             raise StoreValidationError("attempt metadata must be an object")
         now = self.clock()
@@ -270,6 +273,10 @@ class Store:
     ) -> tuple[str | None, int]:
         """Reserve sequence ids when a request arrives: (the attempt id they belong to, the first id)."""
         return await self._write(lambda conn: spans.allocate(conn, rollout_id, attempt_id, count))
+
+    async def begin_call(self, rollout_id: str | None, attempt_id: str | None = None) -> calls.CallTicket:
+        """An LLM call arrived: check its attempt is live, allocate its sequence id, tell its deadline."""
+        return await self._write(lambda conn: calls.begin(conn, rollout_id, attempt_id))
 
     async def next_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
         return (await self.allocate_sequence(rollout_id, attempt_id))[1]

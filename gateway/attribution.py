@@ -1,0 +1,110 @@
+"""Which rollout a call belongs to. First match wins (PRODUCT.md §3):
+
+1. the path prefix ``/rollout/{rollout_id}[/attempt/{attempt_id}]/v1/...``;
+2. a rollout-scoped key ``Authorization: Bearer rk-...`` (minted with the claim);
+3. the headers ``X-Rollout-Id`` / ``X-Attempt-Id``;
+4. a ``rollout_id`` field in the JSON body (the Osmosis convention; never forwarded upstream);
+5. none: the call is served and recorded as unattributed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from store import ApiKey, Store
+
+Via = Literal["path", "key", "header", "body", "none"]
+KEY_CACHE_TTL = 5.0
+KEY_CACHE_SIZE = 50_000
+
+
+class AuthError(Exception):
+    """The call's key is unknown, revoked or expired (401), or not allowed here (403)."""
+
+    def __init__(self, message: str, status: int = 401) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Attribution:
+    rollout_id: str | None
+    attempt_id: str | None
+    via: Via
+
+
+def bearer(headers: dict[str, str]) -> str | None:
+    value = headers.get("authorization", "")
+    if value[:7].lower() == "bearer ":
+        token = value[7:].strip()
+        return token or None
+    return None
+
+
+class KeyCache:
+    """Key lookups, cached briefly so a hot agent costs no store read per call. A revocation made through
+    this process takes effect at once; one made elsewhere within ``KEY_CACHE_TTL`` seconds."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._entries: OrderedDict[str, tuple[float, ApiKey | None]] = OrderedDict()
+
+    async def find(self, plain: str) -> ApiKey | None:
+        now = time.monotonic()
+        hit = self._entries.get(plain)
+        if hit is not None and now - hit[0] < KEY_CACHE_TTL:
+            return hit[1]
+        found = await self._store.find_key(plain)
+        self._entries[plain] = (now, found)
+        self._entries.move_to_end(plain)
+        if len(self._entries) > KEY_CACHE_SIZE:
+            self._entries.popitem(last=False)
+        return found
+
+    def forget(self, key_id: str | None = None) -> None:
+        if key_id is None:
+            self._entries.clear()
+            return
+        for plain, (_, key) in list(self._entries.items()):
+            if key is not None and key.key_id == key_id:
+                del self._entries[plain]
+
+
+async def attribute(
+    path_rollout: str | None,
+    path_attempt: str | None,
+    headers: dict[str, str],
+    body: dict[str, Any],
+    keys: KeyCache,
+    require_key: bool,
+) -> Attribution:
+    """Resolve the call's rollout (see module docstring); check its key when keys are required."""
+    token = bearer(headers)
+    key: ApiKey | None = None
+    if token is not None and (token.startswith("rk-") or require_key):
+        key = await keys.find(token)
+        if key is None or key.scope == "admin":
+            raise AuthError("invalid, revoked or expired API key")
+    elif require_key:
+        raise AuthError("an API key is required (Authorization: Bearer ...)")
+    body_rollout = body.pop("rollout_id", None)
+    if path_rollout is not None:
+        found = Attribution(path_rollout, path_attempt, "path")
+    elif key is not None and key.scope == "rollout":
+        found = Attribution(key.rollout_id, key.attempt_id, "key")
+    elif headers.get("x-rollout-id"):
+        found = Attribution(headers["x-rollout-id"], headers.get("x-attempt-id") or None, "header")
+    elif isinstance(body_rollout, str) and body_rollout:
+        found = Attribution(body_rollout, None, "body")
+    else:
+        found = Attribution(None, None, "none")
+    if key is not None and key.scope == "rollout" and found.rollout_id != key.rollout_id:
+        raise AuthError("this rollout key belongs to another rollout", status=403)
+    if key is not None and key.scope == "rollout" and found.attempt_id not in (None, key.attempt_id):
+        raise AuthError("this rollout key belongs to another attempt", status=403)
+    if key is not None and key.scope == "rollout":
+        return Attribution(found.rollout_id, key.attempt_id, found.via)
+    return found

@@ -1,0 +1,240 @@
+"""What the gateway asks the backend for beyond the client's request, what it strips from the answer, and
+the span it records for each call (attribute names pinned in PRODUCT.md §4a)."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from store import Backend, Span, SpanStatus
+
+OPERATIONS = {
+    "chat/completions": "chat",
+    "completions": "text_completion",
+    "embeddings": "embeddings",
+    "responses": "responses",
+}
+TOKEN_ID_KINDS = frozenset({"vllm", "sglang"})
+
+
+@dataclass
+class Injected:
+    """What the gateway added to the request that the client did not ask for (and so strips)."""
+
+    token_ids: bool = False
+    logprobs: bool = False
+    usage: bool = False
+
+    @property
+    def any(self) -> bool:
+        return self.token_ids or self.logprobs or self.usage
+
+
+def prepare(
+    operation: str, body: dict[str, Any], backend: Backend, sampling: dict[str, Any] | None
+) -> tuple[dict[str, Any], Injected]:
+    """The body sent upstream: upstream model name, alias sampling defaults, capture fields."""
+    upstream = dict(body)
+    upstream.pop("rollout_id", None)
+    upstream["model"] = backend.model
+    for key, value in (sampling or {}).items():
+        upstream.setdefault(key, value)
+    injected = Injected()
+    if backend.kind not in TOKEN_ID_KINDS or operation not in ("chat", "text_completion"):
+        return upstream, injected
+    if not upstream.get("return_token_ids"):
+        upstream["return_token_ids"] = True
+        injected.token_ids = True
+    if operation == "chat":
+        if not upstream.get("logprobs"):
+            upstream["logprobs"] = True
+            upstream["top_logprobs"] = 0
+            injected.logprobs = True
+    elif upstream.get("logprobs") is None:
+        upstream["logprobs"] = 0
+        injected.logprobs = True
+    if upstream.get("stream"):
+        options = dict(upstream.get("stream_options") or {})
+        if not options.get("include_usage"):
+            options["include_usage"] = True
+            upstream["stream_options"] = options
+            injected.usage = True
+    return upstream, injected
+
+
+def stripped(body: dict[str, Any], injected: Injected) -> dict[str, Any]:
+    """A copy of a response (or one stream chunk) without what the client did not ask for.
+
+    Fields are reset to ``null``, the way vLLM answers a request that did not ask for them."""
+    out = dict(body)
+    if injected.token_ids and "prompt_token_ids" in out:
+        out["prompt_token_ids"] = None
+    if injected.usage:
+        out.pop("usage", None)
+    choices = out.get("choices")
+    if choices and (injected.token_ids or injected.logprobs):
+        new_choices = []
+        for choice in choices:
+            choice = dict(choice)
+            if injected.token_ids and "token_ids" in choice:
+                choice["token_ids"] = None
+            if injected.logprobs and "logprobs" in choice:
+                choice["logprobs"] = None
+            new_choices.append(choice)
+        out["choices"] = new_choices
+    return out
+
+
+def is_usage_only_chunk(chunk: dict[str, Any]) -> bool:
+    return not chunk.get("choices") and chunk.get("usage") is not None
+
+
+def response_logprobs(operation: str, choice: dict[str, Any]) -> list[float] | None:
+    logprobs = choice.get("logprobs")
+    if not logprobs:
+        return None
+    if operation == "chat":
+        content = logprobs.get("content")
+        return None if content is None else [float(item.get("logprob", 0.0)) for item in content]
+    values = logprobs.get("token_logprobs")
+    return None if values is None else [float(v) if v is not None else 0.0 for v in values]
+
+
+@dataclass
+class CallRecord:
+    """Everything known about one call, filled in as it goes; ``span()`` turns it into the stored span."""
+
+    operation: str
+    alias: str | None
+    request: Any
+    stream: bool
+    start_time: float
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+    sequence_id: int | None = None
+    trace_id: str = field(default_factory=lambda: secrets.token_hex(16))
+    parent_id: str | None = None
+    span_id: str = field(default_factory=lambda: secrets.token_hex(8))
+    backend: Backend | None = None
+    model_version: str | None = None
+    response: dict[str, Any] | None = None
+    status_code: int | None = None
+    error: str | None = None
+    error_type: str | None = None
+    retry_count: int = 0
+    ttft_seconds: float | None = None
+    end_time: float | None = None
+    cancelled: bool = False
+    deadline: float | None = None
+    accumulator: Any = None  # the stream accumulator while streaming (partial response on abort)
+
+    def span(self) -> Span:
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": self.operation,
+            "gen_ai.request.model": self.alias,
+            "http.response.status_code": self.status_code,
+            "rollway.request": self.request,
+            "rollway.stream": self.stream,
+            "rollway.retry_count": self.retry_count,
+            "rollway.ttft_seconds": self.ttft_seconds,
+            "rollway.latency_seconds": None if self.end_time is None else self.end_time - self.start_time,
+            "rollway.backend_id": self.backend.backend_id if self.backend else None,
+            "rollway.model_version": self.model_version,
+        }
+        if self.backend is not None:
+            attributes["gen_ai.system"] = self.backend.kind
+            attributes["server.address"] = _host(self.backend.base_url)
+        trainable = False
+        response = self.response
+        if response is not None:
+            attributes["rollway.response"] = response
+            trainable = self._response_attributes(attributes, response)
+        attributes["rollway.trainable"] = trainable
+        if self.cancelled:
+            attributes["rollway.cancelled"] = True
+        if self.error is not None:
+            attributes["error.type"] = self.error_type or "error"
+            attributes["rollway.error"] = self.error
+        ok = self.error is None and not self.cancelled and (self.status_code or 0) < 400
+        description = None if ok else (self.error or ("cancelled by client" if self.cancelled else "error"))
+        return Span(
+            rollout_id=self.rollout_id,
+            attempt_id=self.attempt_id,
+            sequence_id=self.sequence_id,
+            trace_id=self.trace_id,
+            span_id=self.span_id,
+            parent_id=self.parent_id,
+            name=f"{self.operation} {self.alias}" if self.alias else self.operation,
+            status=SpanStatus(status_code="OK" if ok else "ERROR", description=description),
+            start_time=self.start_time,
+            end_time=self.end_time,
+            attributes=attributes,
+            resource={"attributes": {"service.name": "rollway"}, "schema_url": ""},
+        )
+
+    def _response_attributes(self, attributes: dict[str, Any], response: dict[str, Any]) -> bool:
+        attributes["gen_ai.response.model"] = response.get("model")
+        attributes["gen_ai.response.id"] = response.get("id")
+        usage = response.get("usage") or {}
+        input_tokens = usage.get("prompt_tokens", usage.get("input_tokens"))
+        output_tokens = usage.get("completion_tokens", usage.get("output_tokens"))
+        if input_tokens is not None:
+            attributes["gen_ai.usage.input_tokens"] = input_tokens
+        if output_tokens is not None:
+            attributes["gen_ai.usage.output_tokens"] = output_tokens
+        details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+        if details.get("cached_tokens") is not None:
+            attributes["rollway.usage.cached_tokens"] = details["cached_tokens"]
+        choices = response.get("choices") or []
+        if not choices:
+            return False
+        attributes["gen_ai.response.finish_reasons"] = [c.get("finish_reason") for c in choices]
+        prompt_ids = response.get("prompt_token_ids")
+        first = choices[0]
+        attributes["rollway.prompt_token_ids"] = prompt_ids
+        attributes["rollway.response_token_ids"] = first.get("token_ids")
+        attributes["rollway.response_logprobs"] = response_logprobs(self.operation, first)
+        if len(choices) > 1:
+            attributes["rollway.choices"] = [
+                {
+                    "index": c.get("index", i),
+                    "token_ids": c.get("token_ids"),
+                    "logprobs": response_logprobs(self.operation, c),
+                    "finish_reason": c.get("finish_reason"),
+                }
+                for i, c in enumerate(choices)
+            ]
+        return prompt_ids is not None and first.get("token_ids") is not None
+
+
+def _host(url: str) -> str:
+    rest = url.split("://", 1)[-1]
+    return rest.split("/", 1)[0]
+
+
+def parse_traceparent(value: str | None) -> tuple[str, str] | None:
+    """(trace_id, parent span id) from a W3C ``traceparent`` header, or None when absent or invalid."""
+    if not value:
+        return None
+    parts = value.strip().split("-")
+    if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff":
+        return None
+    trace_id, span_id = parts[1].lower(), parts[2].lower()
+    if len(trace_id) != 32 or len(span_id) != 16 or not _hex(trace_id + span_id):
+        return None
+    if trace_id == "0" * 32 or span_id == "0" * 16:
+        return None
+    return trace_id, span_id
+
+
+def _hex(text: str) -> bool:
+    try:
+        int(text, 16)
+    except ValueError:
+        return False
+    return True
+
+
+def traceparent(trace_id: str, span_id: str) -> str:
+    return f"00-{trace_id}-{span_id}-01"

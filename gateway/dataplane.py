@@ -1,0 +1,219 @@
+"""The OpenAI-compatible routes, as a pure ASGI app in front of the FastAPI app (no per-call framework
+overhead, full control of streaming and of client disconnects). Paths it does not own go to ``fallback``.
+
+Routes: ``POST /v1/{chat/completions,completions,responses,embeddings}`` and ``GET /v1/models``, also under
+``/rollout/{rollout_id}/v1/...`` and ``/rollout/{rollout_id}/attempt/{attempt_id}/v1/...``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import unquote
+
+import orjson
+
+from gateway import capture
+from gateway.attribution import AuthError, KeyCache, attribute
+from gateway.proxy import CallError, Gateway, envelope
+from gateway.registry import UnknownAlias
+from store import ConflictError, NotFoundError, StoreError, StoreValidationError, UnavailableError
+
+log = logging.getLogger("rollway.gateway")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+PATH = re.compile(
+    r"^(?:/rollout/(?P<rollout>[^/]+)(?:/attempt/(?P<attempt>[^/]+))?)?"
+    r"/v1/(?P<op>chat/completions|completions|responses|embeddings|models)/?$"
+)
+STORE_STATUS = {
+    NotFoundError: (404, "not_found_error"),
+    ConflictError: (409, "conflict_error"),
+    StoreValidationError: (400, "invalid_request_error"),
+    UnavailableError: (503, "service_unavailable"),
+}
+
+
+class AsgiReply:
+    """Sends one HTTP response over ASGI, remembering whether it started."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, data: bytes, more: bool) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": more})
+
+
+class DataPlane:
+    """Pure ASGI middleware: serves the data-plane paths, hands everything else to ``app``. The running
+    gateway is found on the application state (``scope["app"].state.rollway``), set up by the lifespan."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.fallback = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.fallback(scope, receive, send)
+            return
+        match = PATH.match(scope["path"])
+        if match is None:
+            await self.fallback(scope, receive, send)
+            return
+        reply = AsgiReply(send)
+        try:
+            await self._serve(scope, receive, reply, match)
+        except CallError as err:
+            if not reply.started:
+                await reply.start(err.status, [(b"content-type", b"application/json"), *err.headers])
+                await reply.body(err.body, more=False)
+
+    async def _serve(self, scope: Scope, receive: Receive, reply: AsgiReply, match: re.Match[str]) -> None:
+        state = scope["app"].state.rollway
+        gateway: Gateway = state.gateway
+        keys: KeyCache = state.keys
+        op_path = match["op"]
+        method = scope["method"]
+        if op_path == "models":
+            if method != "GET":
+                raise envelope(405, "use GET for /v1/models", "invalid_request_error")
+            await self._models(gateway, reply)
+            return
+        if method != "POST":
+            raise envelope(405, f"use POST for /v1/{op_path}", "invalid_request_error")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        content_type = headers.get("content-type", "")
+        if "json" not in content_type:
+            raise envelope(
+                415, "the request body must be JSON (Content-Type: application/json)", "invalid_request_error"
+            )
+        body = await _read_body(receive, headers, gateway.settings.max_body_bytes)
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise envelope(400, "the request body is not valid JSON", "invalid_request_error") from None
+        if not isinstance(parsed, dict):
+            raise envelope(400, "the request body must be a JSON object", "invalid_request_error")
+        model = parsed.get("model")
+        if not isinstance(model, str) or not model:
+            err = envelope(400, "you must provide a model parameter", "invalid_request_error")
+            raise err
+        rollout = unquote(match["rollout"]) if match["rollout"] else None
+        attempt = unquote(match["attempt"]) if match["attempt"] else None
+        try:
+            who = await attribute(rollout, attempt, headers, parsed, keys, gateway.settings.gateway_auth == "keys")
+            prepared = await gateway.begin(
+                capture.OPERATIONS[op_path], op_path, parsed, who, capture.parse_traceparent(headers.get("traceparent"))
+            )
+        except AuthError as exc:
+            raise envelope(
+                exc.status,
+                str(exc),
+                "authentication_error" if exc.status == 401 else "permission_error",
+                "invalid_api_key",
+            ) from None
+        except UnknownAlias as exc:
+            raise envelope(404, str(exc), "not_found_error", "model_not_found") from None
+        except StoreError as exc:
+            status, type_ = next((v for k, v in STORE_STATUS.items() if isinstance(exc, k)), (500, "server_error"))
+            raise envelope(status, exc.message, type_) from None
+        record = prepared.record
+        out_headers = [(b"x-rollway-sequence-id", str(record.sequence_id).encode())]
+        if record.rollout_id:
+            out_headers.append((b"x-rollway-rollout-id", record.rollout_id.encode()))
+            out_headers.append((b"x-rollway-attempt-id", (record.attempt_id or "").encode()))
+        await self._run_watched(gateway, prepared, parsed, receive, reply, out_headers)
+
+    async def _models(self, gateway: Gateway, reply: AsgiReply) -> None:
+        models = await gateway.store.list_models()
+        data = [
+            {"id": m.alias, "object": "model", "created": int(m.created_time), "owned_by": "rollway"} for m in models
+        ]
+        await reply.start(200, [(b"content-type", b"application/json")])
+        await reply.body(orjson.dumps({"object": "list", "data": data}), more=False)
+
+    async def _run_watched(
+        self,
+        gateway: Gateway,
+        prepared: Any,
+        body: dict[str, Any],
+        receive: Receive,
+        reply: AsgiReply,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        """Run the call; a client disconnect cancels it at once (and with it the upstream request)."""
+        record = prepared.record
+        call = asyncio.ensure_future(gateway.run(prepared, body, reply, headers))
+        watcher = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({call, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if call.done():
+                exc = call.exception()
+                if exc is None:
+                    return
+                if not isinstance(exc, CallError):
+                    log.error("call failed", exc_info=exc)
+                    exc = envelope(500, f"internal error: {type(exc).__name__}", "server_error")
+                if not _span_written(record):
+                    record.status_code = exc.status
+                    record.error = exc.body[:2000].decode(errors="replace")
+                    record.error_type = f"http_{exc.status}"
+                    await gateway.finish(record)
+                raise exc
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await call
+            if not _span_written(record):
+                record.cancelled = True
+                record.error_type = "cancelled"
+                if record.accumulator is not None and record.accumulator.chunks:
+                    record.response = record.accumulator.response()
+                record.end_time = time.time()
+                await gateway.finish(record)
+        finally:
+            watcher.cancel()
+            prepared.lease.release()
+
+
+def _span_written(record: capture.CallRecord) -> bool:
+    return record.end_time is not None
+
+
+async def _disconnected(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+    declared = headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise envelope(413, f"the request body is larger than {limit} bytes", "invalid_request_error")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise envelope(400, "the client went away", "invalid_request_error")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise envelope(413, f"the request body is larger than {limit} bytes", "invalid_request_error")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)

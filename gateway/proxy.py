@@ -1,0 +1,304 @@
+"""One LLM call from arrival to span: attribution, sequence id, pause gate, backend choice, retries and
+failover (only before the first byte reached the client), streaming pass-through, and the span.
+
+``Gateway.handle`` is driven by the ASGI layer (``gateway.dataplane``), which owns the wire: it gives a
+``Reply`` object to send headers and body parts, and cancels the call when the client disconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+
+from gateway import capture
+from gateway.attribution import Attribution
+from gateway.capture import CallRecord, Injected
+from gateway.registry import AliasPaused, Lease, ModelRegistry
+from gateway.routing import Router
+from gateway.settings import Settings
+from gateway.streaming import DONE, SSEDecoder, StreamAccumulator, encode_event
+from gateway.upstream import Upstream, UpstreamFailure, backoff, retry_after, wait
+from store import Backend, Store, StoreError
+
+log = logging.getLogger("rollway.gateway")
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class Reply(Protocol):
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
+
+    async def body(self, data: bytes, more: bool) -> None: ...
+
+
+class CallError(Exception):
+    """The call ends with this status and body (an envelope, or the backend's own error body)."""
+
+    def __init__(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__(body.decode(errors="replace"))
+        self.status = status
+        self.body = body
+        self.headers = headers or []
+
+
+def envelope(status: int, message: str, type_: str, code: str | None = None) -> CallError:
+    body = orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
+    return CallError(status, body)
+
+
+@dataclass
+class Prepared:
+    record: CallRecord
+    lease: Lease
+    path: str
+
+
+class Gateway:
+    def __init__(self, settings: Settings, store: Store, registry: ModelRegistry, router: Router) -> None:
+        self.settings = settings
+        self.store = store
+        self.registry = registry
+        self.router = router
+        self.upstream = Upstream(connect_timeout=settings.connect_timeout, read_timeout=settings.read_timeout)
+
+    async def start(self) -> None:
+        await self.upstream.start()
+
+    async def close(self) -> None:
+        await self.upstream.close()
+
+    async def begin(
+        self, operation: str, path: str, body: dict[str, Any], who: Attribution, trace: tuple[str, str] | None
+    ) -> Prepared:
+        """Everything that happens before the backend is called. Raises CallError with nothing recorded for
+        bad input (unknown alias, unknown/stale rollout); from here on every call gets exactly one span."""
+        alias = body["model"]
+        await self.registry.state(alias)  # unknown alias → UnknownAlias, before any sequence id is taken
+        ticket = await self.store.begin_call(who.rollout_id, who.attempt_id)
+        record = CallRecord(
+            operation=operation,
+            alias=alias,
+            request=body,
+            stream=bool(body.get("stream")),
+            start_time=time.time(),
+            rollout_id=ticket.rollout_id,
+            attempt_id=ticket.attempt_id,
+            sequence_id=ticket.sequence_id,
+        )
+        if trace is not None:
+            record.trace_id, record.parent_id = trace
+        record.deadline = ticket.deadline
+        try:
+            lease = await self.registry.admit(alias, self.settings.pause_wait_seconds)
+        except AliasPaused as exc:
+            err = envelope(429, str(exc), "rate_limit_exceeded", "model_paused")
+            err.headers.append((b"retry-after", str(int(exc.retry_after)).encode()))
+            record.status_code, record.error, record.error_type = 429, str(exc), "model_paused"
+            await self.finish(record)
+            raise err from None
+        record.model_version = lease.version
+        return Prepared(record=record, lease=lease, path=path)
+
+    async def finish(self, record: CallRecord) -> None:
+        """Write the call's span (durably, before the client is told the call ended)."""
+        record.end_time = record.end_time or time.time()
+        try:
+            await self.store.add_spans([record.span()])
+        except StoreError:
+            log.exception(
+                "span of call %s/%s seq %s not written", record.rollout_id, record.attempt_id, record.sequence_id
+            )
+
+    # -- the call itself ---------------------------------------------------------------------------------
+
+    async def connect(
+        self, prepared: Prepared, body: dict[str, Any]
+    ) -> tuple[aiohttp.ClientResponse, Backend, Injected]:
+        """Send the call to a backend, retrying and failing over until a response we will pass on arrives."""
+        record, lease = prepared.record, prepared.lease
+        config = lease.config
+        exclude: set[str] = set()
+        attempt = 0
+        last_error: CallError | None = None
+        deadline = record.deadline
+        while True:
+            backend = self.router.choose(config.backends, record.rollout_id, exclude)
+            if backend is None:
+                exclude.clear()
+                backend = self.router.choose(config.backends, record.rollout_id, exclude)
+                assert backend is not None
+            upstream_body, injected = capture.prepare(record.operation, body, backend, config.sampling)
+            record.backend = backend
+            self.router.started(backend.backend_id)
+            delay: float | None = None
+            try:
+                response = await self.upstream.send(
+                    backend,
+                    prepared.path,
+                    orjson.dumps(upstream_body),
+                    trace=(record.trace_id, record.span_id),
+                    deadline=deadline,
+                )
+            except UpstreamFailure as exc:
+                self.router.finished(backend.backend_id, ok=False, counts_as_failure=exc.kind == "connect")
+                if exc.kind != "connect":
+                    raise envelope(504, str(exc), "timeout", exc.kind) from exc
+                exclude.add(backend.backend_id)
+                last_error = envelope(502, str(exc), "upstream_error", "backend_unreachable")
+            except asyncio.CancelledError:
+                self.router.finished(backend.backend_id, ok=False, counts_as_failure=False)
+                raise
+            else:
+                if response.status not in RETRY_STATUSES:
+                    return response, backend, injected
+                error_body = await _read_quietly(response)
+                self.router.finished(backend.backend_id, ok=False, counts_as_failure=response.status >= 500)
+                last_error = CallError(response.status, error_body, _passthrough_headers(response))
+                if response.status == 429:
+                    delay = retry_after(response.headers.get("Retry-After"), self.settings.retry_max_wait)
+                    if len(config.backends) > 1:
+                        exclude.add(backend.backend_id)
+                        delay = None if delay is None else 0.0
+                else:
+                    exclude.add(backend.backend_id)
+            if attempt >= self.settings.upstream_retries:
+                assert last_error is not None
+                raise last_error
+            attempt += 1
+            record.retry_count = attempt
+            await wait(delay if delay is not None else backoff(attempt, self.settings.retry_max_wait))
+
+    async def run(
+        self, prepared: Prepared, body: dict[str, Any], reply: Reply, headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        """Forward the call and send the answer through ``reply``; the span is written before the end."""
+        record = prepared.record
+        response, backend, injected = await self.connect(prepared, body)
+        ok = response.status < 500
+        try:
+            if record.stream and response.status == 200:
+                await self._stream(record, response, injected, reply, headers)
+            else:
+                await self._whole(record, response, injected, reply, headers)
+        except BaseException:
+            response.close()  # closing (not releasing) the connection tells the backend to stop generating
+            raise
+        else:
+            response.release()
+        finally:
+            self.router.finished(backend.backend_id, ok=ok, counts_as_failure=not ok)
+
+    async def _whole(
+        self,
+        record: CallRecord,
+        response: aiohttp.ClientResponse,
+        injected: Injected,
+        reply: Reply,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        raw = await response.read()
+        record.status_code = response.status
+        record.ttft_seconds = time.time() - record.start_time
+        out = raw
+        if response.status < 400:
+            parsed = orjson.loads(raw)
+            record.response = parsed
+            if injected.any and isinstance(parsed, dict):
+                out = orjson.dumps(capture.stripped(parsed, injected))
+        else:
+            record.error = raw[:2000].decode(errors="replace")
+            record.error_type = f"http_{response.status}"
+        await self.finish(record)
+        content_type = response.headers.get("Content-Type", "application/json").encode()
+        await reply.start(response.status, [(b"content-type", content_type), *headers])
+        await reply.body(out, more=False)
+
+    async def _stream(
+        self,
+        record: CallRecord,
+        response: aiohttp.ClientResponse,
+        injected: Injected,
+        reply: Reply,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        record.status_code = 200
+        await reply.start(200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *headers])
+        decoder = SSEDecoder()
+        acc = record.accumulator = StreamAccumulator(record.operation)
+        done_event: bytes | None = None
+        try:
+            async for data in response.content.iter_any():
+                out: list[bytes] = []
+                for raw, payload in decoder.feed(data):
+                    if payload is None:
+                        out.append(raw)
+                        continue
+                    if payload == DONE:
+                        done_event = raw
+                        continue
+                    chunk = orjson.loads(payload)
+                    if isinstance(chunk, dict) and chunk.get("error") is not None and not chunk.get("choices"):
+                        record.error = orjson.dumps(chunk["error"]).decode()
+                        record.error_type = "stream_error"
+                        out.append(raw)
+                        continue
+                    if record.ttft_seconds is None:
+                        record.ttft_seconds = time.time() - record.start_time
+                    acc.feed(chunk)
+                    if not injected.any:
+                        out.append(raw)
+                    elif not (injected.usage and capture.is_usage_only_chunk(chunk)):
+                        out.append(encode_event(capture.stripped(chunk, injected)))
+                if out:
+                    await reply.body(b"".join(out), more=True)
+        except (
+            aiohttp.ClientPayloadError,
+            aiohttp.ServerDisconnectedError,
+            aiohttp.ClientOSError,
+            TimeoutError,
+        ) as exc:
+            record.error = f"the backend stream broke: {type(exc).__name__}"
+            record.error_type = "stream_interrupted"
+            event = {
+                "error": {
+                    "message": record.error,
+                    "type": "upstream_error",
+                    "param": None,
+                    "code": "stream_interrupted",
+                }
+            }
+            record.response = acc.response() if acc.chunks else None
+            await self.finish(record)
+            await reply.body(encode_event(event), more=False)
+            return
+        if done_event is None and record.error is None:
+            record.error = "the backend stream ended without [DONE]"
+            record.error_type = "stream_incomplete"
+        record.response = acc.response() if acc.chunks else None
+        await self.finish(record)
+        await reply.body(done_event or b"", more=False)
+
+
+async def _read_quietly(response: aiohttp.ClientResponse) -> bytes:
+    try:
+        return await response.read()
+    except (aiohttp.ClientError, TimeoutError):
+        return b""
+    finally:
+        response.release()
+
+
+def _passthrough_headers(response: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
+    out = [(b"content-type", response.headers.get("Content-Type", "application/json").encode())]
+    if "Retry-After" in response.headers:
+        out.append((b"retry-after", response.headers["Retry-After"].encode()))
+    return out
+
+
+Handler = Callable[[], Awaitable[None]]

@@ -1,0 +1,152 @@
+"""Server-sent events: split the upstream byte stream into events as they arrive, and accumulate the chunks
+of a streamed completion into the response a non-streamed call would have returned (for the span)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+DONE = b"[DONE]"
+
+
+class SSEDecoder:
+    """Feed bytes, get complete events (the raw bytes of each, separator included, and its ``data``)."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> list[tuple[bytes, bytes | None]]:
+        self._buffer += data
+        events: list[tuple[bytes, bytes | None]] = []
+        while True:
+            cut, sep_len = _find_separator(self._buffer)
+            if cut < 0:
+                return events
+            raw = self._buffer[: cut + sep_len]
+            self._buffer = self._buffer[cut + sep_len :]
+            events.append((raw, _data_of(raw[:cut])))
+
+    def rest(self) -> bytes:
+        return self._buffer
+
+
+def _find_separator(buffer: bytes) -> tuple[int, int]:
+    best, length = -1, 0
+    for sep in (b"\n\n", b"\r\n\r\n"):
+        at = buffer.find(sep)
+        if at >= 0 and (best < 0 or at < best):
+            best, length = at, len(sep)
+    return best, length
+
+
+def _data_of(event: bytes) -> bytes | None:
+    parts = [line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:")]
+    return b"\n".join(parts) if parts else None
+
+
+class ChoiceAccumulator:
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.role: str | None = None
+        self.text: list[str] = []
+        self.token_ids: list[int] = []
+        self.logprobs_content: list[dict[str, Any]] = []
+        self.completion_logprobs: dict[str, list[Any]] = {}
+        self.saw_logprobs = False
+        self.saw_token_ids = False
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+
+
+class StreamAccumulator:
+    """Rebuilds a chat or text completion from its chunks: text, tool calls, token ids, logprobs, usage."""
+
+    def __init__(self, operation: str) -> None:
+        self.operation = operation
+        self.head: dict[str, Any] = {}
+        self.choices: dict[int, ChoiceAccumulator] = {}
+        self.prompt_token_ids: list[int] | None = None
+        self.usage: dict[str, Any] | None = None
+        self.chunks = 0
+
+    def feed(self, chunk: dict[str, Any]) -> None:
+        self.chunks += 1
+        for key in ("id", "model", "created", "system_fingerprint"):
+            if key in chunk and key not in self.head:
+                self.head[key] = chunk[key]
+        if chunk.get("prompt_token_ids") is not None and self.prompt_token_ids is None:
+            self.prompt_token_ids = list(chunk["prompt_token_ids"])
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            acc = self.choices.get(choice.get("index", 0))
+            if acc is None:
+                acc = self.choices[choice.get("index", 0)] = ChoiceAccumulator(choice.get("index", 0))
+            self._feed_choice(acc, choice)
+
+    def _feed_choice(self, acc: ChoiceAccumulator, choice: dict[str, Any]) -> None:
+        if choice.get("token_ids") is not None:
+            acc.saw_token_ids = True
+            acc.token_ids.extend(choice["token_ids"])
+        if choice.get("finish_reason") is not None:
+            acc.finish_reason = choice["finish_reason"]
+        logprobs = choice.get("logprobs")
+        if self.operation == "chat":
+            delta = choice.get("delta") or {}
+            if delta.get("role"):
+                acc.role = delta["role"]
+            if delta.get("content"):
+                acc.text.append(delta["content"])
+            for call in delta.get("tool_calls") or ():
+                slot = acc.tool_calls.setdefault(
+                    call.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                if call.get("id"):
+                    slot["id"] = call["id"]
+                if call.get("type"):
+                    slot["type"] = call["type"]
+                function = call.get("function") or {}
+                if function.get("name"):
+                    slot["function"]["name"] += function["name"]
+                if function.get("arguments"):
+                    slot["function"]["arguments"] += function["arguments"]
+            if logprobs and logprobs.get("content"):
+                acc.saw_logprobs = True
+                acc.logprobs_content.extend(logprobs["content"])
+        else:
+            if choice.get("text"):
+                acc.text.append(choice["text"])
+            if logprobs:
+                acc.saw_logprobs = True
+                for key, values in logprobs.items():
+                    if isinstance(values, list):
+                        acc.completion_logprobs.setdefault(key, []).extend(values)
+
+    def response(self) -> dict[str, Any]:
+        """The accumulated completion, shaped like a non-streamed response."""
+        choices = []
+        for index in sorted(self.choices):
+            acc = self.choices[index]
+            out: dict[str, Any] = {"index": index, "finish_reason": acc.finish_reason}
+            if self.operation == "chat":
+                message: dict[str, Any] = {"role": acc.role or "assistant", "content": "".join(acc.text) or None}
+                if acc.tool_calls:
+                    message["tool_calls"] = [acc.tool_calls[i] for i in sorted(acc.tool_calls)]
+                out["message"] = message
+                out["logprobs"] = {"content": acc.logprobs_content} if acc.saw_logprobs else None
+            else:
+                out["text"] = "".join(acc.text)
+                out["logprobs"] = acc.completion_logprobs if acc.saw_logprobs else None
+            out["token_ids"] = acc.token_ids if acc.saw_token_ids else None
+            choices.append(out)
+        body: dict[str, Any] = dict(self.head)
+        body["object"] = "chat.completion" if self.operation == "chat" else "text_completion"
+        body["choices"] = choices
+        body["usage"] = self.usage
+        body["prompt_token_ids"] = self.prompt_token_ids
+        return body
+
+
+def encode_event(data: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"

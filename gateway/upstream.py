@@ -1,0 +1,101 @@
+"""Calls to backends: one pooled aiohttp session for the process, one function per try.
+
+Retries, failover and backoff live in ``gateway.proxy``; this module only knows how to send a request and
+how a failure should be classified.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import time
+
+import aiohttp
+
+from gateway.capture import traceparent
+from store import Backend
+
+
+class UpstreamFailure(Exception):
+    """A try that got no HTTP response: ``kind`` is ``connect`` (retryable, fails over) or ``timeout``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Upstream:
+    def __init__(self, *, connect_timeout: float, read_timeout: float) -> None:
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout, sock_read=self.read_timeout),
+            skip_auto_headers=("User-Agent",),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def send(
+        self,
+        backend: Backend,
+        path: str,
+        payload: bytes,
+        *,
+        trace: tuple[str, str],
+        deadline: float | None,
+    ) -> aiohttp.ClientResponse:
+        """POST ``payload`` to ``{backend.base_url}/{path}``; the response is returned unread."""
+        assert self._session is not None, "upstream session not started"
+        headers = {"Content-Type": "application/json", "traceparent": traceparent(*trace)}
+        if backend.api_key is not None:
+            headers["Authorization"] = f"Bearer {backend.api_key.get_secret_value()}"
+        timeout = None
+        if deadline is not None:
+            remaining = deadline - time.time()
+            if remaining <= 0:
+                raise UpstreamFailure("deadline", "the rollout's deadline has passed")
+            timeout = aiohttp.ClientTimeout(
+                total=remaining, sock_connect=self.connect_timeout, sock_read=self.read_timeout
+            )
+        url = backend.base_url.rstrip("/") + "/" + path
+        try:
+            return await self._session.post(url, data=payload, headers=headers, timeout=timeout)
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            raise UpstreamFailure(
+                "connect", f"cannot reach backend '{backend.backend_id}': {type(exc).__name__}"
+            ) from exc
+        except TimeoutError as exc:
+            raise UpstreamFailure("timeout", f"backend '{backend.backend_id}' timed out") from exc
+
+
+def retry_after(value: str | None, cap: float) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta seconds or an HTTP date), capped."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value else None
+        if parsed is None:
+            return None
+        seconds = parsed.timestamp() - time.time()
+    return max(0.0, min(seconds, cap))
+
+
+def backoff(attempt: int, cap: float) -> float:
+    """Exponential backoff with full jitter: 50 ms, 100 ms, 200 ms, ... (random in [0, that])."""
+    return random.uniform(0, min(cap, 0.05 * 2**attempt))
+
+
+async def wait(seconds: float) -> None:
+    if seconds > 0:
+        await asyncio.sleep(seconds)
