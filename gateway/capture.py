@@ -79,6 +79,8 @@ def stripped(body: dict[str, Any], injected: Injected) -> dict[str, Any]:
             choice = dict(choice)
             if injected.token_ids and "token_ids" in choice:
                 choice["token_ids"] = None
+            if injected.token_ids and "prompt_token_ids" in choice:
+                choice["prompt_token_ids"] = None
             if injected.logprobs and "logprobs" in choice:
                 choice["logprobs"] = None
             new_choices.append(choice)
@@ -190,8 +192,10 @@ class CallRecord:
         if not choices:
             return False
         attributes["gen_ai.response.finish_reasons"] = [c.get("finish_reason") for c in choices]
-        prompt_ids = response.get("prompt_token_ids")
         first = choices[0]
+        prompt_ids = response.get("prompt_token_ids")
+        if prompt_ids is None:  # vLLM's completions carry them per choice
+            prompt_ids = first.get("prompt_token_ids")
         attributes["rollway.prompt_token_ids"] = prompt_ids
         attributes["rollway.response_token_ids"] = first.get("token_ids")
         attributes["rollway.response_logprobs"] = response_logprobs(self.operation, first)

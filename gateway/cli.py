@@ -57,3 +57,37 @@ def serve(host: str | None, port: int | None, database_url: str | None, config_f
         http="httptools",
         timeout_graceful_shutdown=10,
     )
+
+
+@main.command("mock-backend")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8001, show_default=True, help="Port to listen on (0: any free port).")
+@click.option("--latency-ms", type=float, default=0.0, show_default=True, help="Wait before answering.")
+@click.option("--ttft-ms", type=float, default=0.0, show_default=True, help="Time to the first token.")
+@click.option("--token-delay-ms", type=float, default=0.0, show_default=True, help="Time between tokens.")
+@click.option("--model", "models", multiple=True, help="A model name to serve (repeatable) [default: mock-model].")
+@click.option("--strict-models", is_flag=True, help="Answer 404 for models not listed.")
+@click.option("--access-log/--no-access-log", default=False, show_default=True, help="Log every request.")
+@click.option("--log-level", default="info", show_default=True, help="uvicorn's log level.")
+def mock_backend(
+    host: str,
+    port: int,
+    latency_ms: float,
+    ttft_ms: float,
+    token_delay_ms: float,
+    models: tuple[str, ...],
+    strict_models: bool,
+    access_log: bool,
+    log_level: str,
+) -> None:
+    """Run a mock inference backend (vLLM-like, deterministic, no GPU); script faults over HTTP at /mock/*."""
+    from gateway.mock import MockConfig, serve
+
+    config = MockConfig(
+        models=models or ("mock-model",),
+        strict_models=strict_models,
+        latency_ms=latency_ms,
+        ttft_ms=ttft_ms,
+        token_delay_ms=token_delay_ms,
+    )
+    serve(config, host=host, port=port, log_level=log_level, access_log=access_log)

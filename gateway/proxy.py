@@ -138,13 +138,20 @@ class Gateway:
             self.router.started(backend.backend_id)
             delay: float | None = None
             try:
-                response = await self.upstream.send(
-                    backend,
-                    prepared.path,
-                    orjson.dumps(upstream_body),
-                    trace=(record.trace_id, record.span_id),
-                    deadline=deadline,
-                )
+                response: Any
+                if backend.kind == "litellm":
+                    from gateway import litellm_backend  # LiteLLM only when such a backend serves a call
+
+                    timeout = None if deadline is None else max(0.001, deadline - time.time())
+                    response = await litellm_backend.call(backend, prepared.path, upstream_body, timeout)
+                else:
+                    response = await self.upstream.send(
+                        backend,
+                        prepared.path,
+                        orjson.dumps(upstream_body),
+                        trace=(record.trace_id, record.span_id),
+                        deadline=deadline,
+                    )
             except UpstreamFailure as exc:
                 self.router.finished(backend.backend_id, ok=False, counts_as_failure=exc.kind == "connect")
                 if exc.kind != "connect":

@@ -57,6 +57,7 @@ class ChoiceAccumulator:
         self.saw_token_ids = False
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
+        self.prompt_token_ids: list[int] | None = None
 
 
 class StreamAccumulator:
@@ -86,6 +87,8 @@ class StreamAccumulator:
             self._feed_choice(acc, choice)
 
     def _feed_choice(self, acc: ChoiceAccumulator, choice: dict[str, Any]) -> None:
+        if choice.get("prompt_token_ids") is not None and acc.prompt_token_ids is None:
+            acc.prompt_token_ids = list(choice["prompt_token_ids"])
         if choice.get("token_ids") is not None:
             acc.saw_token_ids = True
             acc.token_ids.extend(choice["token_ids"])
@@ -138,6 +141,7 @@ class StreamAccumulator:
             else:
                 out["text"] = "".join(acc.text)
                 out["logprobs"] = acc.completion_logprobs if acc.saw_logprobs else None
+                out["prompt_token_ids"] = acc.prompt_token_ids
             out["token_ids"] = acc.token_ids if acc.saw_token_ids else None
             choices.append(out)
         body: dict[str, Any] = dict(self.head)

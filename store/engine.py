@@ -31,7 +31,14 @@ def dumps(value: Any) -> str:
         return json.dumps(value)
 
 
-JSON_CODEC: dict[str, Any] = {"json_serializer": dumps, "json_deserializer": orjson.loads}
+def loads(value: Any) -> Any:
+    """orjson.loads; a number passes through (SQLite's NUMERIC affinity gives a scalar JSON number back as one)."""
+    if isinstance(value, int | float):
+        return value
+    return orjson.loads(value)
+
+
+JSON_CODEC: dict[str, Any] = {"json_serializer": dumps, "json_deserializer": loads}
 
 
 @dataclass(frozen=True)

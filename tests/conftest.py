@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.mock import MockBackendProcess
 from store import Store
 
 PG_ADMIN_URL = os.environ.get("ROLLWAY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -96,3 +97,16 @@ async def store(store_url: str, clock: FakeClock) -> AsyncIterator[Store]:
         yield opened
     finally:
         await opened.close()
+
+
+@pytest.fixture(scope="session")
+def mock_process() -> Iterator[MockBackendProcess]:
+    """One vLLM-like mock backend process for the session (``mock`` resets it per test)."""
+    with MockBackendProcess() as process:
+        yield process
+
+
+@pytest.fixture
+def mock(mock_process: MockBackendProcess) -> MockBackendProcess:
+    mock_process.reset()
+    return mock_process

@@ -1,0 +1,60 @@
+"""``MockConfig``: the knobs of the mock backend (all changeable at runtime through ``POST /mock/config``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class MockConfig:
+    """How the mock backend behaves. Times are milliseconds."""
+
+    #: Model names listed by ``GET /v1/models``; with ``strict_models`` any other name is a 404 (like vLLM).
+    models: tuple[str, ...] = ("mock-model",)
+    strict_models: bool = False
+    #: Waited before anything is sent (queueing, network).
+    latency_ms: float = 0.0
+    #: Waited after the response headers, before the first token (prefill).
+    ttft_ms: float = 0.0
+    #: Waited between two tokens of a choice (decode).
+    token_delay_ms: float = 0.0
+    #: ``max_tokens`` of chat and Responses calls that give none (completions default to 16, as OpenAI's).
+    default_max_tokens: int = 256
+    max_model_len: int = 32_768
+    #: Share of sampled math answers (``A + B``) that are right; the others are off by one.
+    math_accuracy: float = 0.7
+    #: Length of embeddings when the request names no ``dimensions``.
+    embedding_dim: int = 32
+    #: Prefix-cache block size for ``cached_tokens`` (0 turns the simulated prefix cache off).
+    prefix_block_size: int = 16
+    #: How many recent requests ``GET /mock/requests`` keeps.
+    request_log_size: int = 1000
+
+    def updated(self, changes: dict[str, Any]) -> MockConfig:
+        """A copy with ``changes`` applied; unknown keys or wrong types raise ``ValueError``."""
+        known = {f.name: f for f in dataclasses.fields(self)}
+        clean: dict[str, Any] = {}
+        for key, value in changes.items():
+            if key not in known:
+                raise ValueError(f"unknown config key {key!r}")
+            current = getattr(self, key)
+            if isinstance(current, bool):
+                if not isinstance(value, bool):
+                    raise ValueError(f"{key} must be a boolean")
+            elif isinstance(current, int | float):
+                if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                    raise ValueError(f"{key} must be a non-negative number")
+                value = type(current)(value)
+            elif isinstance(current, tuple):
+                if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value) or not value:
+                    raise ValueError(f"{key} must be a non-empty list of strings")
+                value = tuple(value)
+            clean[key] = value
+        return dataclasses.replace(self, **clean)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["models"] = list(self.models)
+        return data

@@ -1,0 +1,85 @@
+"""A real gateway (uvicorn on a loopback port, in the test's event loop, SQLite file) in front of the real
+mock backend process, for end-to-end tests with the official ``openai`` SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+from openai import AsyncOpenAI
+
+from gateway.app import AppState, create_app
+from gateway.settings import Settings
+from store import Store
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    app: FastAPI
+    clients: list[AsyncOpenAI] = field(default_factory=list)
+
+    @property
+    def state(self) -> AppState:
+        state: AppState = self.app.state.rollway
+        return state
+
+    @property
+    def store(self) -> Store:
+        return self.state.store
+
+    def client(self, base_url: str | None = None, api_key: str = "unused", **kwargs: Any) -> AsyncOpenAI:
+        client = AsyncOpenAI(base_url=base_url or f"{self.url}/v1", api_key=api_key, max_retries=0, **kwargs)
+        self.clients.append(client)
+        return client
+
+
+class _QuietServer(uvicorn.Server):
+    def install_signal_handlers(self) -> None:  # the test runner owns signals
+        return None
+
+
+@asynccontextmanager
+async def running_gateway(tmp_path: Path, **settings: Any) -> AsyncIterator[RunningGateway]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    port = sock.getsockname()[1]
+    settings.setdefault("database_url", f"sqlite:///{tmp_path / 'gateway.db'}")
+    app = create_app(Settings(**settings))
+    server = _QuietServer(uvicorn.Config(app, log_level="warning", lifespan="on", http="httptools"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient() as client:  # queued on the listening socket until uvicorn serves
+            (await client.get(f"{url}/healthz", timeout=30)).raise_for_status()
+        running = RunningGateway(url=url, app=app)
+        try:
+            yield running
+        finally:
+            for client in running.clients:
+                await client.close()
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+async def register(store: Store, alias: str, *backends: dict[str, Any], version: str | None = None) -> None:
+    await store.put_model(alias, list(backends), version=version)
+
+
+async def claim_one(store: Store) -> tuple[str, str]:
+    """Enqueue a task and claim it: (rollout_id, attempt_id)."""
+    await store.enqueue([{"input": {"task": "t"}}])
+    [claimed] = await store.claim("worker-1")
+    return claimed.rollout.rollout_id, claimed.attempt.attempt_id

@@ -1,0 +1,253 @@
+"""End to end: the official openai SDK → a real gateway (uvicorn) → the vLLM-like mock backend process.
+
+The oracle for "identical" is a direct call to the same mock with the same request: the gateway's answer
+differs only in the fields the gateway injected and strips, and the span holds exactly the backend's token
+ids and logprobs (asked of the mock directly with ``return_token_ids``/``logprobs``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI
+
+from gateway.mock import MockBackendProcess
+from tests.gateway_harness import RunningGateway, claim_one, register, running_gateway
+
+MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
+VOLATILE = {"id", "created", "system_fingerprint"}
+
+
+def comparable(obj: Any) -> Any:
+    data = obj.model_dump() if hasattr(obj, "model_dump") else obj
+    return {k: v for k, v in data.items() if k not in VOLATILE}
+
+
+@pytest.fixture
+async def gw(tmp_path: Path, mock: MockBackendProcess) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(tmp_path) as gateway:
+        await register(
+            gateway.store,
+            "policy",
+            {"backend_id": "mock-a", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"},
+            version="v1",
+        )
+        yield gateway
+
+
+@pytest.fixture
+async def direct(mock: MockBackendProcess) -> AsyncIterator[AsyncOpenAI]:
+    async with AsyncOpenAI(base_url=mock.base_url, api_key="unused", max_retries=0) as client:
+        yield client
+
+
+async def rollout_client(gw: RunningGateway, via: str) -> tuple[AsyncOpenAI, str, str]:
+    rollout_id, attempt_id = await claim_one(gw.store)
+    if via == "path":
+        return gw.client(f"{gw.url}/rollout/{rollout_id}/attempt/{attempt_id}/v1"), rollout_id, attempt_id
+    _, key = await gw.store.mint_key("rollout", rollout_id=rollout_id, attempt_id=attempt_id)
+    return gw.client(api_key=key), rollout_id, attempt_id
+
+
+VIA = pytest.mark.parametrize("via", ["path", "key"])
+
+
+@VIA
+async def test_chat_answer_is_the_backends_and_span_holds_its_token_ids(
+    gw: RunningGateway, direct: AsyncOpenAI, via: str
+) -> None:
+    client, rollout_id, attempt_id = await rollout_client(gw, via)
+    raw = await client.chat.completions.with_raw_response.create(model="policy", messages=MESSAGES, max_tokens=12)
+    answer = raw.parse()
+    expected = await direct.chat.completions.create(model="mock-model", messages=MESSAGES, max_tokens=12)
+    assert comparable(answer) | {"model": None} == comparable(expected) | {"model": None}
+    assert answer.model_extra.get("prompt_token_ids") is None  # injected, stripped
+    assert answer.choices[0].logprobs is None
+    assert raw.headers["x-rollway-rollout-id"] == rollout_id
+    assert raw.headers["x-rollway-attempt-id"] == attempt_id
+    assert raw.headers["x-rollway-sequence-id"] == "1"
+
+    truth = await direct.chat.completions.create(
+        model="mock-model", messages=MESSAGES, max_tokens=12, logprobs=True, extra_body={"return_token_ids": True}
+    )
+    [span] = await gw.store.query_spans(rollout_id, attempt_id)
+    attrs = span.attributes
+    assert span.sequence_id == 1
+    assert span.status.status_code == "OK"
+    assert attrs["rollway.prompt_token_ids"] == truth.model_extra["prompt_token_ids"]
+    assert attrs["rollway.response_token_ids"] == truth.choices[0].model_extra["token_ids"]
+    assert attrs["rollway.response_logprobs"] == [t.logprob for t in truth.choices[0].logprobs.content]
+    assert attrs["rollway.trainable"] is True
+    assert attrs["gen_ai.request.model"] == "policy"
+    assert attrs["gen_ai.operation.name"] == "chat"
+    assert attrs["gen_ai.usage.output_tokens"] == truth.usage.completion_tokens
+    assert attrs["rollway.backend_id"] == "mock-a"
+    assert attrs["rollway.model_version"] == "v1"
+    assert attrs["rollway.request"]["model"] == "policy"
+    assert attrs["rollway.response"]["choices"][0]["message"]["content"] == answer.choices[0].message.content
+
+
+@VIA
+async def test_streamed_chat_passes_chunks_through_and_records_the_whole_call(
+    gw: RunningGateway, direct: AsyncOpenAI, via: str
+) -> None:
+    client, rollout_id, attempt_id = await rollout_client(gw, via)
+    stream = await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=10, stream=True)
+    chunks = [chunk async for chunk in stream]
+    direct_stream = await direct.chat.completions.create(
+        model="mock-model", messages=MESSAGES, max_tokens=10, stream=True
+    )
+    expected = [chunk async for chunk in direct_stream]
+    assert [comparable(c) | {"model": None} for c in chunks] == [comparable(c) | {"model": None} for c in expected]
+    assert all(c.usage is None for c in chunks)  # the injected usage chunk is not shown
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    truth = await direct.chat.completions.create(
+        model="mock-model", messages=MESSAGES, max_tokens=10, logprobs=True, extra_body={"return_token_ids": True}
+    )
+    [span] = await gw.store.query_spans(rollout_id, attempt_id)
+    attrs = span.attributes
+    assert attrs["rollway.stream"] is True
+    assert attrs["rollway.prompt_token_ids"] == truth.model_extra["prompt_token_ids"]
+    assert attrs["rollway.response_token_ids"] == truth.choices[0].model_extra["token_ids"]
+    assert attrs["rollway.response_logprobs"] == [t.logprob for t in truth.choices[0].logprobs.content]
+    assert attrs["rollway.response"]["choices"][0]["message"]["content"] == text
+    assert attrs["gen_ai.usage.output_tokens"] == truth.usage.completion_tokens
+    assert attrs["rollway.ttft_seconds"] is not None
+
+
+async def test_client_that_asks_for_token_ids_gets_them(gw: RunningGateway, direct: AsyncOpenAI) -> None:
+    client, _, _ = await rollout_client(gw, "path")
+    answer = await client.chat.completions.create(
+        model="policy", messages=MESSAGES, logprobs=True, extra_body={"return_token_ids": True}
+    )
+    truth = await direct.chat.completions.create(
+        model="mock-model", messages=MESSAGES, logprobs=True, extra_body={"return_token_ids": True}
+    )
+    assert answer.model_extra["prompt_token_ids"] == truth.model_extra["prompt_token_ids"]
+    assert answer.choices[0].model_extra["token_ids"] == truth.choices[0].model_extra["token_ids"]
+    assert answer.choices[0].logprobs is not None
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "evaluate arithmetic",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_tool_calls_round_trip(gw: RunningGateway, direct: AsyncOpenAI, stream: bool) -> None:
+    client, rollout_id, attempt_id = await rollout_client(gw, "path")
+    if stream:
+        chunks = [
+            c
+            async for c in await client.chat.completions.create(
+                model="policy", messages=MESSAGES, tools=TOOLS, stream=True
+            )
+        ]
+        names = [
+            tc.function.name
+            for c in chunks
+            if c.choices
+            for tc in (c.choices[0].delta.tool_calls or [])
+            if tc.function and tc.function.name
+        ]
+        assert names == ["calculator"]
+    else:
+        answer = await client.chat.completions.create(model="policy", messages=MESSAGES, tools=TOOLS)
+        expected = await direct.chat.completions.create(model="mock-model", messages=MESSAGES, tools=TOOLS)
+        assert answer.choices[0].message.tool_calls[0].function.model_dump() == (
+            expected.choices[0].message.tool_calls[0].function.model_dump()
+        )
+    [span] = await gw.store.query_spans(rollout_id, attempt_id)
+    message = span.attributes["rollway.response"]["choices"][0]["message"]
+    assert message["tool_calls"][0]["function"]["name"] == "calculator"
+    assert span.attributes["gen_ai.response.finish_reasons"] == ["tool_calls"]
+    assert span.attributes["rollway.response_token_ids"]
+
+
+async def test_n_choices_are_all_recorded(gw: RunningGateway, direct: AsyncOpenAI) -> None:
+    client, rollout_id, attempt_id = await rollout_client(gw, "key")
+    answer = await client.chat.completions.create(model="policy", messages=MESSAGES, n=3, max_tokens=8)
+    expected = await direct.chat.completions.create(
+        model="mock-model", messages=MESSAGES, n=3, max_tokens=8, extra_body={"return_token_ids": True}
+    )
+    assert [c.message.content for c in answer.choices] == [c.message.content for c in expected.choices]
+    [span] = await gw.store.query_spans(rollout_id, attempt_id)
+    choices = span.attributes["rollway.choices"]
+    assert [c["token_ids"] for c in choices] == [c.model_extra["token_ids"] for c in expected.choices]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_completions_record_prompt_and_response_ids(
+    gw: RunningGateway, direct: AsyncOpenAI, stream: bool
+) -> None:
+    client, rollout_id, attempt_id = await rollout_client(gw, "path")
+    if stream:
+        parts = [
+            c
+            async for c in await client.completions.create(
+                model="policy", prompt="Once upon a time", max_tokens=6, stream=True
+            )
+        ]
+        text = "".join(p.choices[0].text for p in parts if p.choices)
+    else:
+        text = (
+            (await client.completions.create(model="policy", prompt="Once upon a time", max_tokens=6)).choices[0].text
+        )
+    truth = await direct.completions.create(
+        model="mock-model", prompt="Once upon a time", max_tokens=6, logprobs=0, extra_body={"return_token_ids": True}
+    )
+    assert text == truth.choices[0].text
+    [span] = await gw.store.query_spans(rollout_id, attempt_id)
+    assert span.attributes["gen_ai.operation.name"] == "text_completion"
+    assert span.attributes["rollway.prompt_token_ids"] == truth.choices[0].model_extra["prompt_token_ids"]
+    assert span.attributes["rollway.response_token_ids"] == truth.choices[0].model_extra["token_ids"]
+    assert span.attributes["rollway.response_logprobs"] == truth.choices[0].logprobs.token_logprobs
+
+
+async def test_embeddings_and_models(gw: RunningGateway, direct: AsyncOpenAI) -> None:
+    client, rollout_id, attempt_id = await rollout_client(gw, "path")
+    vectors = await client.embeddings.create(model="policy", input=["hello", "world"])
+    expected = await direct.embeddings.create(model="mock-model", input=["hello", "world"])
+    assert [d.embedding for d in vectors.data] == [d.embedding for d in expected.data]
+    [span] = await gw.store.query_spans(rollout_id, attempt_id)
+    assert span.attributes["gen_ai.operation.name"] == "embeddings"
+    assert span.attributes["rollway.trainable"] is False
+    models = await client.models.list()
+    assert [m.id for m in models.data] == ["policy"]
+
+
+async def test_concurrent_calls_of_one_attempt_get_gap_free_sequence_ids(gw: RunningGateway) -> None:
+    client, rollout_id, attempt_id = await rollout_client(gw, "path")
+
+    async def one(i: int) -> int:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="policy",
+            messages=[{"role": "user", "content": f"question {i}"}],
+            max_tokens=4,
+            stream=i % 2 == 0,
+        )
+        if i % 2 == 0:
+            async for _ in raw.parse():
+                pass
+        return int(raw.headers["x-rollway-sequence-id"])
+
+    got = await asyncio.gather(*(one(i) for i in range(32)))
+    assert sorted(got) == list(range(1, 33))
+    spans = await gw.store.query_spans(rollout_id, attempt_id)
+    assert [s.sequence_id for s in spans] == list(range(1, 33))
+    assert all(s.attributes["rollway.prompt_token_ids"] for s in spans)

@@ -1,0 +1,232 @@
+"""Durability (PRODUCT.md §2): ``kill -9`` of a writing process loses no acknowledged write and leaves a
+sound SQLite file; a write the store refuses leaves nothing half-written."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import selectors
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from store import AttemptStatus, ConflictError, Store
+
+REPO = Path(__file__).resolve().parents[1]
+ACKS_BEFORE_KILL = 300
+READ_TIMEOUT = 60.0  # for the child to start and acknowledge ACKS_BEFORE_KILL writes
+
+WRITER_SCRIPT = textwrap.dedent(
+    """
+    import asyncio
+    import os
+    import sys
+
+    from store import Store
+
+    WRITERS = 8
+    PER_WRITER = 5_000  # bounded: the parent kills long before this
+
+
+    def say(line):
+        os.write(1, (line + "\\n").encode())  # one write per line, unbuffered
+
+
+    async def main(url):
+        store = await Store.open(url, run_watchdog=False)
+        started = await store.start_rollout({"input": "durability"})
+        rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+        say(f"rollout {rid} {aid}")
+
+        async def writer(w):
+            for n in range(PER_WRITER):
+                span_id = f"w{w}-{n}"
+                span = {
+                    "rollout_id": rid,
+                    "attempt_id": aid,
+                    "trace_id": "t-durability",
+                    "span_id": span_id,
+                    "name": "chat.completions",
+                    "attributes": {"writer": w, "n": n, "payload": "x" * 200},
+                }
+                written = await store.add_span(span)
+                assert written is not None
+                say(f"ack {span_id} {written.sequence_id}")
+
+        await asyncio.gather(*(writer(w) for w in range(WRITERS)))
+        await store.close()
+        say("done")
+
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+class LineReader:
+    """Complete lines from a child's stdout, read with a deadline (never blocks past it)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        self._fd = proc.stdout.fileno()
+        self._buffer = b""
+        self.lines: list[str] = []
+        self.eof = False
+
+    def acks(self) -> int:
+        return sum(1 for line in self.lines if line.startswith("ack "))
+
+    def read(self, deadline: float, until_acks: int | None = None) -> bool:
+        """Read until ``until_acks`` acknowledgements were seen (None: until EOF); False on timeout."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._fd, selectors.EVENT_READ)
+            while not self.eof and (until_acks is None or self.acks() < until_acks):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                if not selector.select(remaining):
+                    continue
+                chunk = os.read(self._fd, 65536)
+                if not chunk:
+                    self.eof = True  # a partial last line is not an acknowledgement
+                    break
+                *complete, self._buffer = (self._buffer + chunk).split(b"\n")
+                self.lines.extend(raw.decode() for raw in complete)
+        return until_acks is None or self.acks() >= until_acks
+
+
+def _write_until_killed(tmp_path: Path, url: str) -> list[str]:
+    """Run the writer script, SIGKILL it once it acknowledged ``ACKS_BEFORE_KILL`` spans; its stdout lines."""
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER_SCRIPT)
+    stderr_path = tmp_path / "writer.stderr"
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    command = [sys.executable, str(script), url]
+    with (
+        stderr_path.open("wb") as stderr,
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, cwd=REPO, env=env) as proc,
+    ):
+        try:
+            reader = LineReader(proc)
+            reached = reader.read(time.monotonic() + READ_TIMEOUT, ACKS_BEFORE_KILL)
+            assert reached, f"{reader.acks()} acks in {READ_TIMEOUT}s; stderr:\n{stderr_path.read_text()}"
+            assert "done" not in reader.lines, "the writer finished before it could be killed"
+            os.kill(proc.pid, signal.SIGKILL)
+            # Lines already in the pipe were acknowledged before the kill too: read them up to EOF.
+            assert reader.read(time.monotonic() + 30)
+            assert proc.wait(timeout=30) == -signal.SIGKILL
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    return reader.lines
+
+
+@pytest.mark.slow
+async def test_kill_9_loses_no_acknowledged_span(tmp_path: Path) -> None:
+    db = tmp_path / "durable.db"
+    url = f"sqlite:///{db}"
+    lines = await asyncio.to_thread(_write_until_killed, tmp_path, url)
+
+    assert lines[0].startswith("rollout "), lines[:3]
+    _, rollout_id, attempt_id = lines[0].split()
+    acked = {}
+    for line in lines[1:]:
+        kind, span_id, sequence_id = line.split()
+        assert kind == "ack"
+        acked[span_id] = int(sequence_id)
+    assert len(acked) >= ACKS_BEFORE_KILL
+
+    async with await Store.open(url, run_watchdog=False) as store:
+        stored = {s.span_id: s.sequence_id for s in await store.query_spans(rollout_id, attempt_id)}
+        attempt = await store.get_attempt(rollout_id, attempt_id)
+    missing = set(acked) - set(stored)
+    assert not missing, f"{len(missing)} acknowledged spans lost, e.g. {sorted(missing)[:5]}"
+    assert all(stored[span_id] == seq for span_id, seq in acked.items())
+    # Whole transactions survive or vanish: the surviving sequence ids are still 1..n without a gap.
+    assert sorted(stored.values()) == list(range(1, len(stored) + 1))
+    assert attempt.status == AttemptStatus.RUNNING
+
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+# -- refused writes leave nothing behind ----------------------------------------------------------------
+
+
+def _span(rollout_id: str, attempt_id: str, span_id: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "rollout_id": rollout_id,
+        "attempt_id": attempt_id,
+        "trace_id": "t",
+        "span_id": span_id,
+        "name": "step",
+        **extra,
+    }
+
+
+async def test_a_batch_with_a_used_sequence_id_is_refused_whole(store: Store) -> None:
+    started = await store.start_rollout({"input": "x"})
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    first = await store.add_span(_span(rid, aid, "s1"))
+    assert first is not None and first.sequence_id == 1
+
+    bad = [_span(rid, aid, "s2"), _span(rid, aid, "s3", sequence_id=1), _span(rid, aid, "s4")]
+    with pytest.raises(ConflictError):
+        await store.add_spans(bad)
+
+    assert [s.span_id for s in await store.query_spans(rid, aid)] == ["s1"]
+    # The refused batch did not move the sequence counter either.
+    after = await store.add_span(_span(rid, aid, "s5"))
+    assert after is not None and after.sequence_id == 2
+
+
+async def test_a_refused_batch_spanning_two_rollouts_writes_neither(store: Store) -> None:
+    good = await store.start_rollout({"input": "good"})
+    stale = await store.start_rollout({"input": "stale"})
+    await store.start_attempt(stale.rollout.rollout_id)  # the first attempt of ``stale`` is now stale
+    g_rid, g_aid = good.rollout.rollout_id, good.attempt.attempt_id
+
+    with pytest.raises(ConflictError):
+        await store.add_spans(
+            [
+                _span(g_rid, g_aid, "g1"),
+                _span(stale.rollout.rollout_id, stale.attempt.attempt_id, "late"),
+            ]
+        )
+
+    assert await store.query_spans(g_rid, g_aid) == []
+    assert await store.query_spans(stale.rollout.rollout_id, "all") == []
+    # Not even the heartbeat of the good half was recorded.
+    attempt = await store.get_attempt(g_rid, g_aid)
+    assert attempt.status == AttemptStatus.PREPARING
+    assert attempt.last_heartbeat_time is None
+
+
+async def test_a_refused_write_does_not_undo_its_neighbours_in_a_group_commit(store: Store) -> None:
+    started = await store.start_rollout({"input": "x"})
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    assert await store.add_span(_span(rid, aid, "s1")) is not None
+
+    results = await asyncio.gather(
+        store.add_span(_span(rid, aid, "before")),
+        store.add_spans([_span(rid, aid, "bad-a"), _span(rid, aid, "bad-b", sequence_id=1)]),
+        store.add_span(_span(rid, aid, "after")),
+        return_exceptions=True,
+    )
+
+    assert isinstance(results[1], ConflictError)
+    assert not isinstance(results[0], BaseException) and not isinstance(results[2], BaseException)
+    stored = await store.query_spans(rid, aid)
+    assert {s.span_id for s in stored} == {"s1", "before", "after"}
+    assert [s.sequence_id for s in stored] == [1, 2, 3]

@@ -1,0 +1,142 @@
+"""Schema management (PRODUCT.md §2): a store opened on an empty or older database creates or upgrades the
+schema with Alembic, keeps the data, and does nothing to a database that is already at head."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, event, inspect
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from store import RolloutStatus, Store, migrate, models
+from store.engine import create_engines
+
+HEAD_TABLES = {
+    "alembic_version",
+    "rollouts",
+    "attempts",
+    "spans",
+    "span_sequences",
+    "resources",
+    "counters",
+    "model_aliases",
+    "api_keys",
+    "workers",
+}
+ADDED_AFTER_0001 = {"model_aliases", "api_keys", "workers"}
+
+
+async def _tables(engine: AsyncEngine) -> set[str]:
+    async with engine.connect() as conn:
+        return set(await conn.run_sync(lambda sync: inspect(sync).get_table_names()))
+
+
+@pytest.fixture
+def statements() -> Iterator[list[str]]:
+    """Every SQL statement any engine executes while the fixture is active."""
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        seen.append(statement)
+
+    event.listen(Engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(Engine, "before_cursor_execute", record)
+
+
+def test_head_is_past_the_first_revision() -> None:
+    assert migrate.head_revision() not in (None, "0001")
+
+
+async def test_an_empty_database_is_created_at_head(store_url: str) -> None:
+    async with await Store.open(store_url, run_watchdog=False) as store:
+        assert await migrate.current_revision(store.engines.reader) == migrate.head_revision()
+        assert await _tables(store.engines.reader) >= HEAD_TABLES
+        [rollout] = await store.enqueue([{"input": {"q": 1}}])
+        [claimed] = await store.claim("w1")
+        assert claimed.rollout.rollout_id == rollout.rollout_id
+
+
+async def test_a_database_at_0001_is_upgraded_with_its_data(store_url: str) -> None:
+    engines = create_engines(store_url)
+    try:
+        await migrate.upgrade(engines.writer, "0001")
+        assert await migrate.current_revision(engines.writer) == "0001"
+        assert ADDED_AFTER_0001.isdisjoint(await _tables(engines.writer))
+        async with engines.writer.begin() as conn:
+            await conn.execute(
+                models.rollouts.insert().values(
+                    rollout_id="ro-old",
+                    input={"prompt": "kept", "n": [1, 2, 3]},
+                    mode="train",
+                    status="queuing",
+                    config={"max_attempts": 2, "retry_condition": ["failed"]},
+                    metadata={"origin": "0001"},
+                    priority=3,
+                    start_time=1_700_000_000.0,
+                    queue_time=1_700_000_000.0,
+                    attempt_count=0,
+                    updated_time=1_700_000_000.0,
+                )
+            )
+    finally:
+        await engines.dispose()
+
+    async with await Store.open(store_url, run_watchdog=False) as store:
+        assert await migrate.current_revision(store.engines.reader) == migrate.head_revision()
+        assert await _tables(store.engines.reader) >= HEAD_TABLES
+
+        old = await store.get_rollout("ro-old")
+        assert old.input == {"prompt": "kept", "n": [1, 2, 3]}
+        assert old.metadata == {"origin": "0001"}
+        assert old.config.max_attempts == 2
+        assert old.priority == 3
+        assert old.status == RolloutStatus.QUEUING
+
+        # The old row goes through today's queue, and the new tables work.
+        [claimed] = await store.claim("worker-after-upgrade")
+        assert claimed.rollout.rollout_id == "ro-old"
+        assert [w.worker_id for w in await store.list_workers()] == ["worker-after-upgrade"]
+        alias = await store.put_model("policy", [{"base_url": "http://127.0.0.1:9/v1", "model": "tiny"}], version="v1")
+        assert (await store.get_model("policy")).version == alias.version == "v1"
+        key, plain = await store.mint_key("admin", name="after-upgrade")
+        found = await store.find_key(plain)
+        assert found is not None and found.key_id == key.key_id
+
+
+async def test_reopening_a_database_at_head_changes_nothing(store_url: str, statements: list[str]) -> None:
+    async with await Store.open(store_url, run_watchdog=False) as store:
+        [rollout] = await store.enqueue([{"input": "kept", "rollout_id": "ro-1"}])
+        tables = await _tables(store.engines.reader)
+
+    statements.clear()
+    async with await Store.open(store_url, run_watchdog=False) as store:
+        during_open = list(statements)
+        assert await migrate.current_revision(store.engines.reader) == migrate.head_revision()
+        assert await _tables(store.engines.reader) == tables
+        assert (await store.get_rollout("ro-1")).input == rollout.input
+
+    assert any("alembic_version" in s for s in during_open), "the open did not check the schema revision"
+    changes = [
+        s
+        for s in during_open
+        if s.lstrip().split(None, 1)[0].upper() in {"CREATE", "ALTER", "DROP", "INSERT", "UPDATE", "DELETE"}
+    ]
+    assert changes == []
+
+
+async def test_stores_opening_an_empty_database_together_migrate_it_once(store_url: str) -> None:
+    opened = await asyncio.gather(*(Store.open(store_url, run_watchdog=False) for _ in range(3)))
+    try:
+        for store in opened:
+            assert await migrate.current_revision(store.engines.reader) == migrate.head_revision()
+        await opened[0].enqueue([{"input": "x", "rollout_id": "ro-shared"}])
+        assert (await opened[2].get_rollout("ro-shared")).input == "x"
+    finally:
+        for store in opened:
+            await store.close()
