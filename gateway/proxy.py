@@ -109,7 +109,7 @@ class Gateway:
         """Write the call's span (durably, before the client is told the call ended)."""
         record.end_time = record.end_time or time.time()
         try:
-            await self.store.add_spans([record.span()])
+            await self.store.record_call(record.span())
         except StoreError:
             log.exception(
                 "span of call %s/%s seq %s not written", record.rollout_id, record.attempt_id, record.sequence_id

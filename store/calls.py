@@ -5,13 +5,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import Connection, bindparam, update
 
-from store import spans
+from store import convert, models, spans
 from store.errors import ConflictError
-from store.lifecycle import load_attempt, load_rollout, require_latest
-from store.schemas import RolloutConfig
+from store.lifecycle import load_attempt, load_rollout, record_heartbeat, require_latest
+from store.schemas import RolloutConfig, Span
 from store.states import ATTEMPT_TERMINAL, FINISHED, AttemptStatus, RolloutStatus
+
+A = models.attempts
+_INSERT_SPAN = models.spans.insert()
+_TOUCH_RUNNING = (
+    update(A)
+    .where(A.c.attempt_id == bindparam("aid"), A.c.status == AttemptStatus.RUNNING.value)
+    .values(last_heartbeat_time=bindparam("now"))
+)
 
 
 @dataclass(frozen=True)
@@ -24,17 +32,17 @@ class CallTicket:
     deadline: float | None = None
 
 
-async def begin(conn: AsyncConnection, rollout_id: str | None, attempt_id: str | None) -> CallTicket:
+def begin(conn: Connection, rollout_id: str | None, attempt_id: str | None) -> CallTicket:
     """Check the attempt can take calls and allocate the call's sequence id.
 
     Refused (``ConflictError``): a finished rollout, an attempt a newer one replaced, an attempt that already
     ended (succeeded, failed, timed out). An ``unresponsive`` attempt may still call: its span revives it.
     """
     if not rollout_id:
-        _, first = await spans.allocate(conn, None, None)
+        _, first = spans.allocate(conn, None, None)
         return CallTicket(None, None, first)
-    rollout = await load_rollout(conn, rollout_id)
-    attempt = await load_attempt(conn, rollout, attempt_id or "latest")
+    rollout = load_rollout(conn, rollout_id)
+    attempt = load_attempt(conn, rollout, attempt_id or "latest")
     require_latest(rollout, attempt)
     if rollout["status"] in FINISHED:
         raise ConflictError(f"rollout '{rollout_id}' is {RolloutStatus(rollout['status'])}: it takes no more calls")
@@ -43,7 +51,25 @@ async def begin(conn: AsyncConnection, rollout_id: str | None, attempt_id: str |
             f"attempt '{attempt['attempt_id']}' of rollout '{rollout_id}' is {AttemptStatus(attempt['status'])}: "
             "it takes no more calls"
         )
-    first = await spans.advance(conn, rollout_id, attempt["attempt_id"], 1)
+    first = spans.advance(conn, rollout_id, attempt["attempt_id"], 1)
     config = RolloutConfig.model_validate(rollout["config"])
     deadline = None if config.timeout_seconds is None else attempt["start_time"] + config.timeout_seconds
     return CallTicket(rollout_id, attempt["attempt_id"], first, deadline)
+
+
+def record(conn: Connection, span: Span, now: float) -> None:
+    """Write the span of a call ``begin`` admitted (its sequence id is already allocated) and count it as a
+    heartbeat. The call was admitted while its attempt was live, so its span is kept even if a newer attempt
+    replaced that one meanwhile (it happened on the old attempt); only the latest attempt is revived."""
+    assert span.sequence_id is not None
+    conn.execute(
+        _INSERT_SPAN, convert.span_row(span, span.rollout_id or "", span.attempt_id or "", span.sequence_id, now)
+    )
+    if not span.rollout_id or not span.attempt_id:
+        return
+    if conn.execute(_TOUCH_RUNNING, {"aid": span.attempt_id, "now": now}).rowcount == 1:
+        return  # the common case: a running attempt, one statement
+    rollout = load_rollout(conn, span.rollout_id)
+    attempt = load_attempt(conn, rollout, span.attempt_id)
+    if rollout["latest_attempt_id"] == attempt["attempt_id"]:
+        record_heartbeat(conn, rollout, attempt, now)

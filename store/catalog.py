@@ -11,8 +11,7 @@ import hashlib
 import secrets
 from typing import Any
 
-from sqlalchemy import delete, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import Connection, delete, select, update
 
 from store import ids, models
 from store.errors import NotFoundError, StoreValidationError
@@ -41,19 +40,19 @@ def _alias(row: Any) -> ModelAlias:
     )
 
 
-async def get_model(conn: AsyncConnection, alias: str) -> ModelAlias:
-    row = (await conn.execute(select(M).where(M.c.alias == alias))).mappings().first()
+def get_model(conn: Connection, alias: str) -> ModelAlias:
+    row = (conn.execute(select(M).where(M.c.alias == alias))).mappings().first()
     if row is None:
         raise NotFoundError(f"model '{alias}' not found")
     return _alias(row)
 
 
-async def list_models(conn: AsyncConnection) -> list[ModelAlias]:
-    return [_alias(r) for r in (await conn.execute(select(M).order_by(M.c.alias))).mappings()]
+def list_models(conn: Connection) -> list[ModelAlias]:
+    return [_alias(r) for r in (conn.execute(select(M).order_by(M.c.alias))).mappings()]
 
 
-async def put_model(
-    conn: AsyncConnection,
+def put_model(
+    conn: Connection,
     alias: str,
     backends: list[Backend],
     version: str | None,
@@ -67,7 +66,7 @@ async def put_model(
         raise StoreValidationError(f"model '{alias}' needs at least one backend")
     if len({b.backend_id for b in backends}) != len(backends):
         raise StoreValidationError(f"model '{alias}' has two backends with the same backend_id")
-    row = (await conn.execute(select(M).where(M.c.alias == alias))).mappings().first()
+    row = (conn.execute(select(M).where(M.c.alias == alias))).mappings().first()
     if version is None:
         version = "1" if row is None else _next_version(row["version"])
     values = {
@@ -77,25 +76,25 @@ async def put_model(
         "updated_time": now,
     }
     if row is None:
-        await conn.execute(M.insert().values(alias=alias, paused=False, created_time=now, **values))
+        conn.execute(M.insert().values(alias=alias, paused=False, created_time=now, **values))
     else:
-        await conn.execute(update(M).where(M.c.alias == alias).values(**values))
-    return await get_model(conn, alias)
+        conn.execute(update(M).where(M.c.alias == alias).values(**values))
+    return get_model(conn, alias)
 
 
 def _next_version(version: str) -> str:
     return str(int(version) + 1) if version.isdigit() else f"{version}+1"
 
 
-async def set_paused(conn: AsyncConnection, alias: str, paused: bool, now: float) -> ModelAlias:
-    result = await conn.execute(update(M).where(M.c.alias == alias).values(paused=paused, updated_time=now))
+def set_paused(conn: Connection, alias: str, paused: bool, now: float) -> ModelAlias:
+    result = conn.execute(update(M).where(M.c.alias == alias).values(paused=paused, updated_time=now))
     if result.rowcount == 0:
         raise NotFoundError(f"model '{alias}' not found")
-    return await get_model(conn, alias)
+    return get_model(conn, alias)
 
 
-async def delete_model(conn: AsyncConnection, alias: str) -> None:
-    if (await conn.execute(delete(M).where(M.c.alias == alias))).rowcount == 0:
+def delete_model(conn: Connection, alias: str) -> None:
+    if (conn.execute(delete(M).where(M.c.alias == alias))).rowcount == 0:
         raise NotFoundError(f"model '{alias}' not found")
 
 
@@ -107,8 +106,8 @@ def _key(row: Any) -> ApiKey:
     return ApiKey.model_validate({k: row[k] for k in ApiKey.model_fields})
 
 
-async def mint_key(
-    conn: AsyncConnection,
+def mint_key(
+    conn: Connection,
     scope: KeyScope,
     now: float,
     *,
@@ -133,13 +132,13 @@ async def mint_key(
         "expires_time": expires_time,
         "revoked_time": None,
     }
-    await conn.execute(K.insert().values(**row))
+    conn.execute(K.insert().values(**row))
     return _key(row), plain
 
 
-async def find_key(conn: AsyncConnection, plain: str, now: float) -> ApiKey | None:
+def find_key(conn: Connection, plain: str, now: float) -> ApiKey | None:
     """The live key record for ``plain`` (None when unknown, revoked or expired)."""
-    row = (await conn.execute(select(K).where(K.c.key_hash == digest(plain)))).mappings().first()
+    row = (conn.execute(select(K).where(K.c.key_hash == digest(plain)))).mappings().first()
     if row is None or row["revoked_time"] is not None:
         return None
     if row["expires_time"] is not None and row["expires_time"] <= now:
@@ -147,11 +146,9 @@ async def find_key(conn: AsyncConnection, plain: str, now: float) -> ApiKey | No
     return _key(row)
 
 
-async def revoke_key(conn: AsyncConnection, key_id: str, now: float) -> ApiKey:
-    result = await conn.execute(
-        update(K).where(K.c.key_id == key_id, K.c.revoked_time.is_(None)).values(revoked_time=now)
-    )
-    row = (await conn.execute(select(K).where(K.c.key_id == key_id))).mappings().first()
+def revoke_key(conn: Connection, key_id: str, now: float) -> ApiKey:
+    result = conn.execute(update(K).where(K.c.key_id == key_id, K.c.revoked_time.is_(None)).values(revoked_time=now))
+    row = (conn.execute(select(K).where(K.c.key_id == key_id))).mappings().first()
     if row is None:
         raise NotFoundError(f"key '{key_id}' not found")
     del result

@@ -6,25 +6,28 @@ import base64
 import binascii
 from typing import Any
 
-from sqlalchemy import Select, Table
+from sqlalchemy import Connection, Select, Table
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store.errors import StoreValidationError
 
 
-def upsert(conn: AsyncConnection, table: Table) -> Any:
+def upsert(conn: Connection, table: Table) -> Any:
     """An ``INSERT`` with ``on_conflict_do_*`` (both engines spell it the same way)."""
     if conn.dialect.name == "postgresql":
         return postgresql.insert(table)
     return sqlite.insert(table)
 
 
-def lock_rows(stmt: Select[Any], conn: AsyncConnection, *, skip_locked: bool = False) -> Select[Any]:
+def lock_rows(stmt: Select[Any], conn: Connection, *, skip_locked: bool = False) -> Select[Any]:
     """``FOR UPDATE [SKIP LOCKED]`` on PostgreSQL; SQLite's single writer already excludes other writers."""
     if conn.dialect.name == "postgresql":
         return stmt.with_for_update(skip_locked=skip_locked)
     return stmt
+
+
+#: The largest pk a cursor may name (the paginated tables' pk columns are INTEGER on PostgreSQL).
+MAX_CURSOR_PK = 2**31 - 1
 
 
 def encode_cursor(pk: int) -> str:
@@ -43,7 +46,7 @@ def decode_cursor(cursor: str | None) -> int | None:
         pk = int(value)
     except (ValueError, UnicodeDecodeError, binascii.Error) as exc:
         raise StoreValidationError(f"invalid cursor '{cursor}'") from exc
-    if pk < 0:
+    if pk < 0 or pk > MAX_CURSOR_PK:  # beyond the 32-bit pk columns: a forged cursor, not a DB error
         raise StoreValidationError(f"invalid cursor '{cursor}'")
     return pk
 

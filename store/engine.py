@@ -1,8 +1,15 @@
 """Database engines: SQLite (default, one file, WAL) and PostgreSQL (asyncpg).
 
-SQLite gets two engines over the same file: one connection for the single writer, whose transactions
-start with ``BEGIN IMMEDIATE`` so that writers in other processes queue on the file lock instead of failing
-mid-transaction, and a small pool of readers (WAL lets them read while the writer writes).
+Store operations are plain functions over a SQLAlchemy ``Connection``; how they reach the database depends on
+the engine (see ``store.writer``):
+
+- SQLite: synchronous ``sqlite3`` connections. One is the writer's, used from the event loop itself (a write
+  transaction takes tens of microseconds; per-statement thread hops would cost more than the work). Its
+  ``busy_timeout`` is 0, so a lock held by another process never blocks the loop: the writer backs off and
+  retries asynchronously. A small pool of reader connections serves reads in worker threads (WAL lets them
+  read while the writer writes). Automatic checkpoints are off on the writer; ``checkpoint()`` runs them in
+  a thread instead, so a checkpoint's fsync never stalls the loop.
+- PostgreSQL: an async engine (asyncpg); operations run through ``AsyncConnection.run_sync``.
 """
 
 from __future__ import annotations
@@ -12,11 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-
-from sqlalchemy import event
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.pool import AsyncAdaptedQueuePool
+from sqlalchemy.pool import QueuePool, StaticPool
 
 from store.errors import StoreValidationError
 
@@ -32,7 +38,7 @@ def dumps(value: Any) -> str:
 
 
 def loads(value: Any) -> Any:
-    """orjson.loads; a number passes through (SQLite's NUMERIC affinity gives a scalar JSON number back as one)."""
+    """Read a JSON column. SQLite's column affinity hands back a bare JSON number already converted."""
     if isinstance(value, int | float):
         return value
     return orjson.loads(value)
@@ -43,34 +49,44 @@ JSON_CODEC: dict[str, Any] = {"json_serializer": dumps, "json_deserializer": loa
 
 @dataclass(frozen=True)
 class Engines:
-    """The engines a store runs on. ``writer is reader`` on PostgreSQL."""
+    """SQLite: ``writer`` (one connection, loop thread) and ``reader`` (pool, worker threads) sync engines.
+    PostgreSQL: ``pg`` (async)."""
 
     url: str
-    writer: AsyncEngine
-    reader: AsyncEngine
+    writer: Engine | None = None
+    reader: Engine | None = None
+    pg: AsyncEngine | None = None
 
     @property
     def is_sqlite(self) -> bool:
-        return self.writer.dialect.name == "sqlite"
+        return self.pg is None
+
+    @property
+    def primary(self) -> Engine | AsyncEngine:
+        """An engine to read with outside the store (tools, tests): PostgreSQL's, or SQLite's readers."""
+        engine = self.pg if self.pg is not None else self.reader
+        assert engine is not None
+        return engine
 
     async def dispose(self) -> None:
-        await self.writer.dispose()
-        if self.reader is not self.writer:
-            await self.reader.dispose()
+        if self.writer is not None:
+            self.writer.dispose()
+        if self.reader is not None:
+            self.reader.dispose()
+        if self.pg is not None:
+            await self.pg.dispose()
 
 
 def normalize_url(url: str) -> str:
-    """Accept plain ``sqlite:///file`` / ``postgresql://`` URLs and pick the async drivers."""
+    """Accept plain ``sqlite:///file`` / ``postgresql://`` URLs (or a bare path) and pick the drivers."""
     if "://" not in url:  # a bare path
         url = f"sqlite:///{url}"
     parsed = make_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        parsed = parsed.set(drivername="sqlite+aiosqlite")
+        parsed = parsed.set(drivername="sqlite+pysqlite")
         if parsed.database in (None, "", ":memory:"):
-            raise StoreValidationError(
-                "SQLite needs a file: in-memory databases cannot be shared by the writer"
-            )
+            raise StoreValidationError("SQLite needs a file: in-memory databases cannot be shared by the writer")
     elif backend in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+asyncpg")
     else:
@@ -78,43 +94,51 @@ def normalize_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def _sqlite_engine(url: str, *, begin: str, synchronous: str, pool_size: int) -> AsyncEngine:
-    engine = create_async_engine(
+def _sqlite_engine(url: str, *, begin: str, synchronous: str, busy_ms: int, writer: bool) -> Engine:
+    engine = create_engine(
         url,
-        poolclass=AsyncAdaptedQueuePool,
-        pool_size=pool_size,
-        max_overflow=0,
-        connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+        poolclass=StaticPool if writer else QueuePool,
+        connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "isolation_level": None},
+        **({} if writer else {"pool_size": 4, "max_overflow": 4}),
         **JSON_CODEC,
     )
 
-    @event.listens_for(engine.sync_engine, "connect")
+    @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        # Let SQLAlchemy, not the sqlite3 module, decide when transactions begin.
-        dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA journal_mode=WAL")  # may wait (busy timeout) while another process migrates
         cursor.execute(f"PRAGMA synchronous={synchronous}")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
+        if writer:
+            cursor.execute("PRAGMA wal_autocheckpoint=0")
+            cursor.execute("PRAGMA journal_size_limit=67108864")
+        cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
         cursor.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
         conn.exec_driver_sql(begin)
 
     return engine
 
 
+def migration_engine(url: str) -> Engine:
+    """A short-lived SQLite engine for schema upgrades: ``BEGIN IMMEDIATE`` and a busy timeout, so processes
+    opening one new file at the same time migrate it one after the other."""
+    return _sqlite_engine(
+        normalize_url(url), begin="BEGIN IMMEDIATE", synchronous="NORMAL", busy_ms=SQLITE_BUSY_TIMEOUT_MS, writer=False
+    )
+
+
 def create_engines(url: str, *, sqlite_synchronous: str = "NORMAL", pool_size: int = 10) -> Engines:
     """Build the engines for ``url`` (see module docstring)."""
     url = normalize_url(url)
     if url.startswith("sqlite"):
-        if sqlite_synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
-            raise StoreValidationError(f"invalid SQLite synchronous mode '{sqlite_synchronous}'")
         sync = sqlite_synchronous.upper()
-        writer = _sqlite_engine(url, begin="BEGIN IMMEDIATE", synchronous=sync, pool_size=1)
-        reader = _sqlite_engine(url, begin="BEGIN", synchronous=sync, pool_size=4)
+        if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise StoreValidationError(f"invalid SQLite synchronous mode '{sqlite_synchronous}'")
+        writer = _sqlite_engine(url, begin="BEGIN IMMEDIATE", synchronous=sync, busy_ms=0, writer=True)
+        reader = _sqlite_engine(url, begin="BEGIN", synchronous=sync, busy_ms=SQLITE_BUSY_TIMEOUT_MS, writer=False)
         return Engines(url=url, writer=writer, reader=reader)
     engine = create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, **JSON_CODEC)
-    return Engines(url=url, writer=engine, reader=engine)
+    return Engines(url=url, pg=engine)

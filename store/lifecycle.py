@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import RowMapping, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import Connection, RowMapping, bindparam, select, update
 
 from store import models
-from store.dialect import lock_rows, upsert
+from store.dialect import upsert
 from store.errors import ConflictError, NotFoundError
 from store.schemas import RolloutConfig
 from store.states import (
@@ -31,24 +30,31 @@ A = models.attempts
 FINISH_COUNTER = "rollout_finish_seq"
 
 
-async def load_rollout(conn: AsyncConnection, rollout_id: str, *, lock: bool = True) -> RowMapping:
-    stmt = select(R).where(R.c.rollout_id == rollout_id)
-    row = (await conn.execute(lock_rows(stmt, conn) if lock else stmt)).mappings().first()
+# Hot-path statements are built once (their compiled forms are then cached by SQLAlchemy). FOR UPDATE
+# locks the rows on PostgreSQL; SQLite's compiler leaves it out (its single writer already excludes others).
+_ROLLOUT = select(R).where(R.c.rollout_id == bindparam("rollout_id"))
+_ROLLOUT_LOCKED = _ROLLOUT.with_for_update()
+_ATTEMPT = select(A).where(A.c.attempt_id == bindparam("attempt_id"), A.c.rollout_id == bindparam("rollout_id"))
+_ATTEMPT_LOCKED = _ATTEMPT.with_for_update()
+
+
+def load_rollout(conn: Connection, rollout_id: str, *, lock: bool = True) -> RowMapping:
+    stmt = _ROLLOUT_LOCKED if lock else _ROLLOUT
+    row: RowMapping | None = conn.execute(stmt, {"rollout_id": rollout_id}).mappings().first()
     if row is None:
         raise NotFoundError(f"rollout '{rollout_id}' not found")
     return row
 
 
-async def load_attempt(
-    conn: AsyncConnection, rollout: RowMapping, attempt_id: str, *, lock: bool = True
-) -> RowMapping:
+def load_attempt(conn: Connection, rollout: RowMapping, attempt_id: str, *, lock: bool = True) -> RowMapping:
     """The attempt ``attempt_id`` (or ``latest``) of ``rollout``."""
     if attempt_id == "latest":
         if rollout["latest_attempt_id"] is None:
             raise NotFoundError(f"rollout '{rollout['rollout_id']}' has no attempts")
         attempt_id = rollout["latest_attempt_id"]
-    stmt = select(A).where(A.c.attempt_id == attempt_id, A.c.rollout_id == rollout["rollout_id"])
-    row = (await conn.execute(lock_rows(stmt, conn) if lock else stmt)).mappings().first()
+    stmt = _ATTEMPT_LOCKED if lock else _ATTEMPT
+    params = {"attempt_id": attempt_id, "rollout_id": rollout["rollout_id"]}
+    row: RowMapping | None = conn.execute(stmt, params).mappings().first()
     if row is None:
         raise NotFoundError(f"attempt '{attempt_id}' of rollout '{rollout['rollout_id']}' not found")
     return row
@@ -63,17 +69,17 @@ def require_latest(rollout: RowMapping, attempt: RowMapping) -> None:
         )
 
 
-async def next_finish_seq(conn: AsyncConnection) -> int:
+def next_finish_seq(conn: Connection) -> int:
     """The next position in the order rollouts finish (for incremental exports)."""
     stmt = upsert(conn, models.counters).values(name=FINISH_COUNTER, value=1)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["name"], set_={"value": models.counters.c.value + 1}
-    ).returning(models.counters.c.value)
-    return int((await conn.execute(stmt)).scalar_one())
+    stmt = stmt.on_conflict_do_update(index_elements=["name"], set_={"value": models.counters.c.value + 1}).returning(
+        models.counters.c.value
+    )
+    return int((conn.execute(stmt)).scalar_one())
 
 
-async def set_rollout_status(
-    conn: AsyncConnection, rollout: RowMapping, status: RolloutStatus, now: float, *, check: bool = True
+def set_rollout_status(
+    conn: Connection, rollout: RowMapping, status: RolloutStatus, now: float, *, check: bool = True
 ) -> RolloutStatus:
     """Move ``rollout`` to ``status`` with the side effects the status implies."""
     current = RolloutStatus(rollout["status"])
@@ -84,7 +90,7 @@ async def set_rollout_status(
     values: dict[str, Any] = {"status": status.value, "updated_time": now}
     if status in FINISHED:
         values["end_time"] = now
-        values["finish_seq"] = await next_finish_seq(conn)
+        values["finish_seq"] = next_finish_seq(conn)
         values["queue_time"] = None
     elif status == RolloutStatus.REQUEUING:
         values["end_time"] = None
@@ -94,12 +100,12 @@ async def set_rollout_status(
         values["end_time"] = None
         values["finish_seq"] = None
         values["queue_time"] = None
-    await conn.execute(update(R).where(R.c.pk == rollout["pk"]).values(**values))
+    conn.execute(update(R).where(R.c.pk == rollout["pk"]).values(**values))
     return status
 
 
-async def apply_attempt_status(
-    conn: AsyncConnection,
+def apply_attempt_status(
+    conn: Connection,
     rollout: RowMapping,
     attempt: RowMapping,
     status: AttemptStatus,
@@ -113,22 +119,18 @@ async def apply_attempt_status(
     values: dict[str, Any] = {"status": status.value}
     if status in ATTEMPT_TERMINAL:
         values["end_time"] = now
-    await conn.execute(update(A).where(A.c.pk == attempt["pk"]).values(**values))
-    await sync_worker(conn, attempt["worker_id"], rollout["rollout_id"], attempt["attempt_id"], status, now)
+    conn.execute(update(A).where(A.c.pk == attempt["pk"]).values(**values))
+    sync_worker(conn, attempt["worker_id"], rollout["rollout_id"], attempt["attempt_id"], status, now)
     if rollout["latest_attempt_id"] != attempt["attempt_id"]:
         return
     if rollout["status"] == RolloutStatus.CANCELLED:
         return
     config = RolloutConfig.model_validate(rollout["config"])
-    target = rollout_status_for_attempt(
-        status, attempt["sequence_id"], config.max_attempts, config.retry_condition
-    )
-    await set_rollout_status(conn, rollout, target, now)
+    target = rollout_status_for_attempt(status, attempt["sequence_id"], config.max_attempts, config.retry_condition)
+    set_rollout_status(conn, rollout, target, now)
 
 
-async def record_heartbeat(
-    conn: AsyncConnection, rollout: RowMapping, attempt: RowMapping, now: float
-) -> None:
+def record_heartbeat(conn: Connection, rollout: RowMapping, attempt: RowMapping, now: float) -> None:
     """A span or heartbeat: refresh liveness, revive ``preparing``/``unresponsive`` to ``running``.
 
     A heartbeat never revives ``timeout``, ``failed`` or ``succeeded``. The rollout follows to ``running``
@@ -138,18 +140,16 @@ async def record_heartbeat(
     revived = AttemptStatus(attempt["status"]) in REVIVED_BY_SPAN
     if revived:
         values["status"] = AttemptStatus.RUNNING.value
-    await conn.execute(update(A).where(A.c.pk == attempt["pk"]).values(**values))
+    conn.execute(update(A).where(A.c.pk == attempt["pk"]).values(**values))
     if not revived or rollout["latest_attempt_id"] != attempt["attempt_id"]:
         return
-    await sync_worker(
-        conn, attempt["worker_id"], rollout["rollout_id"], attempt["attempt_id"], AttemptStatus.RUNNING, now
-    )
+    sync_worker(conn, attempt["worker_id"], rollout["rollout_id"], attempt["attempt_id"], AttemptStatus.RUNNING, now)
     if rollout["status"] in (RolloutStatus.PREPARING, RolloutStatus.QUEUING, RolloutStatus.REQUEUING):
-        await set_rollout_status(conn, rollout, RolloutStatus.RUNNING, now, check=False)
+        set_rollout_status(conn, rollout, RolloutStatus.RUNNING, now, check=False)
 
 
-async def sync_worker(
-    conn: AsyncConnection,
+def sync_worker(
+    conn: Connection,
     worker_id: str | None,
     rollout_id: str,
     attempt_id: str,
@@ -182,4 +182,4 @@ async def sync_worker(
             "current_attempt_id": attempt_id,
         }
     stmt = upsert(conn, models.workers).values(worker_id=worker_id, **values)
-    await conn.execute(stmt.on_conflict_do_update(index_elements=["worker_id"], set_=values))
+    conn.execute(stmt.on_conflict_do_update(index_elements=["worker_id"], set_=values))

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -38,12 +39,27 @@ def _current(connection: Connection) -> str | None:
     return MigrationContext.configure(connection).get_current_revision()
 
 
-async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
-    """Upgrade the schema to ``revision`` in one transaction (SQLite: under the write lock)."""
-    async with engine.begin() as conn:
-        await conn.run_sync(_upgrade, revision)
+async def upgrade(engine: AsyncEngine | Engine, revision: str = "head") -> None:
+    """Upgrade the schema to ``revision`` in one transaction (SQLite: under the write lock, in a thread)."""
+    if isinstance(engine, AsyncEngine):
+        async with engine.begin() as conn:
+            await conn.run_sync(_upgrade, revision)
+        return
+
+    def run() -> None:
+        with engine.begin() as conn:
+            _upgrade(conn, revision)
+
+    await asyncio.to_thread(run)
 
 
-async def current_revision(engine: AsyncEngine) -> str | None:
-    async with engine.connect() as conn:
-        return await conn.run_sync(_current)
+async def current_revision(engine: AsyncEngine | Engine) -> str | None:
+    if isinstance(engine, AsyncEngine):
+        async with engine.connect() as conn:
+            return await conn.run_sync(_current)
+
+    def run() -> str | None:
+        with engine.connect() as conn:
+            return _current(conn)
+
+    return await asyncio.to_thread(run)

@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import Connection, func, select
 
 from store import convert, models
 from store.dialect import check_limit, decode_cursor, encode_cursor
-from store.errors import NotFoundError
+from store.errors import NotFoundError, StoreValidationError
 from store.lifecycle import load_attempt, load_rollout
 from store.schemas import Attempt, Page, Rollout, StoreStats, Worker
 from store.states import FINISHED, QUEUED, RolloutStatus
@@ -21,8 +20,8 @@ S = models.spans
 W = models.workers
 
 
-async def list_rollouts(
-    conn: AsyncConnection,
+def list_rollouts(
+    conn: Connection,
     *,
     status: Sequence[RolloutStatus] | None = None,
     mode: str | None = None,
@@ -38,7 +37,11 @@ async def list_rollouts(
     after = decode_cursor(cursor)
     stmt = select(R).order_by(R.c.pk).limit(limit + 1)
     if status:
-        stmt = stmt.where(R.c.status.in_([RolloutStatus(s).value for s in status]))
+        try:
+            wanted = [RolloutStatus(s).value for s in status]
+        except ValueError as exc:
+            raise StoreValidationError(f"unknown rollout status in {list(status)}") from exc
+        stmt = stmt.where(R.c.status.in_(wanted))
     if mode is not None:
         stmt = stmt.where(R.c.mode == mode)
     if group_id is not None:
@@ -51,67 +54,61 @@ async def list_rollouts(
         stmt = stmt.where(R.c.start_time < started_before)
     if after is not None:
         stmt = stmt.where(R.c.pk > after)
-    rows = (await conn.execute(stmt)).mappings().all()
+    rows = (conn.execute(stmt)).mappings().all()
     items = [convert.rollout(r) for r in rows[:limit]]
     next_cursor = encode_cursor(rows[limit - 1]["pk"]) if len(rows) > limit else None
     return Page[Rollout](items=items, next_cursor=next_cursor)
 
 
-async def get_rollout(conn: AsyncConnection, rollout_id: str, *, with_attempts: bool = False) -> Rollout:
-    row = await load_rollout(conn, rollout_id, lock=False)
+def get_rollout(conn: Connection, rollout_id: str, *, with_attempts: bool = False) -> Rollout:
+    row = load_rollout(conn, rollout_id, lock=False)
     rollout = convert.rollout(row)
     if with_attempts:
-        rollout.attempts = await list_attempts(conn, rollout_id)
+        rollout.attempts = list_attempts(conn, rollout_id)
     return rollout
 
 
-async def statuses(conn: AsyncConnection, rollout_ids: Sequence[str]) -> dict[str, Any]:
+def statuses(conn: Connection, rollout_ids: Sequence[str]) -> dict[str, Any]:
     """``{rollout_id: row}`` for the ids that exist."""
-    rows = (await conn.execute(select(R).where(R.c.rollout_id.in_(list(rollout_ids))))).mappings().all()
+    rows = (conn.execute(select(R).where(R.c.rollout_id.in_(list(rollout_ids))))).mappings().all()
     return {r["rollout_id"]: r for r in rows}
 
 
-async def list_attempts(conn: AsyncConnection, rollout_id: str) -> list[Attempt]:
+def list_attempts(conn: Connection, rollout_id: str) -> list[Attempt]:
     stmt = select(A).where(A.c.rollout_id == rollout_id).order_by(A.c.sequence_id)
-    return [convert.attempt(r) for r in (await conn.execute(stmt)).mappings()]
+    return [convert.attempt(r) for r in (conn.execute(stmt)).mappings()]
 
 
-async def get_attempt(conn: AsyncConnection, rollout_id: str, attempt_id: str) -> Attempt:
-    rollout = await load_rollout(conn, rollout_id, lock=False)
-    return convert.attempt(await load_attempt(conn, rollout, attempt_id, lock=False))
+def get_attempt(conn: Connection, rollout_id: str, attempt_id: str) -> Attempt:
+    rollout = load_rollout(conn, rollout_id, lock=False)
+    return convert.attempt(load_attempt(conn, rollout, attempt_id, lock=False))
 
 
-async def group(conn: AsyncConnection, group_id: str) -> list[Rollout]:
+def group(conn: Connection, group_id: str) -> list[Rollout]:
     stmt = select(R).where(R.c.group_id == group_id).order_by(R.c.group_index, R.c.pk)
-    rows = (await conn.execute(stmt)).mappings().all()
+    rows = (conn.execute(stmt)).mappings().all()
     if not rows:
         raise NotFoundError(f"group '{group_id}' not found")
     return [convert.rollout(r) for r in rows]
 
 
-async def list_workers(conn: AsyncConnection) -> list[Worker]:
-    rows = (await conn.execute(select(W).order_by(W.c.worker_id))).mappings()
+def list_workers(conn: Connection) -> list[Worker]:
+    rows = (conn.execute(select(W).order_by(W.c.worker_id))).mappings()
     return [Worker.model_validate(dict(r)) for r in rows]
 
 
-async def get_worker(conn: AsyncConnection, worker_id: str) -> Worker:
-    row = (await conn.execute(select(W).where(W.c.worker_id == worker_id))).mappings().first()
+def get_worker(conn: Connection, worker_id: str) -> Worker:
+    row = (conn.execute(select(W).where(W.c.worker_id == worker_id))).mappings().first()
     if row is None:
         raise NotFoundError(f"worker '{worker_id}' not found")
     return Worker.model_validate(dict(row))
 
 
-async def stats(conn: AsyncConnection) -> StoreStats:
-    by_status = {
-        r.status: r.n
-        for r in await conn.execute(select(R.c.status, func.count().label("n")).group_by(R.c.status))
-    }
-    attempts = {
-        r.status: r.n
-        for r in await conn.execute(select(A.c.status, func.count().label("n")).group_by(A.c.status))
-    }
+def stats(conn: Connection) -> StoreStats:
+    by_status = {r.status: r.n for r in conn.execute(select(R.c.status, func.count().label("n")).group_by(R.c.status))}
+    attempts = {r.status: r.n for r in conn.execute(select(A.c.status, func.count().label("n")).group_by(A.c.status))}
     spans = (
-        await conn.execute(
+        conn.execute(
             select(
                 func.count(),
                 func.coalesce(func.sum(S.c.input_tokens), 0),
@@ -119,10 +116,8 @@ async def stats(conn: AsyncConnection) -> StoreStats:
             )
         )
     ).one()
-    n_resources = (
-        await conn.execute(select(func.count(func.distinct(models.resources.c.resources_id))))
-    ).scalar_one()
-    n_workers = (await conn.execute(select(func.count()).select_from(W))).scalar_one()
+    n_resources = (conn.execute(select(func.count(func.distinct(models.resources.c.resources_id))))).scalar_one()
+    n_workers = (conn.execute(select(func.count()).select_from(W))).scalar_one()
     return StoreStats(
         rollouts_by_status={s.value: by_status.get(s.value, 0) for s in RolloutStatus},
         attempts_by_status=attempts,

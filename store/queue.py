@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import RowMapping, bindparam, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import Connection, RowMapping, Select, TextClause, bindparam, select, text, update
 
 from store import convert, ids, models
 from store import resources as resources_ops
@@ -34,15 +33,15 @@ def expand(spec: TaskSpec) -> list[tuple[str | None, str | None, int | None]]:
     return [(f"{spec.rollout_id}-{i}" if spec.rollout_id else None, group, i) for i in range(size)]
 
 
-async def _resolve_resources(conn: AsyncConnection, specs: list[TaskSpec]) -> str | None:
+def _resolve_resources(conn: Connection, specs: list[TaskSpec]) -> str | None:
     """Check the named resources exist; return the latest id for tasks that name none."""
     named = {s.resources_id for s in specs if s.resources_id}
     for rid in named:
-        if not await resources_ops.exists(conn, rid):
+        if not resources_ops.exists(conn, rid):
             raise StoreValidationError(f"resources '{rid}' not found")
     if all(s.resources_id for s in specs):
         return None
-    return await resources_ops.latest_id(conn)
+    return resources_ops.latest_id(conn)
 
 
 def _row(
@@ -77,9 +76,9 @@ def _row(
     }
 
 
-async def enqueue(conn: AsyncConnection, specs: list[TaskSpec], now: float) -> list[RowMapping]:
+def enqueue(conn: Connection, specs: list[TaskSpec], now: float) -> list[RowMapping]:
     """Insert the rollouts ``specs`` stand for; a client ``rollout_id`` that exists returns the stored one."""
-    latest = await _resolve_resources(conn, specs)
+    latest = _resolve_resources(conn, specs)
     planned: list[dict[str, Any]] = []
     seen: set[str] = set()
     for spec in specs:
@@ -93,11 +92,11 @@ async def enqueue(conn: AsyncConnection, specs: list[TaskSpec], now: float) -> l
     if any(s.rollout_id for s in specs):
         # Idempotent enqueue: skip ids that already exist (a concurrent insert is absorbed by ON CONFLICT).
         stmt = upsert(conn, R).on_conflict_do_nothing(index_elements=["rollout_id"])
-        await conn.execute(stmt, planned)
-        rows = (await conn.execute(select(R).where(R.c.rollout_id.in_(client_ids)))).mappings().all()
+        conn.execute(stmt, planned)
+        rows = (conn.execute(select(R).where(R.c.rollout_id.in_(client_ids)))).mappings().all()
         by_id = {r["rollout_id"]: r for r in rows}
         return [by_id[r["rollout_id"]] for r in planned]
-    await conn.execute(R.insert(), planned)
+    conn.execute(R.insert(), planned)
     return [_as_mapping(r) for r in planned]
 
 
@@ -109,9 +108,7 @@ def _as_mapping(row: dict[str, Any]) -> RowMapping:
     return _Mapping(row)  # type: ignore[return-value]
 
 
-async def _new_attempt(
-    conn: AsyncConnection, rollout: RowMapping, worker_id: str | None, now: float
-) -> dict[str, Any]:
+def _new_attempt(conn: Connection, rollout: RowMapping, worker_id: str | None, now: float) -> dict[str, Any]:
     attempt = {
         "rollout_id": rollout["rollout_id"],
         "attempt_id": ids.attempt_id(),
@@ -123,24 +120,20 @@ async def _new_attempt(
         "last_heartbeat_time": None,
         "metadata": None,
     }
-    await set_rollout_status(conn, rollout, RolloutStatus.PREPARING, now)  # refuses finished rollouts
-    await conn.execute(A.insert().values(**attempt))
-    await conn.execute(
+    set_rollout_status(conn, rollout, RolloutStatus.PREPARING, now)  # refuses finished rollouts
+    conn.execute(A.insert().values(**attempt))
+    conn.execute(
         update(R)
         .where(R.c.pk == rollout["pk"])
         .values(attempt_count=attempt["sequence_id"], latest_attempt_id=attempt["attempt_id"])
     )
-    await sync_worker(
-        conn, worker_id, rollout["rollout_id"], attempt["attempt_id"], AttemptStatus.PREPARING, now
-    )
+    sync_worker(conn, worker_id, rollout["rollout_id"], attempt["attempt_id"], AttemptStatus.PREPARING, now)
     return attempt
 
 
-async def _attempted(
-    conn: AsyncConnection, pairs: list[tuple[RowMapping, dict[str, Any]]], now: float
-) -> list[AttemptedRollout]:
+def _attempted(conn: Connection, pairs: list[tuple[RowMapping, dict[str, Any]]], now: float) -> list[AttemptedRollout]:
     wanted = {r["resources_id"] for r, _ in pairs if r["resources_id"]}
-    found = await resources_ops.many(conn, wanted)
+    found = resources_ops.many(conn, wanted)
     out = []
     for rollout, attempt in pairs:
         ro = convert.rollout(rollout).model_copy(
@@ -160,25 +153,36 @@ async def _attempted(
     return out
 
 
-async def claim(
-    conn: AsyncConnection, worker_id: str | None, limit: int, now: float
-) -> list[AttemptedRollout]:
-    """Hand up to ``limit`` queued rollouts to ``worker_id``, each with a new attempt in ``preparing``."""
-    stmt = (
-        select(R)
-        .where(R.c.status.in_([s.value for s in QUEUED]))
-        .order_by(R.c.priority.desc(), R.c.queue_time, R.c.pk)
-        .limit(limit)
-    )
-    rows = (await conn.execute(lock_rows(stmt, conn, skip_locked=True))).mappings().all()
-    if worker_id:
-        values = {"last_dequeue_time": now}
-        await conn.execute(
-            upsert(conn, models.workers)
-            .values(worker_id=worker_id, status="idle", **values)
-            .on_conflict_do_update(index_elements=["worker_id"], set_=values)
+def _queue_head(conn: Connection, limit: int) -> Select[Any] | TextClause:
+    """The first ``limit`` queued rollouts in claim order, read through the partial index ``ix_rollouts_queue``.
+
+    The queue predicate is spelled out literally: with bound values (``status IN (?, ?)``) neither engine can
+    prove the partial index applies. SQLite is also told to use it: without statistics its planner prefers
+    ``ix_rollouts_status`` and sorts every queued row, which makes each claim O(queue depth).
+    """
+    if conn.dialect.name == "sqlite":
+        quote = conn.dialect.identifier_preparer.quote
+        columns = ", ".join(quote(c.name) for c in R.c)
+        sql = (
+            f"SELECT {columns} FROM rollouts INDEXED BY ix_rollouts_queue WHERE {models.QUEUED_SQL} "
+            "ORDER BY priority DESC, queue_time, pk LIMIT :limit"
         )
+        return text(sql).bindparams(limit=limit).columns(*R.c)  # type: ignore[return-value]
+    stmt = select(R).where(text(models.QUEUED_SQL)).order_by(R.c.priority.desc(), R.c.queue_time, R.c.pk).limit(limit)
+    return lock_rows(stmt, conn, skip_locked=True)
+
+
+def claim(conn: Connection, worker_id: str | None, limit: int, now: float) -> list[AttemptedRollout]:
+    """Hand up to ``limit`` queued rollouts to ``worker_id``, each with a new attempt in ``preparing``."""
+    rows = (conn.execute(_queue_head(conn, limit))).mappings().all()
     if not rows:
+        if worker_id:
+            values: dict[str, Any] = {"last_dequeue_time": now}
+            conn.execute(
+                upsert(conn, models.workers)
+                .values(worker_id=worker_id, status="idle", **values)
+                .on_conflict_do_update(index_elements=["worker_id"], set_=values)
+            )
         return []
     attempts = [
         {
@@ -194,8 +198,8 @@ async def claim(
         }
         for r in rows
     ]
-    await conn.execute(A.insert(), attempts)
-    await conn.execute(
+    conn.execute(A.insert(), attempts)
+    conn.execute(
         update(R)
         .where(R.c.pk == bindparam("b_pk"))
         .values(
@@ -210,34 +214,43 @@ async def claim(
             for r, a in zip(rows, attempts, strict=True)
         ],
     )
-    last = attempts[-1]
-    await sync_worker(conn, worker_id, last["rollout_id"], last["attempt_id"], AttemptStatus.PREPARING, now)
-    return await _attempted(conn, list(zip(rows, attempts, strict=True)), now)
+    if worker_id:
+        # One upsert for the dequeue time and what ``sync_worker`` does for ``preparing`` (busy, current ids).
+        last = attempts[-1]
+        values = {
+            "last_dequeue_time": now,
+            "status": "busy",
+            "last_busy_time": now,
+            "current_rollout_id": last["rollout_id"],
+            "current_attempt_id": last["attempt_id"],
+        }
+        conn.execute(
+            upsert(conn, models.workers)
+            .values(worker_id=worker_id, **values)
+            .on_conflict_do_update(index_elements=["worker_id"], set_=values)
+        )
+    return _attempted(conn, list(zip(rows, attempts, strict=True)), now)
 
 
-async def start_rollout(
-    conn: AsyncConnection, spec: TaskSpec, worker_id: str | None, now: float
-) -> AttemptedRollout:
+def start_rollout(conn: Connection, spec: TaskSpec, worker_id: str | None, now: float) -> AttemptedRollout:
     """Create a rollout that skips the queue: attempt 1 in ``preparing`` right away."""
     if (spec.group_size or 1) != 1:
         raise StoreValidationError("start_rollout takes a single task: group_size must be 1")
-    latest = await _resolve_resources(conn, [spec])
+    latest = _resolve_resources(conn, [spec])
     group = (spec.group_id, 0 if spec.group_id else None)
     if spec.rollout_id:
-        taken = await conn.execute(select(R.c.pk).where(R.c.rollout_id == spec.rollout_id))
+        taken = conn.execute(select(R.c.pk).where(R.c.rollout_id == spec.rollout_id))
         if taken.first() is not None:
             raise ConflictError(f"rollout '{spec.rollout_id}' already exists")
     row = _row(spec, spec.rollout_id or ids.rollout_id(), group, RolloutStatus.PREPARING, latest, now)
-    row["pk"] = (await conn.execute(R.insert().values(**row).returning(R.c.pk))).scalar_one()
+    row["pk"] = (conn.execute(R.insert().values(**row).returning(R.c.pk))).scalar_one()
     rollout = _as_mapping(row)
-    attempt = await _new_attempt(conn, rollout, worker_id, now)
-    return (await _attempted(conn, [(rollout, attempt)], now))[0]
+    attempt = _new_attempt(conn, rollout, worker_id, now)
+    return (_attempted(conn, [(rollout, attempt)], now))[0]
 
 
-async def start_attempt(
-    conn: AsyncConnection, rollout_id: str, worker_id: str | None, now: float
-) -> AttemptedRollout:
+def start_attempt(conn: Connection, rollout_id: str, worker_id: str | None, now: float) -> AttemptedRollout:
     """A new attempt for an existing rollout (a manual retry); the previous attempt becomes stale."""
-    rollout = await load_rollout(conn, rollout_id)
-    attempt = await _new_attempt(conn, rollout, worker_id, now)
-    return (await _attempted(conn, [(rollout, attempt)], now))[0]
+    rollout = load_rollout(conn, rollout_id)
+    attempt = _new_attempt(conn, rollout, worker_id, now)
+    return (_attempted(conn, [(rollout, attempt)], now))[0]

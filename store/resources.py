@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import Connection, func, select
 
 from store import convert, ids, models
 from store.dialect import check_limit, decode_cursor, encode_cursor
@@ -25,7 +24,7 @@ def _check(resources: Any) -> dict[str, Any]:
     return resources
 
 
-async def add(conn: AsyncConnection, resources: dict[str, Any], now: float) -> ResourcesUpdate:
+def add(conn: Connection, resources: dict[str, Any], now: float) -> ResourcesUpdate:
     row = {
         "resources_id": ids.resources_id(),
         "version": 1,
@@ -33,15 +32,13 @@ async def add(conn: AsyncConnection, resources: dict[str, Any], now: float) -> R
         "create_time": now,
         "update_time": now,
     }
-    await conn.execute(T.insert().values(**row))
+    conn.execute(T.insert().values(**row))
     return ResourcesUpdate.model_validate(row)
 
 
-async def update(
-    conn: AsyncConnection, resources_id: str, resources: dict[str, Any], now: float
-) -> ResourcesUpdate:
+def update(conn: Connection, resources_id: str, resources: dict[str, Any], now: float) -> ResourcesUpdate:
     """A new version of ``resources_id`` (version 1 when the id is new, as Agent-lightning's upsert)."""
-    current = await _newest(conn, resources_id)
+    current = _newest(conn, resources_id)
     row = {
         "resources_id": resources_id,
         "version": 1 if current is None else current.version + 1,
@@ -49,39 +46,39 @@ async def update(
         "create_time": now if current is None else current.create_time,
         "update_time": now,
     }
-    await conn.execute(T.insert().values(**row))
+    conn.execute(T.insert().values(**row))
     return ResourcesUpdate.model_validate(row)
 
 
-async def _newest(conn: AsyncConnection, resources_id: str) -> ResourcesUpdate | None:
+def _newest(conn: Connection, resources_id: str) -> ResourcesUpdate | None:
     stmt = select(T).where(T.c.resources_id == resources_id).order_by(T.c.version.desc()).limit(1)
-    row = (await conn.execute(stmt)).mappings().first()
+    row = (conn.execute(stmt)).mappings().first()
     return None if row is None else convert.resources(row)
 
 
-async def get(conn: AsyncConnection, resources_id: str) -> ResourcesUpdate:
-    found = await _newest(conn, resources_id)
+def get(conn: Connection, resources_id: str) -> ResourcesUpdate:
+    found = _newest(conn, resources_id)
     if found is None:
         raise NotFoundError(f"resources '{resources_id}' not found")
     return found
 
 
-async def latest(conn: AsyncConnection) -> ResourcesUpdate | None:
-    row = (await conn.execute(select(T).order_by(T.c.pk.desc()).limit(1))).mappings().first()
+def latest(conn: Connection) -> ResourcesUpdate | None:
+    row = (conn.execute(select(T).order_by(T.c.pk.desc()).limit(1))).mappings().first()
     return None if row is None else convert.resources(row)
 
 
-async def latest_id(conn: AsyncConnection) -> str | None:
+def latest_id(conn: Connection) -> str | None:
     stmt = select(T.c.resources_id).order_by(T.c.pk.desc()).limit(1)
-    return (await conn.execute(stmt)).scalar_one_or_none()
+    return (conn.execute(stmt)).scalar_one_or_none()
 
 
-async def exists(conn: AsyncConnection, resources_id: str) -> bool:
+def exists(conn: Connection, resources_id: str) -> bool:
     stmt = select(T.c.pk).where(T.c.resources_id == resources_id).limit(1)
-    return (await conn.execute(stmt)).first() is not None
+    return (conn.execute(stmt)).first() is not None
 
 
-async def many(conn: AsyncConnection, resources_ids: set[str]) -> dict[str, ResourcesUpdate]:
+def many(conn: Connection, resources_ids: set[str]) -> dict[str, ResourcesUpdate]:
     """The newest version of each of ``resources_ids``."""
     if not resources_ids:
         return {}
@@ -91,13 +88,11 @@ async def many(conn: AsyncConnection, resources_ids: set[str]) -> dict[str, Reso
         .group_by(T.c.resources_id)
         .subquery()
     )
-    stmt = select(T).join(
-        newest, (T.c.resources_id == newest.c.resources_id) & (T.c.version == newest.c.version)
-    )
-    return {row["resources_id"]: convert.resources(row) for row in (await conn.execute(stmt)).mappings()}
+    stmt = select(T).join(newest, (T.c.resources_id == newest.c.resources_id) & (T.c.version == newest.c.version))
+    return {row["resources_id"]: convert.resources(row) for row in (conn.execute(stmt)).mappings()}
 
 
-async def page(conn: AsyncConnection, limit: int, cursor: str | None) -> Page[ResourcesUpdate]:
+def page(conn: Connection, limit: int, cursor: str | None) -> Page[ResourcesUpdate]:
     """Every bundle at its newest version, oldest bundle first."""
     check_limit(limit)
     after = decode_cursor(cursor)
@@ -105,8 +100,8 @@ async def page(conn: AsyncConnection, limit: int, cursor: str | None) -> Page[Re
     stmt = select(first.c.pk, first.c.resources_id).order_by(first.c.pk).limit(limit + 1)
     if after is not None:
         stmt = stmt.where(first.c.pk > after)
-    rows = (await conn.execute(stmt)).all()
-    found = await many(conn, {r.resources_id for r in rows[:limit]})
+    rows = (conn.execute(stmt)).all()
+    found = many(conn, {r.resources_id for r in rows[:limit]})
     items = [found[r.resources_id] for r in rows[:limit]]
     next_cursor = encode_cursor(rows[limit - 1].pk) if len(rows) > limit else None
     return Page[ResourcesUpdate](items=items, next_cursor=next_cursor)

@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Literal
 
-from sqlalchemy import RowMapping, case, select
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import Connection, Integer, RowMapping, bindparam, case, select
 
 from store import convert, models
 from store.dialect import upsert
@@ -26,61 +25,73 @@ A = models.attempts
 UNATTRIBUTED = ""
 
 
-async def advance(
-    conn: AsyncConnection, rollout_id: str, attempt_id: str, count: int, floor: int = 0
-) -> int:
+_ADVANCE: dict[str, Any] = {}
+
+
+def _advance_statement(conn: Connection) -> Any:
+    """The counter upsert, built once per dialect."""
+    stmt = _ADVANCE.get(conn.dialect.name)
+    if stmt is None:
+        floor = bindparam("floor", type_=Integer)
+        current = case((Q.c.last_value >= floor, Q.c.last_value), else_=floor)
+        stmt = (
+            upsert(conn, Q)
+            .values(rollout_id=bindparam("rid"), attempt_id=bindparam("aid"), last_value=bindparam("initial"))
+            .on_conflict_do_update(
+                index_elements=["rollout_id", "attempt_id"],
+                set_={"last_value": current + bindparam("count", type_=Integer)},
+            )
+            .returning(Q.c.last_value)
+        )
+        _ADVANCE[conn.dialect.name] = stmt
+    return stmt
+
+
+def advance(conn: Connection, rollout_id: str, attempt_id: str, count: int, floor: int = 0) -> int:
     """Raise the counter to at least ``floor``, reserve ``count`` ids after it; return the counter's new value."""
-    current = case((Q.c.last_value >= floor, Q.c.last_value), else_=floor) if floor else Q.c.last_value
-    stmt = upsert(conn, Q).values(rollout_id=rollout_id, attempt_id=attempt_id, last_value=floor + count)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["rollout_id", "attempt_id"], set_={"last_value": current + count}
-    ).returning(Q.c.last_value)
-    return int((await conn.execute(stmt)).scalar_one())
+    params = {"rid": rollout_id, "aid": attempt_id, "initial": floor + count, "floor": floor, "count": count}
+    return int(conn.execute(_advance_statement(conn), params).scalar_one())
 
 
-async def _target(
-    conn: AsyncConnection, rollout_id: str | None, attempt_id: str | None
-) -> tuple[RowMapping, RowMapping] | None:
+def _target(conn: Connection, rollout_id: str | None, attempt_id: str | None) -> tuple[RowMapping, RowMapping] | None:
     """The rollout and attempt a span belongs to (locked), or None when unattributed."""
     if not rollout_id:
         if attempt_id:
             raise StoreValidationError("a span with an attempt_id needs a rollout_id")
         return None
-    rollout = await load_rollout(conn, rollout_id)
-    attempt = await load_attempt(conn, rollout, attempt_id or "latest")
+    rollout = load_rollout(conn, rollout_id)
+    attempt = load_attempt(conn, rollout, attempt_id or "latest")
     require_latest(rollout, attempt)
     return rollout, attempt
 
 
-async def allocate(
-    conn: AsyncConnection, rollout_id: str | None, attempt_id: str | None, count: int = 1
+def allocate(
+    conn: Connection, rollout_id: str | None, attempt_id: str | None, count: int = 1
 ) -> tuple[str | None, int]:
     """Reserve ``count`` sequence ids; return the attempt id they belong to and the first id."""
     if count < 1:
         raise StoreValidationError("count must be at least 1")
-    target = await _target(conn, rollout_id, attempt_id)
+    target = _target(conn, rollout_id, attempt_id)
     rid, aid = (UNATTRIBUTED, UNATTRIBUTED) if target is None else (rollout_id or "", target[1]["attempt_id"])
-    last = await advance(conn, rid, aid, count)
+    last = advance(conn, rid, aid, count)
     return (aid or None), last - count + 1
 
 
-async def add(conn: AsyncConnection, spans: list[Span], now: float) -> list[Span]:
+def add(conn: Connection, spans: list[Span], now: float) -> list[Span]:
     """Write spans (duplicates by ``span_id`` are skipped and not returned); assign missing sequence ids."""
     groups: dict[tuple[str, str | None], list[Span]] = defaultdict(list)
     for span in spans:
         groups[(span.rollout_id or UNATTRIBUTED, span.attempt_id)].append(span)
     written: list[Span] = []
     for (rollout_id, attempt_id), group in groups.items():
-        written.extend(await _add_group(conn, rollout_id, attempt_id, group, now))
+        written.extend(_add_group(conn, rollout_id, attempt_id, group, now))
     return written
 
 
-async def _add_group(
-    conn: AsyncConnection, rollout_id: str, attempt_id: str | None, group: list[Span], now: float
-) -> list[Span]:
-    target = await _target(conn, rollout_id, attempt_id)
+def _add_group(conn: Connection, rollout_id: str, attempt_id: str | None, group: list[Span], now: float) -> list[Span]:
+    target = _target(conn, rollout_id, attempt_id)
     aid = UNATTRIBUTED if target is None else target[1]["attempt_id"]
-    known = await conn.execute(
+    known = conn.execute(
         select(S.c.span_id).where(
             S.c.rollout_id == rollout_id, S.c.attempt_id == aid, S.c.span_id.in_({s.span_id for s in group})
         )
@@ -95,7 +106,7 @@ async def _add_group(
         return []
     missing = sum(1 for s in fresh if s.sequence_id is None)
     given = max((s.sequence_id for s in fresh if s.sequence_id is not None), default=0)
-    next_id = await advance(conn, rollout_id, aid, missing, floor=given) - missing + 1
+    next_id = advance(conn, rollout_id, aid, missing, floor=given) - missing + 1
     rows: list[dict[str, Any]] = []
     out: list[Span] = []
     for span in fresh:
@@ -105,18 +116,16 @@ async def _add_group(
             next_id += 1
         rows.append(convert.span_row(span, rollout_id, aid, seq, now))
         out.append(
-            span.model_copy(
-                update={"rollout_id": rollout_id or None, "attempt_id": aid or None, "sequence_id": seq}
-            )
+            span.model_copy(update={"rollout_id": rollout_id or None, "attempt_id": aid or None, "sequence_id": seq})
         )
-    await conn.execute(S.insert(), rows)  # a sequence id already taken fails the write: a conflict
+    conn.execute(S.insert(), rows)  # a sequence id already taken fails the write: a conflict
     if target is not None:
-        await record_heartbeat(conn, target[0], target[1], now)
+        record_heartbeat(conn, target[0], target[1], now)
     return out
 
 
-async def query(
-    conn: AsyncConnection,
+def query(
+    conn: Connection,
     rollout_id: str | None,
     attempt_id: str | Literal["latest", "all"] = "all",
     *,
@@ -129,12 +138,12 @@ async def query(
     if rollout_id is None:
         stmt = stmt.where(S.c.rollout_id == UNATTRIBUTED).order_by(S.c.sequence_id)
     else:
-        rollout = await load_rollout(conn, rollout_id, lock=False)
+        rollout = load_rollout(conn, rollout_id, lock=False)
         stmt = stmt.where(S.c.rollout_id == rollout_id)
         if attempt_id == "all":
             stmt = stmt.join(A, A.c.attempt_id == S.c.attempt_id).order_by(A.c.sequence_id, S.c.sequence_id)
         else:
-            attempt = await load_attempt(conn, rollout, attempt_id, lock=False)
+            attempt = load_attempt(conn, rollout, attempt_id, lock=False)
             stmt = stmt.where(S.c.attempt_id == attempt["attempt_id"]).order_by(S.c.sequence_id)
     if name is not None:
         stmt = stmt.where(S.c.name == name)
@@ -144,4 +153,4 @@ async def query(
         if limit < 1:
             raise StoreValidationError(f"limit must be at least 1, got {limit}")
         stmt = stmt.limit(limit)
-    return [convert.span(row) for row in (await conn.execute(stmt)).mappings()]
+    return [convert.span(row) for row in (conn.execute(stmt)).mappings()]

@@ -7,14 +7,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
+from sqlalchemy import Connection, text
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store import calls, catalog, convert, migrate, queries, queue, resources, spans, watchdog
-from store.engine import Engines, create_engines
+from store.engine import Engines, create_engines, migration_engine
 from store.errors import ConflictError, NotFoundError, StoreValidationError
 from store.lifecycle import apply_attempt_status, load_attempt, load_rollout, record_heartbeat, require_latest
 from store.schemas import (
@@ -34,7 +34,7 @@ from store.schemas import (
 )
 from store.signals import Signal
 from store.states import FINISHED, AttemptStatus, RolloutStatus
-from store.writer import BatchWriter, DirectWriter, Writer
+from store.writer import BatchWriter, PgWriter, Writer
 
 log = logging.getLogger("rollway.store")
 
@@ -49,6 +49,7 @@ class _Unset:
 UNSET: Any = _Unset()
 
 MAX_WAIT_SECONDS = 60.0
+CHECKPOINT_INTERVAL = 1.0
 
 
 class Store:
@@ -71,6 +72,8 @@ class Store:
         self.finished = Signal()
         self.queued = Signal()
         self._watchdog_task: asyncio.Task[None] | None = None
+        self._checkpoint_task: asyncio.Task[None] | None = None
+        self._checkpointed_at = 0
 
     @classmethod
     async def open(
@@ -87,30 +90,41 @@ class Store:
         """Open (and create or upgrade) the database at ``url`` and start the writer and watchdog."""
         engines = create_engines(url, sqlite_synchronous=sqlite_synchronous)
         try:
-            await migrate.upgrade(engines.writer)
+            if engines.pg is not None:
+                await migrate.upgrade(engines.pg)
+            else:
+                upgrader = migration_engine(url)
+                try:
+                    await migrate.upgrade(upgrader)
+                finally:
+                    upgrader.dispose()
         except BaseException:
             await engines.dispose()
             raise
-        writer: Writer = (
-            BatchWriter(engines.writer, max_batch=max_batch)
-            if engines.is_sqlite
-            else DirectWriter(engines.writer)
-        )
-        store = cls(
-            engines, writer, clock=clock, watchdog_interval=watchdog_interval, poll_interval=poll_interval
-        )
+        writer: Writer
+        if engines.pg is not None:
+            writer = PgWriter(engines.pg)
+        else:
+            assert engines.writer is not None
+            writer = BatchWriter(engines.writer, max_batch=max_batch)
+        store = cls(engines, writer, clock=clock, watchdog_interval=watchdog_interval, poll_interval=poll_interval)
         await writer.start()
+        if engines.is_sqlite:
+            store._checkpoint_task = asyncio.create_task(store._checkpoint_loop(), name="rollway-checkpoint")
         if run_watchdog and watchdog_interval > 0:
             store._watchdog_task = asyncio.create_task(store._watchdog_loop(), name="rollway-watchdog")
         return store
 
     async def close(self) -> None:
-        if self._watchdog_task is not None:
-            self._watchdog_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watchdog_task
-            self._watchdog_task = None
+        for task in (self._watchdog_task, self._checkpoint_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._watchdog_task = self._checkpoint_task = None
         await self.writer.close()
+        if self.engines.is_sqlite:
+            await self.checkpoint()
         await self.engines.dispose()
 
     async def __aenter__(self) -> Store:
@@ -121,19 +135,32 @@ class Store:
 
     # -- plumbing -------------------------------------------------------------------------------------
 
-    async def _write(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+    async def _write(self, op: Callable[[Connection], T]) -> T:
         try:
             return await self.writer.submit(op)
         except IntegrityError as exc:
             raise ConflictError(f"the write conflicts with stored data: {exc.orig}") from exc
 
-    async def _read(self, op: Callable[[AsyncConnection], Awaitable[T]]) -> T:
-        async with self.engines.reader.connect() as conn:
-            return await op(conn)
+    async def _read(self, op: Callable[[Connection], T]) -> T:
+        if self.engines.pg is not None:
+            async with self.engines.pg.connect() as conn:
+                return await conn.run_sync(op)
+        reader = self.engines.reader
+        assert reader is not None
+
+        def run() -> T:
+            with reader.connect() as conn:
+                return op(conn)
+
+        return await asyncio.to_thread(run)
+
+    async def read(self, op: Callable[[Connection], T]) -> T:
+        """Run a read-only function of a SQLAlchemy ``Connection`` (for tools and tests)."""
+        return await self._read(op)
 
     async def ping(self) -> None:
         """Raise when the database cannot be read."""
-        await self._read(lambda conn: conn.exec_driver_sql("SELECT 1"))
+        await self._read(lambda conn: conn.execute(text("SELECT 1")).scalar_one())
 
     # -- queue and lifecycle --------------------------------------------------------------------------
 
@@ -164,9 +191,7 @@ class Store:
                 return claimed
             await Signal.wait(generation, min(remaining, self.poll_interval))
 
-    async def start_rollout(
-        self, task: TaskSpec | Mapping[str, Any], worker_id: str | None = None
-    ) -> AttemptedRollout:
+    async def start_rollout(self, task: TaskSpec | Mapping[str, Any], worker_id: str | None = None) -> AttemptedRollout:
         spec = task if isinstance(task, TaskSpec) else TaskSpec.model_validate(task)
         now = self.clock()
         return await self._write(lambda conn: queue.start_rollout(conn, spec, worker_id, now))
@@ -193,9 +218,9 @@ class Store:
             raise StoreValidationError("attempt metadata must be an object")
         now = self.clock()
 
-        async def op(conn: AsyncConnection) -> Attempt:
-            rollout = await load_rollout(conn, rollout_id)
-            attempt = await load_attempt(conn, rollout, attempt_id)
+        def op(conn: Connection) -> Attempt:
+            rollout = load_rollout(conn, rollout_id)
+            attempt = load_attempt(conn, rollout, attempt_id)
             require_latest(rollout, attempt)
             extra: dict[str, Any] = {}
             if metadata is not UNSET:
@@ -203,10 +228,10 @@ class Store:
             if worker_id is not UNSET:
                 extra["worker_id"] = worker_id
             if extra:
-                await conn.execute(queries.A.update().where(queries.A.c.pk == attempt["pk"]).values(**extra))
+                conn.execute(queries.A.update().where(queries.A.c.pk == attempt["pk"]).values(**extra))
             if new_status is not None:
-                await apply_attempt_status(conn, rollout, attempt, new_status, now)
-            return convert.attempt(await load_attempt(conn, rollout, attempt["attempt_id"], lock=False))
+                apply_attempt_status(conn, rollout, attempt, new_status, now)
+            return convert.attempt(load_attempt(conn, rollout, attempt["attempt_id"], lock=False))
 
         result = await self._write(op)
         self._notify_all()
@@ -216,12 +241,12 @@ class Store:
         """An explicit heartbeat: same effect on liveness as a span."""
         now = self.clock()
 
-        async def op(conn: AsyncConnection) -> Attempt:
-            rollout = await load_rollout(conn, rollout_id)
-            attempt = await load_attempt(conn, rollout, attempt_id)
+        def op(conn: Connection) -> Attempt:
+            rollout = load_rollout(conn, rollout_id)
+            attempt = load_attempt(conn, rollout, attempt_id)
             require_latest(rollout, attempt)
-            await record_heartbeat(conn, rollout, attempt, now)
-            return convert.attempt(await load_attempt(conn, rollout, attempt["attempt_id"], lock=False))
+            record_heartbeat(conn, rollout, attempt, now)
+            return convert.attempt(load_attempt(conn, rollout, attempt["attempt_id"], lock=False))
 
         return await self._write(op)
 
@@ -229,12 +254,12 @@ class Store:
         """Cancel a rollout: it leaves the queue and is never claimed; a finished rollout cannot be cancelled."""
         now = self.clock()
 
-        async def op(conn: AsyncConnection) -> Rollout:
+        def op(conn: Connection) -> Rollout:
             from store.lifecycle import set_rollout_status
 
-            rollout = await load_rollout(conn, rollout_id)
-            await set_rollout_status(conn, rollout, RolloutStatus.CANCELLED, now)
-            return convert.rollout(await load_rollout(conn, rollout_id, lock=False))
+            rollout = load_rollout(conn, rollout_id)
+            set_rollout_status(conn, rollout, RolloutStatus.CANCELLED, now)
+            return convert.rollout(load_rollout(conn, rollout_id, lock=False))
 
         result = await self._write(op)
         self._notify_all()
@@ -244,10 +269,10 @@ class Store:
         """Run the watchdog once (if no process swept within the interval, or when ``force``)."""
         now = self.clock()
 
-        async def op(conn: AsyncConnection) -> int:
-            if not force and not await watchdog.claim_turn(conn, now, self.watchdog_interval * 0.9):
+        def op(conn: Connection) -> int:
+            if not force and not watchdog.claim_turn(conn, now, self.watchdog_interval * 0.9):
                 return 0
-            return await watchdog.sweep(conn, now)
+            return watchdog.sweep(conn, now)
 
         changed = await self._write(op)
         if changed:
@@ -261,6 +286,30 @@ class Store:
                 await self.sweep()
             except Exception:
                 log.exception("watchdog sweep failed")
+
+    async def checkpoint(self) -> None:
+        """SQLite: copy the write-ahead log into the database file, in a worker thread (the writer's own
+        automatic checkpoints are off so that their fsync never stalls the event loop)."""
+        reader = self.engines.reader
+        if reader is None:
+            return
+        self._checkpointed_at = self.writer.stats.transactions
+
+        def run() -> None:
+            with reader.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").all()
+
+        await asyncio.to_thread(run)
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(CHECKPOINT_INTERVAL)
+            if self.writer.stats.transactions == self._checkpointed_at:
+                continue
+            try:
+                await self.checkpoint()
+            except Exception:
+                log.exception("WAL checkpoint failed")
 
     def _notify_all(self) -> None:
         self.finished.notify()
@@ -277,6 +326,11 @@ class Store:
     async def begin_call(self, rollout_id: str | None, attempt_id: str | None = None) -> calls.CallTicket:
         """An LLM call arrived: check its attempt is live, allocate its sequence id, tell its deadline."""
         return await self._write(lambda conn: calls.begin(conn, rollout_id, attempt_id))
+
+    async def record_call(self, span: Span) -> None:
+        """Write the span of a call that ``begin_call`` admitted (see ``store.calls.record``)."""
+        now = self.clock()
+        await self._write(lambda conn: calls.record(conn, span, now))
 
     async def next_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
         return (await self.allocate_sequence(rollout_id, attempt_id))[1]
@@ -313,17 +367,15 @@ class Store:
     # -- reads ------------------------------------------------------------------------------------------
 
     async def get_rollout(self, rollout_id: str, *, with_attempts: bool = False) -> Rollout:
-        return await self._read(
-            lambda conn: queries.get_rollout(conn, rollout_id, with_attempts=with_attempts)
-        )
+        return await self._read(lambda conn: queries.get_rollout(conn, rollout_id, with_attempts=with_attempts))
 
     async def list_rollouts(self, **filters: Any) -> Page[Rollout]:
         return await self._read(lambda conn: queries.list_rollouts(conn, **filters))
 
     async def list_attempts(self, rollout_id: str) -> list[Attempt]:
-        async def op(conn: AsyncConnection) -> list[Attempt]:
-            await load_rollout(conn, rollout_id, lock=False)
-            return await queries.list_attempts(conn, rollout_id)
+        def op(conn: Connection) -> list[Attempt]:
+            load_rollout(conn, rollout_id, lock=False)
+            return queries.list_attempts(conn, rollout_id)
 
         return await self._read(op)
 
@@ -342,9 +394,7 @@ class Store:
     async def stats(self) -> StoreStats:
         return await self._read(queries.stats)
 
-    async def wait_for_rollouts(
-        self, rollout_ids: Sequence[str], timeout: float
-    ) -> tuple[list[Rollout], list[str]]:
+    async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float) -> tuple[list[Rollout], list[str]]:
         """Block until every rollout finished or ``timeout`` (≤ 60 s) passed: (finished, pending ids)."""
         if timeout < 0:
             raise StoreValidationError("timeout must not be negative")

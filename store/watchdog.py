@@ -8,8 +8,7 @@ still sweep about once per interval. A sweep is a single transaction; the rows i
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import Connection, select, update
 
 from store import models
 from store.dialect import lock_rows, upsert
@@ -23,14 +22,10 @@ C = models.counters
 DEBOUNCE = "watchdog_last_sweep"
 
 
-async def claim_turn(conn: AsyncConnection, now: float, interval: float) -> bool:
+def claim_turn(conn: Connection, now: float, interval: float) -> bool:
     """True when no process has swept within ``interval``; records this sweep's time."""
-    await conn.execute(
-        upsert(conn, C).values(name=DEBOUNCE, value=0.0).on_conflict_do_nothing(index_elements=["name"])
-    )
-    result = await conn.execute(
-        update(C).where(C.c.name == DEBOUNCE, C.c.value <= now - interval).values(value=now)
-    )
+    conn.execute(upsert(conn, C).values(name=DEBOUNCE, value=0.0).on_conflict_do_nothing(index_elements=["name"]))
+    result = conn.execute(update(C).where(C.c.name == DEBOUNCE, C.c.value <= now - interval).values(value=now))
     return result.rowcount == 1
 
 
@@ -43,10 +38,10 @@ def verdict(config: RolloutConfig, start: float, heartbeat: float | None, now: f
     return None
 
 
-async def sweep(conn: AsyncConnection, now: float) -> int:
+def sweep(conn: Connection, now: float) -> int:
     """Check every live rollout's latest attempt; return how many attempts changed."""
     live = select(R.c.rollout_id).where(R.c.status.in_([s.value for s in ACTIVE])).order_by(R.c.pk)
-    rollout_ids = [r.rollout_id for r in await conn.execute(live)]
+    rollout_ids = [r.rollout_id for r in conn.execute(live)]
     changed = 0
     for chunk_start in range(0, len(rollout_ids), 500):
         chunk = rollout_ids[chunk_start : chunk_start + 500]
@@ -55,15 +50,13 @@ async def sweep(conn: AsyncConnection, now: float) -> int:
             conn,
             skip_locked=True,
         )
-        rollouts = (await conn.execute(stmt)).mappings().all()
+        rollouts = (conn.execute(stmt)).mappings().all()
         if not rollouts:
             continue
         latest_ids = [r["latest_attempt_id"] for r in rollouts if r["latest_attempt_id"]]
         attempts = {
             a["attempt_id"]: a
-            for a in (
-                await conn.execute(lock_rows(select(A).where(A.c.attempt_id.in_(latest_ids)), conn))
-            ).mappings()
+            for a in (conn.execute(lock_rows(select(A).where(A.c.attempt_id.in_(latest_ids)), conn))).mappings()
         }
         for rollout in rollouts:
             attempt = attempts.get(rollout["latest_attempt_id"])
@@ -72,6 +65,6 @@ async def sweep(conn: AsyncConnection, now: float) -> int:
             config = RolloutConfig.model_validate(rollout["config"])
             status = verdict(config, attempt["start_time"], attempt["last_heartbeat_time"], now)
             if status is not None:
-                await apply_attempt_status(conn, rollout, attempt, status, now)
+                apply_attempt_status(conn, rollout, attempt, status, now)
                 changed += 1
     return changed

@@ -1,12 +1,15 @@
-"""Write paths. Every store mutation is an *operation*: a coroutine that takes a connection inside an open
-transaction. How operations reach the database depends on the engine:
+"""Write paths. Every store mutation is an *operation*: a plain function that takes a SQLAlchemy
+``Connection`` inside an open transaction. How operations reach the database depends on the engine:
 
-- SQLite: one ``BatchWriter`` task owns the only writing connection. Operations queue up; each turn of the
-  writer takes everything queued (up to a bound), runs it in one ``BEGIN IMMEDIATE`` transaction, each
-  operation inside its own savepoint so one failure does not undo its neighbours, and commits once. A burst
-  of span writes therefore costs one commit. Callers get their result only after the commit.
-- PostgreSQL: ``DirectWriter`` runs each operation in its own transaction from the pool and retries the
-  transaction on deadlock or serialization failure; row locks (``FOR UPDATE [SKIP LOCKED]``) do the rest.
+- SQLite: ``BatchWriter`` is the only writer. Operations queue up; each turn takes everything queued (up to a
+  bound) and runs it in one ``BEGIN IMMEDIATE`` transaction — each operation inside its own savepoint so
+  one failure does not undo its neighbours — and commits once: a burst of span writes costs one commit.
+  Callers get their result only after the commit. The transaction runs on the event loop's thread (it is
+  short; thread hops per statement cost more than the work); the write lock is taken without blocking: when
+  another process holds it, the writer backs off and retries asynchronously.
+- PostgreSQL: ``PgWriter`` runs each operation in its own transaction from the pool (``run_sync`` over
+  asyncpg) and retries it on deadlock or serialization failure; row locks (``FOR UPDATE [SKIP LOCKED]``) do
+  the rest.
 """
 
 from __future__ import annotations
@@ -14,22 +17,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from store.errors import StoreError, UnavailableError
 
 log = logging.getLogger("rollway.store")
 
 T = TypeVar("T")
-Operation = Callable[[AsyncConnection], Awaitable[T]]
+Operation = Callable[[Connection], T]
 
 RETRYABLE_PG_CODES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+LOCK_WAIT_SECONDS = 30.0
 
 
 @dataclass
@@ -40,6 +46,7 @@ class WriteStats:
     operations: int = 0
     last_batch_size: int = 0
     commit_seconds_total: float = 0.0
+    lock_waits: int = 0
     batch_sizes: list[int] = field(default_factory=list)
 
     def record(self, size: int, seconds: float) -> None:
@@ -61,39 +68,46 @@ class Writer(Protocol):
     async def close(self) -> None: ...
 
 
+def _is_locked(exc: BaseException) -> bool:
+    text = str(getattr(exc, "orig", exc)).lower()
+    return "locked" in text or "busy" in text
+
+
 class BatchWriter:
     """The single SQLite writer with group commit (see module docstring)."""
 
-    def __init__(self, engine: AsyncEngine, *, max_batch: int = 256) -> None:
+    def __init__(self, engine: Engine, *, max_batch: int = 256) -> None:
         self._engine = engine
         self._max_batch = max_batch
-        self._queue: asyncio.Queue[tuple[Operation[Any], asyncio.Future[Any]]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[Operation[Any], asyncio.Future[Any]] | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        self._conn: Connection | None = None
+        self._closing = False
         self.stats = WriteStats()
 
     async def start(self) -> None:
         if self._task is None:
+            self._conn = self._engine.connect()
             self._task = asyncio.create_task(self._run(), name="rollway-store-writer")
 
     async def close(self) -> None:
         if self._task is None:
             return
-        # Let queued operations finish, then stop.
-        while not self._queue.empty():
-            await asyncio.sleep(0)
-            if self._task.done():
-                break
-        self._task.cancel()
+        self._closing = True
+        self._queue.put_nowait(None)  # queued writes finish first, then the writer stops
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._task = None
         while not self._queue.empty():
-            _, fut = self._queue.get_nowait()
-            if not fut.done():
-                fut.set_exception(UnavailableError("the store is closed"))
+            item = self._queue.get_nowait()
+            if item is not None and not item[1].done():
+                item[1].set_exception(UnavailableError("the store is closed"))
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     async def submit(self, op: Operation[T]) -> T:
-        if self._task is None or self._task.done():
+        if self._task is None or self._task.done() or self._closing:
             raise UnavailableError("the store is closed")
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((op, fut))
@@ -101,45 +115,66 @@ class BatchWriter:
         return await asyncio.shield(fut)
 
     async def _run(self) -> None:
-        async with self._engine.connect() as conn:
-            while True:
-                batch = [await self._queue.get()]
-                while len(batch) < self._max_batch and not self._queue.empty():
-                    batch.append(self._queue.get_nowait())
-                await self._commit(conn, batch)
+        while True:
+            first = await self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < self._max_batch and not self._queue.empty():
+                item = self._queue.get_nowait()
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            await self._commit(batch)
+            if stop:
+                return
 
-    async def _commit(
-        self, conn: AsyncConnection, batch: list[tuple[Operation[Any], asyncio.Future[Any]]]
-    ) -> None:
+    async def _begin(self, conn: Connection) -> Any:
+        """``BEGIN IMMEDIATE`` without blocking the loop: back off while another process writes."""
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        delay = 0.0005
+        while True:
+            try:
+                return conn.begin()
+            except OperationalError as exc:
+                if not _is_locked(exc) or time.monotonic() > deadline:
+                    raise
+                conn.rollback()
+                self.stats.lock_waits += 1
+                await asyncio.sleep(random.uniform(0, delay))
+                delay = min(delay * 2, 0.05)
+
+    async def _commit(self, batch: list[tuple[Operation[Any], asyncio.Future[Any]]]) -> None:
+        conn = self._conn
+        assert conn is not None
         started = time.perf_counter()
         outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
         try:
-            if len(batch) == 1:
-                op, fut = batch[0]
-                try:
-                    async with conn.begin():
-                        outcomes.append((fut, await op(conn), None))
-                except StoreError as exc:  # rolled back: nothing half-written
-                    if not fut.done():
-                        fut.set_exception(exc)
-                    return
-            else:
-                async with conn.begin():
+            transaction = await self._begin(conn)
+            try:
+                if len(batch) == 1:
+                    outcomes.append((batch[0][1], batch[0][0](conn), None))
+                else:
                     for op, fut in batch:
                         try:
-                            async with conn.begin_nested():
-                                outcomes.append((fut, await op(conn), None))
+                            with conn.begin_nested():
+                                outcomes.append((fut, op(conn), None))
                         except StoreError as exc:
                             outcomes.append((fut, None, exc))
                         except DBAPIError as exc:
                             if isinstance(exc, OperationalError):
-                                raise  # the connection or file is in trouble: fail the whole batch
-                            log.exception("store operation failed")
+                                raise  # the file is in trouble: fail the whole batch
                             outcomes.append((fut, None, exc))
-        except Exception as exc:  # the transaction itself failed: nothing in it was written
-            log.exception("store write transaction failed")
+                transaction.commit()
+            except BaseException:
+                transaction.rollback()
+                raise
+        except Exception as exc:  # nothing in the transaction was written
             failure: BaseException = exc
             if isinstance(exc, OperationalError):
+                log.exception("store write transaction failed")
                 failure = UnavailableError(f"database write failed: {exc.orig}")
             for _, fut in batch:
                 if not fut.done():
@@ -155,7 +190,7 @@ class BatchWriter:
                 fut.set_exception(error)
 
 
-class DirectWriter:
+class PgWriter:
     """PostgreSQL: one transaction per operation, retried on deadlock/serialization failure."""
 
     def __init__(self, engine: AsyncEngine, *, attempts: int = 5) -> None:
@@ -174,7 +209,7 @@ class DirectWriter:
             started = time.perf_counter()
             try:
                 async with self._engine.begin() as conn:
-                    result = await op(conn)
+                    result = await conn.run_sync(op)
                 self.stats.record(1, time.perf_counter() - started)
                 return result
             except DBAPIError as exc:

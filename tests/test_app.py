@@ -71,10 +71,17 @@ def test_admin_token_is_secret_in_settings() -> None:
     assert "s3cret-token" not in settings.model_dump_json()
 
 
-@pytest.mark.parametrize(("host", "token", "refused"), [
-    ("127.0.0.1", None, False), ("localhost", None, False), ("::1", None, False),
-    ("0.0.0.0", None, True), ("10.1.2.3", None, True), ("0.0.0.0", "t0ken", False),
-])
+@pytest.mark.parametrize(
+    ("host", "token", "refused"),
+    [
+        ("127.0.0.1", None, False),
+        ("localhost", None, False),
+        ("::1", None, False),
+        ("0.0.0.0", None, True),
+        ("10.1.2.3", None, True),
+        ("0.0.0.0", "t0ken", False),
+    ],
+)
 def test_non_loopback_listen_needs_an_admin_token(host: str, token: str | None, refused: bool) -> None:
     settings = Settings(host=host, admin_token=token)  # type: ignore[arg-type]
     if refused:
@@ -128,7 +135,11 @@ def test_rollway_serve_refuses_a_public_address_without_token(tmp_path: Path) ->
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLWAY_")}
     done = subprocess.run(
         _rollway("serve", "--host", "0.0.0.0", cwd=tmp_path),
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2
     assert "ROLLWAY_ADMIN_TOKEN" in done.stderr

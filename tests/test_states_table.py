@@ -148,9 +148,9 @@ def test_check_rollout_transition_allows_exactly_the_seed_edges(
     assert f"'{new.value}'" in info.value.message
 
 
-def test_check_transition_accepts_plain_strings() -> None:
+def test_conflict_message_names_the_current_then_the_new_status() -> None:
     check_attempt_transition(AttemptStatus("preparing"), AttemptStatus("running"))
-    with pytest.raises(ConflictError, match="'succeeded'.*'running'"):
+    with pytest.raises(ConflictError, match=r"'succeeded'.*'running'"):
         check_attempt_transition(AttemptStatus("succeeded"), AttemptStatus("running"))
 
 

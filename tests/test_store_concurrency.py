@@ -9,7 +9,7 @@ import multiprocessing
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -111,9 +111,8 @@ async def test_claims_across_processes_hand_each_rollout_to_exactly_one_worker(s
         assert stats.rollouts_by_status[RolloutStatus.PREPARING.value] == ROLLOUTS
         assert stats.queue_depth == 0
         assert stats.total_attempts == ROLLOUTS
-        async with store.engines.reader.connect() as conn:
-            a = models.attempts
-            rows = (await conn.execute(select(a.c.rollout_id, a.c.attempt_id, a.c.worker_id))).all()
+        a = models.attempts
+        rows = await store.read(lambda conn: conn.execute(select(a.c.rollout_id, a.c.attempt_id, a.c.worker_id)).all())
     # The database agrees with what the workers were told: one attempt per rollout, for that worker.
     assert {(r.rollout_id, r.worker_id, r.attempt_id) for r in rows} == set(claims)
 
@@ -204,11 +203,11 @@ async def two_stores(store_url: str, clock: FakeClock) -> AsyncIterator[tuple[St
 def sweeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Records the time of every sweep that actually ran (won its turn, or was forced)."""
     ran: list[float] = []
-    real: Callable[..., Awaitable[int]] = watchdog.sweep
+    real: Callable[..., int] = watchdog.sweep
 
-    async def counting(conn: Any, now: float) -> int:
+    def counting(conn: Any, now: float) -> int:
         ran.append(now)
-        return await real(conn, now)
+        return real(conn, now)
 
     monkeypatch.setattr(watchdog, "sweep", counting)
     return ran

@@ -4,15 +4,15 @@ schema with Alembic, keeps the data, and does nothing to a database that is alre
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event, inspect
+from sqlalchemy import Connection, Engine, event, inspect
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from store import RolloutStatus, Store, migrate, models
-from store.engine import create_engines
+from store.engine import create_engines, migration_engine
 
 HEAD_TABLES = {
     "alembic_version",
@@ -29,9 +29,21 @@ HEAD_TABLES = {
 ADDED_AFTER_0001 = {"model_aliases", "api_keys", "workers"}
 
 
-async def _tables(engine: AsyncEngine) -> set[str]:
-    async with engine.connect() as conn:
-        return set(await conn.run_sync(lambda sync: inspect(sync).get_table_names()))
+async def _run(engine: AsyncEngine | Engine, fn: Callable[[Connection], Any], *, write: bool = False) -> Any:
+    """Run ``fn`` on a sync connection of either kind of engine (in a transaction when ``write``)."""
+    if isinstance(engine, AsyncEngine):
+        async with engine.begin() if write else engine.connect() as conn:
+            return await conn.run_sync(fn)
+
+    def run() -> Any:
+        with engine.begin() if write else engine.connect() as conn:
+            return fn(conn)
+
+    return await asyncio.to_thread(run)
+
+
+async def _tables(engine: AsyncEngine | Engine) -> set[str]:
+    return set(await _run(engine, lambda sync: inspect(sync).get_table_names()))
 
 
 @pytest.fixture
@@ -55,8 +67,8 @@ def test_head_is_past_the_first_revision() -> None:
 
 async def test_an_empty_database_is_created_at_head(store_url: str) -> None:
     async with await Store.open(store_url, run_watchdog=False) as store:
-        assert await migrate.current_revision(store.engines.reader) == migrate.head_revision()
-        assert await _tables(store.engines.reader) >= HEAD_TABLES
+        assert await migrate.current_revision(store.engines.primary) == migrate.head_revision()
+        assert await _tables(store.engines.primary) >= HEAD_TABLES
         [rollout] = await store.enqueue([{"input": {"q": 1}}])
         [claimed] = await store.claim("w1")
         assert claimed.rollout.rollout_id == rollout.rollout_id
@@ -64,12 +76,14 @@ async def test_an_empty_database_is_created_at_head(store_url: str) -> None:
 
 async def test_a_database_at_0001_is_upgraded_with_its_data(store_url: str) -> None:
     engines = create_engines(store_url)
+    target = engines.pg if engines.pg is not None else migration_engine(store_url)
     try:
-        await migrate.upgrade(engines.writer, "0001")
-        assert await migrate.current_revision(engines.writer) == "0001"
-        assert ADDED_AFTER_0001.isdisjoint(await _tables(engines.writer))
-        async with engines.writer.begin() as conn:
-            await conn.execute(
+        await migrate.upgrade(target, "0001")
+        assert await migrate.current_revision(target) == "0001"
+        assert ADDED_AFTER_0001.isdisjoint(await _tables(target))
+        await _run(
+            target,
+            lambda conn: conn.execute(
                 models.rollouts.insert().values(
                     rollout_id="ro-old",
                     input={"prompt": "kept", "n": [1, 2, 3]},
@@ -83,13 +97,17 @@ async def test_a_database_at_0001_is_upgraded_with_its_data(store_url: str) -> N
                     attempt_count=0,
                     updated_time=1_700_000_000.0,
                 )
-            )
+            ),
+            write=True,
+        )
     finally:
+        if isinstance(target, Engine):
+            target.dispose()
         await engines.dispose()
 
     async with await Store.open(store_url, run_watchdog=False) as store:
-        assert await migrate.current_revision(store.engines.reader) == migrate.head_revision()
-        assert await _tables(store.engines.reader) >= HEAD_TABLES
+        assert await migrate.current_revision(store.engines.primary) == migrate.head_revision()
+        assert await _tables(store.engines.primary) >= HEAD_TABLES
 
         old = await store.get_rollout("ro-old")
         assert old.input == {"prompt": "kept", "n": [1, 2, 3]}
@@ -112,13 +130,13 @@ async def test_a_database_at_0001_is_upgraded_with_its_data(store_url: str) -> N
 async def test_reopening_a_database_at_head_changes_nothing(store_url: str, statements: list[str]) -> None:
     async with await Store.open(store_url, run_watchdog=False) as store:
         [rollout] = await store.enqueue([{"input": "kept", "rollout_id": "ro-1"}])
-        tables = await _tables(store.engines.reader)
+        tables = await _tables(store.engines.primary)
 
     statements.clear()
     async with await Store.open(store_url, run_watchdog=False) as store:
         during_open = list(statements)
-        assert await migrate.current_revision(store.engines.reader) == migrate.head_revision()
-        assert await _tables(store.engines.reader) == tables
+        assert await migrate.current_revision(store.engines.primary) == migrate.head_revision()
+        assert await _tables(store.engines.primary) == tables
         assert (await store.get_rollout("ro-1")).input == rollout.input
 
     assert any("alembic_version" in s for s in during_open), "the open did not check the schema revision"
@@ -134,7 +152,7 @@ async def test_stores_opening_an_empty_database_together_migrate_it_once(store_u
     opened = await asyncio.gather(*(Store.open(store_url, run_watchdog=False) for _ in range(3)))
     try:
         for store in opened:
-            assert await migrate.current_revision(store.engines.reader) == migrate.head_revision()
+            assert await migrate.current_revision(store.engines.primary) == migrate.head_revision()
         await opened[0].enqueue([{"input": "x", "rollout_id": "ro-shared"}])
         assert (await opened[2].get_rollout("ro-shared")).input == "x"
     finally:

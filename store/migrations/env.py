@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from alembic import context
+from sqlmodel import SQLModel
 
-from store.models import SQLModel
+import store.models  # noqa: F401  (registers the tables)
 
 connection = context.config.attributes["connection"]
 context.configure(

@@ -1,0 +1,995 @@
+"""Store contract: the queue (priority + FIFO, idempotent enqueue, groups), resources, spans and their
+sequence ids, waiting (wait_for_rollouts, long-poll claim), cursor pagination, bad input (and that a refused
+write leaves nothing half-written), model aliases and API keys. Runs on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import sqlite3
+import time
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+import pydantic
+import pytest
+
+from store import (
+    AttemptStatus,
+    ConflictError,
+    NotFoundError,
+    RolloutConfig,
+    RolloutStatus,
+    Span,
+    Store,
+    StoreValidationError,
+    TaskSpec,
+)
+from store.signals import Signal
+
+if TYPE_CHECKING:
+    from tests.conftest import FakeClock
+
+_span_ids = itertools.count(1)
+
+
+def span(rollout_id: str | None, attempt_id: str | None = None, **fields: Any) -> dict[str, Any]:
+    n = next(_span_ids)
+    return {
+        "rollout_id": rollout_id,
+        "attempt_id": attempt_id,
+        "trace_id": f"trace-{n:08d}",
+        "span_id": f"span-{n:08d}",
+        "name": "llm.call",
+        **fields,
+    }
+
+
+async def enqueue_one(store: Store, **task: Any) -> str:
+    [rollout] = await store.enqueue([TaskSpec(**task)])
+    return rollout.rollout_id
+
+
+async def claim_ids(store: Store, limit: int = 100) -> list[str]:
+    return [c.rollout.rollout_id for c in await store.claim("w1", limit=limit)]
+
+
+async def all_rollouts(store: Store) -> list[Any]:
+    return (await store.list_rollouts(limit=10_000)).items
+
+
+class WaitSpy:
+    """Records when a store waiter starts blocking on a signal, so tests sync on it instead of sleeping."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered = asyncio.Event()
+        original = Signal.wait
+
+        async def wait(generation: asyncio.Event, timeout: float) -> None:
+            self.entered.set()
+            await original(generation, timeout)
+
+        monkeypatch.setattr(Signal, "wait", staticmethod(wait))
+
+
+# -- queue order -------------------------------------------------------------------------------------------
+
+
+async def test_claims_follow_priority_then_enqueue_order(store: Store, clock: FakeClock) -> None:
+    ids = {}
+    for name, priority in [("a", 0), ("b", 5), ("c", 0), ("d", 5), ("e", -1), ("f", 0)]:
+        ids[name] = await enqueue_one(store, input=name, priority=priority)
+        clock.advance(1)
+    order = [ids[n] for n in ("b", "d", "a", "c", "f", "e")]
+    one_by_one = []
+    for _ in order:
+        [claimed] = await store.claim("w1")
+        one_by_one.append(claimed.rollout.rollout_id)
+    assert one_by_one == order
+
+
+async def test_claim_many_returns_queue_order(store: Store) -> None:
+    # One batch, one timestamp: enqueue order within the batch decides.
+    batch = await store.enqueue([{"input": i, "priority": 1 if i in (3, 7) else 0} for i in range(10)])
+    ids = [r.rollout_id for r in batch]
+    expected = [ids[3], ids[7]] + [ids[i] for i in range(10) if i not in (3, 7)]
+    assert await claim_ids(store, limit=4) == expected[:4]
+    assert await claim_ids(store, limit=100) == expected[4:]
+    assert await store.claim("w1") == []
+
+
+async def test_requeued_rollouts_go_to_the_back_of_the_queue(store: Store, clock: FakeClock) -> None:
+    retry = RolloutConfig(max_attempts=3, retry_condition=["failed"])
+    a = await enqueue_one(store, input="a", config=retry)
+    clock.advance(1)
+    b = await enqueue_one(store, input="b")
+    clock.advance(1)
+    [first] = await store.claim("w1")
+    assert first.rollout.rollout_id == a
+    clock.advance(1)
+    await store.update_attempt(a, first.attempt.attempt_id, status="failed")
+    clock.advance(1)
+    c = await enqueue_one(store, input="c")
+    assert await claim_ids(store, limit=1) == [b]
+    [again] = await store.claim("w1")
+    assert again.rollout.rollout_id == a
+    assert again.attempt.sequence_id == 2
+    assert await claim_ids(store) == [c]
+
+
+async def test_requeued_high_priority_rollout_still_precedes_lower_priority(store: Store, clock: FakeClock) -> None:
+    retry = RolloutConfig(max_attempts=2, retry_condition=["failed"])
+    high = await enqueue_one(store, priority=9, config=retry)
+    clock.advance(1)
+    low = await enqueue_one(store, priority=0)
+    [claimed] = await store.claim("w1")
+    assert claimed.rollout.rollout_id == high
+    clock.advance(1)
+    await store.update_attempt(high, status="failed")
+    assert await claim_ids(store) == [high, low]
+
+
+async def test_a_claimed_rollout_is_handed_out_once(store: Store) -> None:
+    await store.enqueue([{"input": i} for i in range(5)])
+    first = await claim_ids(store, limit=3)
+    second = await claim_ids(store, limit=3)
+    assert len(first) == 3 and len(second) == 2
+    assert not set(first) & set(second)
+    assert await store.claim("w1") == []
+
+
+# -- enqueue: idempotency, groups, resources ---------------------------------------------------------------
+
+
+async def test_enqueue_is_idempotent_by_client_rollout_id(store: Store, clock: FakeClock) -> None:
+    [first] = await store.enqueue([{"rollout_id": "task-1", "input": {"v": 1}}])
+    clock.advance(5)
+    [second] = await store.enqueue([{"rollout_id": "task-1", "input": {"v": 2}}])
+    assert second.rollout_id == "task-1"
+    assert second.input == {"v": 1}
+    assert second.start_time == first.start_time
+    rollouts = await all_rollouts(store)
+    assert [r.rollout_id for r in rollouts] == ["task-1"]
+    assert len(await store.claim("w1", limit=10)) == 1
+
+
+async def test_enqueue_idempotency_returns_the_stored_rollout_in_any_status(store: Store) -> None:
+    await store.enqueue([{"rollout_id": "task-2", "input": 1}])
+    [claimed] = await store.claim("w1")
+    await store.update_attempt("task-2", status="succeeded")
+    [again] = await store.enqueue([{"rollout_id": "task-2", "input": 2}])
+    assert again.status == RolloutStatus.SUCCEEDED
+    assert again.attempt_count == 1
+    assert claimed.rollout.rollout_id == "task-2"
+    assert await store.claim("w1") == []
+
+
+async def test_enqueue_batch_mixing_new_and_known_ids(store: Store) -> None:
+    await store.enqueue([{"rollout_id": "known", "input": "old"}])
+    result = await store.enqueue(
+        [{"rollout_id": "known", "input": "new"}, {"rollout_id": "fresh", "input": "x"}, {"input": "anon"}]
+    )
+    assert [r.rollout_id for r in result][:2] == ["known", "fresh"]
+    assert result[0].input == "old"
+    assert result[2].input == "anon"
+    assert len(await all_rollouts(store)) == 3
+
+
+async def test_duplicate_ids_within_one_batch_make_one_rollout(store: Store) -> None:
+    await store.enqueue([{"rollout_id": "dup", "input": 1}, {"rollout_id": "dup", "input": 2}])
+    assert [r.rollout_id for r in await all_rollouts(store)] == ["dup"]
+
+
+async def test_group_size_makes_n_rollouts_sharing_a_group(store: Store) -> None:
+    rollouts = await store.enqueue([{"input": {"q": "same"}, "group_size": 4}])
+    assert len(rollouts) == 4
+    group_ids = {r.group_id for r in rollouts}
+    assert len(group_ids) == 1 and None not in group_ids
+    assert [r.group_index for r in rollouts] == [0, 1, 2, 3]
+    assert all(r.group_size == 4 and r.input == {"q": "same"} for r in rollouts)
+    assert len({r.rollout_id for r in rollouts}) == 4
+    [group_id] = group_ids
+    group = await store.get_group(group_id)
+    assert [r.rollout_id for r in group] == [r.rollout_id for r in rollouts]
+
+
+async def test_group_with_client_ids_is_idempotent(store: Store) -> None:
+    first = await store.enqueue([{"rollout_id": "g7", "input": 1, "group_size": 3}])
+    assert [r.rollout_id for r in first] == ["g7-0", "g7-1", "g7-2"]
+    assert {r.group_id for r in first} == {"g7"}
+    again = await store.enqueue([{"rollout_id": "g7", "input": 2, "group_size": 3}])
+    assert [r.rollout_id for r in again] == ["g7-0", "g7-1", "g7-2"]
+    assert len(await all_rollouts(store)) == 3
+
+
+async def test_explicit_group_id_is_kept(store: Store) -> None:
+    rollouts = await store.enqueue([{"input": 1, "group_id": "grp", "group_size": 2}])
+    assert [(r.group_id, r.group_index) for r in rollouts] == [("grp", 0), ("grp", 1)]
+
+
+async def test_enqueue_without_resources_gets_the_latest_at_enqueue_time(store: Store) -> None:
+    before = await enqueue_one(store)
+    assert (await store.get_rollout(before)).resources_id is None
+    r1 = await store.add_resources({"llm": {"model": "m1"}})
+    with_r1 = await enqueue_one(store)
+    r2 = await store.add_resources({"llm": {"model": "m2"}})
+    with_r2 = await enqueue_one(store)
+    pinned = await enqueue_one(store, resources_id=r1.resources_id)
+    assert (await store.get_rollout(with_r1)).resources_id == r1.resources_id
+    assert (await store.get_rollout(with_r2)).resources_id == r2.resources_id
+    assert (await store.get_rollout(pinned)).resources_id == r1.resources_id
+    assert (await store.get_rollout(before)).resources_id is None
+
+
+async def test_claim_hands_out_the_rollouts_resources(store: Store) -> None:
+    r1 = await store.add_resources({"prompt": "v1"})
+    rollout_id = await enqueue_one(store)
+    await store.update_resources(r1.resources_id, {"prompt": "v2"})
+    [claimed] = await store.claim("w1")
+    assert claimed.rollout.rollout_id == rollout_id
+    assert claimed.resources is not None
+    assert claimed.resources.resources_id == r1.resources_id
+    assert claimed.resources.version == 2
+    assert claimed.resources.resources == {"prompt": "v2"}
+
+
+async def test_resources_add_update_get_and_latest(store: Store, clock: FakeClock) -> None:
+    assert await store.latest_resources() is None
+    a = await store.add_resources({"prompt": "a1"})
+    assert a.version == 1
+    assert (await store.latest_resources()) == a
+    clock.advance(1)
+    b = await store.add_resources({"prompt": "b1"})
+    assert b.resources_id != a.resources_id
+    assert (await store.latest_resources()) == b
+    clock.advance(1)
+    a2 = await store.update_resources(a.resources_id, {"prompt": "a2"})
+    assert (a2.resources_id, a2.version, a2.resources) == (a.resources_id, 2, {"prompt": "a2"})
+    assert a2.create_time == a.create_time
+    assert a2.update_time == clock.now
+    assert (await store.latest_resources()) == a2
+    assert (await store.get_resources(a.resources_id)) == a2
+    assert (await store.get_resources(b.resources_id)) == b
+    a3 = await store.update_resources(a.resources_id, {"prompt": "a3"})
+    assert a3.version == 3
+    page = await store.list_resources()
+    assert [(r.resources_id, r.version) for r in page.items] == [(a.resources_id, 3), (b.resources_id, 1)]
+
+
+async def test_update_resources_of_a_new_id_creates_version_1(store: Store) -> None:
+    created = await store.update_resources("my-bundle", {"prompt": "p"})
+    assert (created.resources_id, created.version) == ("my-bundle", 1)
+    assert (await store.latest_resources()) == created
+
+
+@pytest.mark.parametrize("bad", [[], {"": 1}, "text", {1: 2}])
+async def test_malformed_resources_are_refused(store: Store, bad: Any) -> None:
+    with pytest.raises(StoreValidationError):
+        await store.add_resources(bad)
+    assert await store.latest_resources() is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [0, 1, -7, 3.5, 2**62, True, False, None, "3", "", [1, "a", None], {"k": [0, {"n": 1.5}]}, "h\u00e9llo"],
+    ids=repr,
+)
+async def test_any_json_input_and_metadata_round_trip(store: Store, value: Any) -> None:
+    [rollout] = await store.enqueue([{"input": value, "metadata": {"v": value}}])
+    stored = await store.get_rollout(rollout.rollout_id)
+    assert (stored.input, type(stored.input)) == (value, type(value))
+    assert stored.metadata == {"v": value}
+    [claimed] = await store.claim("w1")
+    assert (claimed.rollout.input, type(claimed.rollout.input)) == (value, type(value))
+
+
+# -- spans and sequence ids -------------------------------------------------------------------------------
+
+
+async def test_sequence_ids_run_1_to_n_per_attempt_and_restart_for_attempt_2(store: Store) -> None:
+    rollout_id = await enqueue_one(store, config=RolloutConfig(max_attempts=2, retry_condition=["failed"]))
+    [first] = await store.claim("w1")
+    one = [await store.add_span(span(rollout_id, first.attempt.attempt_id)) for _ in range(3)]
+    assert [s.sequence_id for s in one if s] == [1, 2, 3]
+    await store.update_attempt(rollout_id, status="failed")
+    [second] = await store.claim("w1")
+    two = await store.add_spans([span(rollout_id) for _ in range(2)])
+    assert [(s.attempt_id, s.sequence_id) for s in two] == [(second.attempt.attempt_id, 1)] * 1 + [
+        (second.attempt.attempt_id, 2)
+    ]
+    everything = await store.query_spans(rollout_id)
+    assert [(s.attempt_id, s.sequence_id) for s in everything] == [
+        (first.attempt.attempt_id, 1),
+        (first.attempt.attempt_id, 2),
+        (first.attempt.attempt_id, 3),
+        (second.attempt.attempt_id, 1),
+        (second.attempt.attempt_id, 2),
+    ]
+    latest = await store.query_spans(rollout_id, "latest")
+    assert [s.sequence_id for s in latest] == [1, 2]
+    assert [s.sequence_id for s in await store.query_spans(rollout_id, first.attempt.attempt_id)] == [1, 2, 3]
+
+
+async def test_sequence_ids_of_different_rollouts_are_independent(store: Store) -> None:
+    await store.enqueue([{"input": 1}, {"input": 2}])
+    a, b = await store.claim("w1", limit=2)
+    for _ in range(2):
+        await store.add_span(span(a.rollout.rollout_id))
+    written = await store.add_span(span(b.rollout.rollout_id))
+    assert written is not None and written.sequence_id == 1
+
+
+async def test_a_given_sequence_id_moves_the_counter_forward(store: Store) -> None:
+    rollout_id = await enqueue_one(store)
+    await store.claim("w1")
+    first = await store.add_span(span(rollout_id))
+    given = await store.add_span(span(rollout_id, sequence_id=10))
+    after = await store.add_span(span(rollout_id))
+    assert first is not None and given is not None and after is not None
+    assert (first.sequence_id, given.sequence_id, after.sequence_id) == (1, 10, 11)
+    # A lower given id (allocated earlier, written late) is stored as given and does not move the counter back.
+    late = await store.add_span(span(rollout_id, sequence_id=5))
+    nxt = await store.add_span(span(rollout_id))
+    assert late is not None and nxt is not None
+    assert (late.sequence_id, nxt.sequence_id) == (5, 12)
+    assert [s.sequence_id for s in await store.query_spans(rollout_id)] == [1, 5, 10, 11, 12]
+
+
+async def test_allocate_sequence_then_add_span_with_it(store: Store) -> None:
+    rollout_id = await enqueue_one(store)
+    [claimed] = await store.claim("w1")
+    attempt_id, seq = await store.allocate_sequence(rollout_id)
+    assert (attempt_id, seq) == (claimed.attempt.attempt_id, 1)
+    assert await store.allocate_sequence(rollout_id, attempt_id) == (attempt_id, 2)
+    _, block = await store.allocate_sequence(rollout_id, attempt_id, count=3)
+    assert block == 3  # reserves 3, 4, 5
+    assert await store.next_sequence_id(rollout_id, attempt_id) == 6
+    # The second call finishes first: arrival order is kept by the allocated ids.
+    written = await store.add_spans(
+        [span(rollout_id, attempt_id, sequence_id=2), span(rollout_id, attempt_id, sequence_id=1)]
+    )
+    assert [s.sequence_id for s in written] == [2, 1]
+    auto = await store.add_span(span(rollout_id))
+    assert auto is not None and auto.sequence_id == 7
+    assert [s.sequence_id for s in await store.query_spans(rollout_id)] == [1, 2, 7]
+
+
+async def test_reusing_a_stored_sequence_id_is_a_conflict_and_writes_nothing(store: Store) -> None:
+    rollout_id = await enqueue_one(store)
+    await store.claim("w1")
+    await store.add_span(span(rollout_id, sequence_id=1))
+    with pytest.raises(ConflictError):
+        await store.add_spans([span(rollout_id, sequence_id=2), span(rollout_id, sequence_id=1)])
+    assert [s.sequence_id for s in await store.query_spans(rollout_id)] == [1]
+
+
+async def test_duplicate_span_id_is_skipped(store: Store) -> None:
+    rollout_id = await enqueue_one(store)
+    await store.claim("w1")
+    original = span(rollout_id, name="first")
+    assert await store.add_span(original) is not None
+    assert await store.add_span({**original, "name": "second"}) is None
+    other = span(rollout_id)
+    written = await store.add_spans([other, {**other, "name": "again"}, original])
+    assert [s.span_id for s in written] == [other["span_id"]]
+    stored = await store.query_spans(rollout_id)
+    assert [(s.span_id, s.name) for s in stored] == [(original["span_id"], "first"), (other["span_id"], "llm.call")]
+
+
+async def test_span_fields_and_unknown_fields_round_trip(store: Store) -> None:
+    rollout_id = await enqueue_one(store)
+    await store.claim("w1")
+    sent = span(
+        rollout_id,
+        parent_id="parent-1",
+        status={"status_code": "ERROR", "description": "boom"},
+        start_time=1.5,
+        end_time=2.25,
+        attributes={"gen_ai.request.model": "m", "nested": {"list": [1, 2.5, None, "x"]}},
+        events=[{"name": "e", "timestamp": 1.75, "attributes": {"k": "v"}}],
+        links=[{"trace_id": "t2", "span_id": "s2"}],
+        resource={"service.name": "agent"},
+        kind="CLIENT",
+        context={"trace_state": "a=b", "is_remote": False},
+        custom_number=42,
+    )
+    await store.add_span(sent)
+    [stored] = await store.query_spans(rollout_id)
+    dumped = stored.model_dump()
+    for key, value in sent.items():
+        if key == "attempt_id":
+            continue
+        assert dumped[key] == value, key
+    assert stored.model_extra == {
+        "kind": "CLIENT",
+        "context": {"trace_state": "a=b", "is_remote": False},
+        "custom_number": 42,
+    }
+
+
+async def test_unattributed_spans_are_stored_and_readable(store: Store) -> None:
+    rollout_id = await enqueue_one(store)
+    await store.claim("w1")
+    first = await store.add_span(span(None, name="loose-1"))
+    await store.add_span(span(rollout_id))
+    second = await store.add_span(Span(**span(None, name="loose-2")))
+    assert first is not None and second is not None
+    assert (first.rollout_id, first.attempt_id, first.sequence_id) == (None, None, 1)
+    assert second.sequence_id == 2
+    loose = await store.query_spans(None)
+    assert [(s.name, s.rollout_id, s.attempt_id, s.sequence_id) for s in loose] == [
+        ("loose-1", None, None, 1),
+        ("loose-2", None, None, 2),
+    ]
+    assert [s.name for s in await store.query_spans(rollout_id)] == ["llm.call"]
+    assert await store.allocate_sequence(None, None) == (None, 3)
+
+
+async def test_query_spans_filters(store: Store) -> None:
+    rollout_id = await enqueue_one(store)
+    await store.claim("w1")
+    await store.add_spans([span(rollout_id, name=n) for n in ("a", "b", "a", "c", "a")])
+    assert [s.sequence_id for s in await store.query_spans(rollout_id, name="a")] == [1, 3, 5]
+    assert [s.sequence_id for s in await store.query_spans(rollout_id, after_sequence=2, limit=2)] == [3, 4]
+
+
+# -- waiting ----------------------------------------------------------------------------------------------
+
+
+async def test_wait_for_rollouts_returns_finished_and_pending(store: Store) -> None:
+    ids = [r.rollout_id for r in await store.enqueue([{"input": i} for i in range(4)])]
+    claimed = await store.claim("w1", limit=2)
+    assert [c.rollout.rollout_id for c in claimed] == ids[:2]
+    await store.update_attempt(ids[0], status="succeeded")
+    await store.update_attempt(ids[1], status="failed")
+    await store.cancel(ids[2])
+    done, pending = await store.wait_for_rollouts(ids, timeout=0)
+    assert [(r.rollout_id, r.status) for r in done] == [
+        (ids[0], RolloutStatus.SUCCEEDED),
+        (ids[1], RolloutStatus.FAILED),
+        (ids[2], RolloutStatus.CANCELLED),
+    ]
+    assert pending == [ids[3]]
+
+
+async def test_wait_for_rollouts_returns_at_once_when_all_finished(store: Store) -> None:
+    rollout_id = await enqueue_one(store)
+    await store.cancel(rollout_id)
+    started = time.monotonic()
+    done, pending = await store.wait_for_rollouts([rollout_id, rollout_id], timeout=30)
+    assert time.monotonic() - started < 5
+    assert [r.rollout_id for r in done] == [rollout_id]
+    assert pending == []
+
+
+async def test_wait_for_rollouts_wakes_when_another_task_finishes_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = WaitSpy(monkeypatch)
+    store.poll_interval = 60.0  # only a wake-up, not a re-poll, can end the wait early
+    rollout_id = await enqueue_one(store)
+    [claimed] = await store.claim("w1")
+    started = time.monotonic()
+    waiter = asyncio.create_task(store.wait_for_rollouts([rollout_id], timeout=20))
+    await asyncio.wait_for(spy.entered.wait(), 10)
+    assert not waiter.done()
+    await store.update_attempt(rollout_id, claimed.attempt.attempt_id, status="succeeded")
+    done, pending = await asyncio.wait_for(waiter, 30)
+    assert time.monotonic() - started < 5
+    assert [(r.rollout_id, r.status) for r in done] == [(rollout_id, RolloutStatus.SUCCEEDED)]
+    assert pending == []
+
+
+async def test_wait_for_rollouts_wakes_when_the_watchdog_fails_it(
+    store: Store, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = WaitSpy(monkeypatch)
+    store.poll_interval = 60.0
+    rollout_id = await enqueue_one(store, config=RolloutConfig(timeout_seconds=5))
+    await store.claim("w1")
+    started = time.monotonic()
+    waiter = asyncio.create_task(store.wait_for_rollouts([rollout_id], timeout=20))
+    await asyncio.wait_for(spy.entered.wait(), 10)
+    clock.advance(6)
+    assert await store.sweep(force=True) == 1
+    done, pending = await asyncio.wait_for(waiter, 30)
+    assert time.monotonic() - started < 5
+    assert [r.status for r in done] == [RolloutStatus.FAILED]
+    assert pending == []
+
+
+async def test_wait_for_rollouts_times_out_with_pending_ids(store: Store) -> None:
+    rollout_id = await enqueue_one(store)
+    done, pending = await store.wait_for_rollouts([rollout_id], timeout=0.05)
+    assert done == [] and pending == [rollout_id]
+
+
+async def test_claim_with_wait_wakes_when_a_task_is_enqueued(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    spy = WaitSpy(monkeypatch)
+    store.poll_interval = 60.0
+    started = time.monotonic()
+    claimer = asyncio.create_task(store.claim("w1", wait_seconds=20))
+    await asyncio.wait_for(spy.entered.wait(), 10)
+    assert not claimer.done()
+    rollout_id = await enqueue_one(store, input="late")
+    claimed = await asyncio.wait_for(claimer, 30)
+    assert time.monotonic() - started < 5
+    assert [c.rollout.rollout_id for c in claimed] == [rollout_id]
+    assert claimed[0].attempt.sequence_id == 1
+
+
+async def test_claim_with_wait_wakes_when_a_rollout_is_requeued(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    rollout_id = await enqueue_one(store, config=RolloutConfig(max_attempts=2, retry_condition=["failed"]))
+    [first] = await store.claim("w1")
+    spy = WaitSpy(monkeypatch)
+    store.poll_interval = 60.0
+    started = time.monotonic()
+    claimer = asyncio.create_task(store.claim("w2", wait_seconds=20))
+    await asyncio.wait_for(spy.entered.wait(), 10)
+    await store.update_attempt(rollout_id, first.attempt.attempt_id, status="failed")
+    claimed = await asyncio.wait_for(claimer, 30)
+    assert time.monotonic() - started < 5
+    assert [(c.rollout.rollout_id, c.attempt.sequence_id) for c in claimed] == [(rollout_id, 2)]
+
+
+async def test_claim_without_wait_returns_empty_at_once(store: Store) -> None:
+    started = time.monotonic()
+    assert await store.claim("w1") == []
+    assert time.monotonic() - started < 5
+
+
+# -- cursor pagination ------------------------------------------------------------------------------------
+
+
+async def test_list_rollouts_cursor_visits_each_rollout_exactly_once(store: Store) -> None:
+    created = [r.rollout_id for r in await store.enqueue([{"input": i} for i in range(25)])]
+    seen: list[str] = []
+    sizes: list[int] = []
+    cursor: str | None = None
+    for _ in range(10):
+        page = await store.list_rollouts(limit=10, cursor=cursor)
+        seen.extend(r.rollout_id for r in page.items)
+        sizes.append(len(page.items))
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert sizes == [10, 10, 5]
+    assert seen == created
+
+
+async def test_list_rollouts_cursor_with_filters_and_exact_fit(store: Store) -> None:
+    rollouts = await store.enqueue([{"input": i, "mode": "train" if i % 2 else "val"} for i in range(8)])
+    train = [r.rollout_id for r in rollouts if r.mode == "train"]
+    first = await store.list_rollouts(mode="train", limit=2)
+    second = await store.list_rollouts(mode="train", limit=2, cursor=first.next_cursor)
+    assert [r.rollout_id for r in first.items + second.items] == train
+    assert second.next_cursor is None  # exactly 4 = 2 pages: no empty third page
+
+
+async def test_list_rollouts_filters_by_status(store: Store) -> None:
+    ids = [r.rollout_id for r in await store.enqueue([{"input": i} for i in range(3)])]
+    await store.cancel(ids[1])
+    page = await store.list_rollouts(status=[RolloutStatus.QUEUING])
+    assert [r.rollout_id for r in page.items] == [ids[0], ids[2]]
+    page = await store.list_rollouts(status=["cancelled"])
+    assert [r.rollout_id for r in page.items] == [ids[1]]
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "not a cursor!",
+        "%%%",
+        "cGs6YWJj",  # pk:abc
+        "cGs6LTE",  # pk:-1
+        "eHg6MTI",  # xx:12
+        "cGs6OTk5OTk5OTk5OTk5OTk5OTk5OTk5",  # pk:999999999999999999999 (beyond any pk column)
+        "cGs6OTk5OTk5OTk5OTk",  # pk:99999999999 (beyond a 32-bit pk)
+        "//79",  # not UTF-8
+    ],
+)
+async def test_garbage_cursor_is_a_validation_error(store: Store, cursor: str) -> None:
+    await store.enqueue([{"input": 1}])
+    with pytest.raises(StoreValidationError):
+        await store.list_rollouts(cursor=cursor)
+    with pytest.raises(StoreValidationError):
+        await store.list_resources(cursor=cursor)
+
+
+@pytest.mark.parametrize("limit", [0, -1, -100])
+async def test_non_positive_limits_are_validation_errors(store: Store, limit: int) -> None:
+    rollout_id = await enqueue_one(store)
+    await store.claim("w1")
+    with pytest.raises(StoreValidationError):
+        await store.list_rollouts(limit=limit)
+    with pytest.raises(StoreValidationError):
+        await store.list_resources(limit=limit)
+    with pytest.raises(StoreValidationError):
+        await store.claim("w1", limit=limit)
+    with pytest.raises(StoreValidationError):
+        await store.query_spans(rollout_id, limit=limit)
+    with pytest.raises(StoreValidationError):
+        await store.allocate_sequence(rollout_id, count=limit)
+
+
+async def test_oversized_limit_is_a_validation_error(store: Store) -> None:
+    with pytest.raises(StoreValidationError):
+        await store.list_rollouts(limit=10_001)
+    with pytest.raises(StoreValidationError):
+        await store.claim("w1", limit=1001)
+
+
+# -- bad input: unknown ids ----------------------------------------------------------------------------------
+
+
+async def test_unknown_rollout_ids_are_not_found(store: Store) -> None:
+    calls = [
+        store.get_rollout("missing"),
+        store.get_attempt("missing"),
+        store.list_attempts("missing"),
+        store.update_attempt("missing", status="succeeded"),
+        store.heartbeat("missing"),
+        store.cancel("missing"),
+        store.start_attempt("missing"),
+        store.query_spans("missing"),
+        store.add_span(span("missing")),
+        store.allocate_sequence("missing"),
+        store.wait_for_rollouts(["missing"], timeout=0),
+        store.get_group("missing"),
+    ]
+    for call in calls:
+        with pytest.raises(NotFoundError):
+            await call
+    assert await all_rollouts(store) == []
+
+
+async def test_unknown_attempt_ids_are_not_found(store: Store) -> None:
+    rollout_id = await enqueue_one(store)
+    with pytest.raises(NotFoundError, match="no attempts"):
+        await store.get_attempt(rollout_id)
+    with pytest.raises(NotFoundError):
+        await store.add_span(span(rollout_id))  # queued, no attempt yet
+    await store.claim("w1")
+    other = await enqueue_one(store)
+    [other_claim] = await store.claim("w1")
+    foreign = other_claim.attempt.attempt_id  # exists, but belongs to another rollout
+    for attempt_id in ("at-missing", foreign):
+        with pytest.raises(NotFoundError):
+            await store.get_attempt(rollout_id, attempt_id)
+        with pytest.raises(NotFoundError):
+            await store.update_attempt(rollout_id, attempt_id, status="succeeded")
+        with pytest.raises(NotFoundError):
+            await store.heartbeat(rollout_id, attempt_id)
+        with pytest.raises(NotFoundError):
+            await store.add_span(span(rollout_id, attempt_id))
+        with pytest.raises(NotFoundError):
+            await store.query_spans(rollout_id, attempt_id)
+    assert (await store.get_rollout(rollout_id)).status == RolloutStatus.PREPARING
+    assert (await store.get_rollout(other)).status == RolloutStatus.PREPARING
+    assert await store.query_spans(rollout_id) == []
+
+
+async def test_unknown_catalog_ids_are_not_found(store: Store) -> None:
+    with pytest.raises(NotFoundError):
+        await store.get_resources("missing")
+    with pytest.raises(NotFoundError):
+        await store.get_model("missing")
+    with pytest.raises(NotFoundError):
+        await store.delete_model("missing")
+    with pytest.raises(NotFoundError):
+        await store.set_model_paused("missing", True)
+    with pytest.raises(NotFoundError):
+        await store.revoke_key("missing")
+    with pytest.raises(NotFoundError):
+        await store.get_worker("missing")
+
+
+# -- bad input: invalid transitions (and nothing half-written) ------------------------------------------------
+
+
+async def test_finished_attempt_cannot_change_outcome(store: Store) -> None:
+    rollout_id = await enqueue_one(store)
+    await store.claim("w1")
+    await store.update_attempt(rollout_id, status="succeeded", metadata={"reward": 1})
+    before = await store.get_rollout(rollout_id, with_attempts=True)
+    with pytest.raises(ConflictError) as info:
+        await store.update_attempt(rollout_id, status="failed", metadata={"reward": 0})
+    assert "'succeeded'" in info.value.message and "'failed'" in info.value.message
+    after = await store.get_rollout(rollout_id, with_attempts=True)
+    assert after == before
+    assert after.attempts is not None and after.attempts[0].metadata == {"reward": 1}
+
+
+@pytest.mark.parametrize(
+    ("setup", "target", "current"),
+    [
+        ("span", "preparing", "running"),
+        ("timeout", "succeeded", "timeout"),
+        ("timeout", "running", "timeout"),
+        ("failed", "running", "failed"),
+    ],
+)
+async def test_invalid_attempt_transition_is_a_conflict_naming_both_states(
+    store: Store, clock: FakeClock, setup: str, target: str, current: str
+) -> None:
+    rollout_id = await enqueue_one(store, config=RolloutConfig(timeout_seconds=10))
+    await store.claim("w1")
+    if setup == "span":
+        await store.add_span(span(rollout_id))
+    elif setup == "timeout":
+        clock.advance(11)
+        await store.sweep(force=True)
+    else:
+        await store.update_attempt(rollout_id, status="failed")
+    before = await store.get_rollout(rollout_id, with_attempts=True)
+    with pytest.raises(ConflictError) as info:
+        await store.update_attempt(rollout_id, status=target)
+    assert f"'{current}'" in info.value.message and f"'{target}'" in info.value.message
+    assert await store.get_rollout(rollout_id, with_attempts=True) == before
+
+
+async def test_start_attempt_on_a_succeeded_rollout_is_refused_and_writes_nothing(store: Store) -> None:
+    rollout_id = await enqueue_one(store)
+    await store.claim("w1")
+    await store.update_attempt(rollout_id, status="succeeded")
+    with pytest.raises(ConflictError) as info:
+        await store.start_attempt(rollout_id, worker_id="w2")
+    assert "'succeeded'" in info.value.message and "'preparing'" in info.value.message
+    rollout = await store.get_rollout(rollout_id, with_attempts=True)
+    assert rollout.attempt_count == 1
+    assert rollout.status == RolloutStatus.SUCCEEDED
+    assert [a.sequence_id for a in rollout.attempts or []] == [1]
+
+
+async def test_cancelling_a_failed_rollout_is_a_conflict(store: Store) -> None:
+    rollout_id = await enqueue_one(store)
+    await store.claim("w1")
+    await store.update_attempt(rollout_id, status="failed")
+    with pytest.raises(ConflictError, match=r"'failed'.*'cancelled'"):
+        await store.cancel(rollout_id)
+    assert (await store.get_rollout(rollout_id)).status == RolloutStatus.FAILED
+
+
+async def test_start_rollout_with_a_taken_id_is_a_conflict(store: Store) -> None:
+    await store.enqueue([{"rollout_id": "taken", "input": "original"}])
+    with pytest.raises(ConflictError):
+        await store.start_rollout({"rollout_id": "taken", "input": "other"})
+    [rollout] = await all_rollouts(store)
+    assert (rollout.input, rollout.status, rollout.attempt_count) == ("original", RolloutStatus.QUEUING, 0)
+
+
+async def test_start_rollout_takes_a_single_task(store: Store) -> None:
+    with pytest.raises(StoreValidationError):
+        await store.start_rollout({"input": 1, "group_size": 2})
+    assert await all_rollouts(store) == []
+
+
+async def test_enqueue_with_unknown_resources_writes_nothing(store: Store) -> None:
+    await store.add_resources({"prompt": "p"})
+    with pytest.raises(StoreValidationError, match="nope"):
+        await store.enqueue([{"input": "ok"}, {"input": "bad", "resources_id": "nope"}])
+    with pytest.raises(StoreValidationError):
+        await store.start_rollout({"input": "bad", "resources_id": "nope"})
+    assert await all_rollouts(store) == []
+    assert await store.claim("w1") == []
+
+
+async def test_span_batch_with_one_bad_span_writes_none(store: Store) -> None:
+    rollout_id = await enqueue_one(store)
+    await store.claim("w1")
+    with pytest.raises(NotFoundError):
+        await store.add_spans([span(rollout_id), span("missing")])
+    assert await store.query_spans(rollout_id) == []
+    attempt = await store.get_attempt(rollout_id)
+    assert attempt.status == AttemptStatus.PREPARING
+    assert attempt.last_heartbeat_time is None
+    written = await store.add_span(span(rollout_id))
+    assert written is not None and written.sequence_id == 1
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"max_attempts": 0},
+        {"max_attempts": -1},
+        {"timeout_seconds": -5},
+        {"timeout_seconds": 0},
+        {"unresponsive_seconds": -1},
+        {"retry_condition": ["succeeded"]},
+        {"retry_condition": ["failed", "preparing"]},
+        {"retry_condition": ["bogus"]},
+        {"unknown_option": 1},
+    ],
+)
+async def test_invalid_rollout_config_is_a_validation_error(store: Store, config: dict[str, Any]) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        RolloutConfig(**config)
+    with pytest.raises(pydantic.ValidationError):
+        TaskSpec(input=1, config=config)
+    with pytest.raises(pydantic.ValidationError):
+        await store.enqueue([{"input": 1}, {"input": 2, "config": config}])
+    with pytest.raises(pydantic.ValidationError):
+        await store.start_rollout({"input": 1, "config": config})
+    assert await all_rollouts(store) == []
+
+
+@pytest.mark.parametrize(
+    "task",
+    [
+        {"input": 1, "group_size": 0},
+        {"input": 1, "mode": "training"},
+        {"input": 1, "rollout_id": ""},
+        {"input": 1, "surprise": True},
+        {"input": 1, "priority": "high"},
+    ],
+)
+async def test_invalid_task_is_a_validation_error(store: Store, task: dict[str, Any]) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        await store.enqueue([task])
+    assert await all_rollouts(store) == []
+
+
+async def test_retry_condition_is_deduplicated(store: Store) -> None:
+    config = RolloutConfig(retry_condition=["failed", "timeout", "failed"])
+    assert config.retry_condition == [AttemptStatus.FAILED, AttemptStatus.TIMEOUT]
+    rollout_id = await enqueue_one(store, config=config)
+    assert (await store.get_rollout(rollout_id)).config == config
+
+
+async def test_other_bad_arguments_are_validation_errors(store: Store) -> None:
+    rollout_id = await enqueue_one(store)
+    await store.claim("w1")
+    with pytest.raises(StoreValidationError):
+        await store.update_attempt(rollout_id, status="bogus")
+    with pytest.raises(StoreValidationError):
+        await store.update_attempt(rollout_id, metadata=["not", "an", "object"])
+    with pytest.raises(StoreValidationError):
+        await store.add_span(span(None, "at-123"))  # an attempt without a rollout
+    with pytest.raises(StoreValidationError):
+        await store.wait_for_rollouts([rollout_id], timeout=-1)
+    with pytest.raises(StoreValidationError):
+        await store.claim("w1", wait_seconds=-1)
+    with pytest.raises(StoreValidationError):
+        await store.list_rollouts(status=["bogus"])
+    with pytest.raises(pydantic.ValidationError):
+        await store.add_span({**span(rollout_id), "sequence_id": 0})
+    attempt = await store.get_attempt(rollout_id)
+    assert attempt.status == AttemptStatus.PREPARING and attempt.metadata is None
+    assert await store.query_spans(rollout_id) == []
+
+
+# -- models and keys ---------------------------------------------------------------------------------------
+
+SECRET = "sk-upstream-SECRET-0123456789"
+
+
+async def test_put_get_list_delete_model(store: Store, clock: FakeClock) -> None:
+    created = await store.put_model(
+        "policy", [{"base_url": "http://vllm:8000/v1", "model": "qwen", "kind": "vllm"}], sampling={"t": 0.7}
+    )
+    assert (created.alias, created.version, created.paused) == ("policy", "1", False)
+    assert created.sampling == {"t": 0.7}
+    assert created.created_time == clock.now
+    assert await store.get_model("policy") == created
+    clock.advance(3)
+    replaced = await store.put_model(
+        "policy",
+        [{"base_url": "http://vllm:8001/v1", "model": "qwen-2"}, {"base_url": "http://b/v1", "model": "q"}],
+    )
+    assert replaced.version == "2"
+    assert [b.model for b in replaced.backends] == ["qwen-2", "q"]
+    assert replaced.created_time == created.created_time
+    assert replaced.updated_time == clock.now
+    again = await store.put_model("policy", [{"base_url": "http://x/v1", "model": "q"}])
+    assert again.version == "3"
+    pinned = await store.put_model("policy", [{"base_url": "http://x/v1", "model": "q"}], version="ckpt-7")
+    assert pinned.version == "ckpt-7"
+    await store.put_model("judge", [{"base_url": "https://api.example/v1", "model": "gpt"}])
+    assert [m.alias for m in await store.list_models()] == ["judge", "policy"]
+    paused = await store.set_model_paused("policy", True)
+    assert paused.paused is True
+    await store.delete_model("policy")
+    with pytest.raises(NotFoundError):
+        await store.get_model("policy")
+    assert [m.alias for m in await store.list_models()] == ["judge"]
+
+
+@pytest.mark.parametrize(
+    "backends",
+    [
+        [],
+        [
+            {"base_url": "http://a", "model": "m", "backend_id": "x"},
+            {"base_url": "http://b", "model": "m", "backend_id": "x"},
+        ],
+    ],
+)
+async def test_invalid_model_backends_are_refused(store: Store, backends: list[dict[str, Any]]) -> None:
+    with pytest.raises(StoreValidationError):
+        await store.put_model("m", backends)
+    assert await store.list_models() == []
+
+
+async def test_invalid_backend_is_a_pydantic_error(store: Store) -> None:
+    for bad in ({"base_url": "http://a"}, {"base_url": "http://a", "model": "m", "weight": 0}):
+        with pytest.raises(pydantic.ValidationError):
+            await store.put_model("m", [bad])
+    assert await store.list_models() == []
+
+
+async def test_backend_api_key_is_a_secret_never_echoed(store: Store) -> None:
+    model = await store.put_model(
+        "secretive", [{"base_url": "https://api.example/v1", "model": "gpt", "api_key": SECRET}]
+    )
+    for shown in (model, await store.get_model("secretive"), (await store.list_models())[0]):
+        key = shown.backends[0].api_key
+        assert key is not None
+        assert type(key).__name__ == "SecretStr"
+        assert key.get_secret_value() == SECRET
+        for text in (str(shown), repr(shown), shown.model_dump_json(), str(shown.model_dump())):
+            assert SECRET not in text
+        assert str(shown.backends[0].model_dump(mode="json")).count(SECRET) == 0
+
+
+async def read_table(url: str, table: str) -> list[dict[str, Any]]:
+    """Every row of ``table``, read with a plain driver on a connection of its own (not through the store)."""
+    if url.startswith("sqlite:///"):
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as db:
+            db.row_factory = sqlite3.Row
+            return [dict(row) for row in db.execute(f"SELECT * FROM {table}")]
+    conn = await asyncpg.connect(url)
+    try:
+        return [dict(row) for row in await conn.fetch(f"SELECT * FROM {table}")]
+    finally:
+        await conn.close()
+
+
+async def test_minted_key_is_shown_once_and_stored_as_a_digest(store: Store, store_url: str) -> None:
+    record, plain = await store.mint_key("gateway", name="ci")
+    assert plain.startswith("sk-rw-")
+    assert len(plain) > 30
+    assert plain not in record.model_dump_json()
+    assert plain.startswith(record.prefix)
+    found = await store.find_key(plain)
+    assert found is not None and found.key_id == record.key_id and found.scope == "gateway"
+    assert await store.find_key(plain + "x") is None
+    assert await store.find_key("") is None
+    rows = await read_table(store_url, "api_keys")
+    assert len(rows) == 1
+    assert rows[0]["key_hash"] == hashlib.sha256(plain.encode()).hexdigest()
+    assert all(plain not in str(value) for value in rows[0].values())
+
+
+async def test_revoked_key_is_not_found(store: Store, clock: FakeClock) -> None:
+    record, plain = await store.mint_key("gateway")
+    other, other_plain = await store.mint_key("admin")
+    clock.advance(2)
+    revoked = await store.revoke_key(record.key_id)
+    assert revoked.revoked_time == clock.now
+    assert await store.find_key(plain) is None
+    found = await store.find_key(other_plain)
+    assert found is not None and found.key_id == other.key_id
+    # Revoking again keeps the first revocation time.
+    clock.advance(2)
+    assert (await store.revoke_key(record.key_id)).revoked_time == revoked.revoked_time
+
+
+async def test_expired_key_is_not_found(store: Store, clock: FakeClock) -> None:
+    _, plain = await store.mint_key("gateway", expires_time=clock.now + 10)
+    assert await store.find_key(plain) is not None
+    clock.advance(10)
+    assert await store.find_key(plain) is None
+
+
+async def test_rollout_key_is_bound_to_an_attempt(store: Store) -> None:
+    with pytest.raises(StoreValidationError):
+        await store.mint_key("rollout", rollout_id="ro-1")
+    rollout_id = await enqueue_one(store)
+    [claimed] = await store.claim("w1")
+    record, plain = await store.mint_key("rollout", rollout_id=rollout_id, attempt_id=claimed.attempt.attempt_id)
+    found = await store.find_key(plain)
+    assert found is not None
+    assert (found.scope, found.rollout_id, found.attempt_id) == ("rollout", rollout_id, claimed.attempt.attempt_id)
+    assert record.key_id == found.key_id
