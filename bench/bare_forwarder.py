@@ -13,7 +13,7 @@ import aiohttp
 import uvicorn
 
 
-def make_app(upstream: str) -> Any:
+def make_app(upstream: str, announce: bool = False) -> Any:
     session: aiohttp.ClientSession | None = None
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -24,6 +24,8 @@ def make_app(upstream: str) -> Any:
                 if message["type"] == "lifespan.startup":
                     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
                     await send({"type": "lifespan.startup.complete"})
+                    if announce:
+                        print("forwarding", flush=True)
                 elif message["type"] == "lifespan.shutdown":
                     assert session is not None
                     await session.close()
@@ -57,9 +59,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True)
+    parser.add_argument("--announce", action="store_true", help="print a line once listening")
     args = parser.parse_args()
     uvicorn.run(
-        make_app(args.upstream.rstrip("/")),
+        make_app(args.upstream.rstrip("/"), args.announce),
         host="127.0.0.1",
         port=args.port,
         loop="uvloop",

@@ -46,6 +46,9 @@ STREAM = {
     "ignore_eos": True,
     "stream": True,
 }
+#: What the gateway adds to a request for a vLLM backend (token ids, logprobs, usage): the backend does more
+#: work for it, so "direct+capture" is the fair baseline for the gateway's own overhead.
+CAPTURE = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -61,10 +64,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
-def start(command: list[str], ready: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
-    )
+def start(command: list[str], ready: str) -> subprocess.Popen[str]:
+    """Start a server process and return once it prints ``ready``."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     assert proc.stdout is not None
     for line in proc.stdout:
         if ready in line:
@@ -72,38 +75,31 @@ def start(command: list[str], ready: str, env: dict[str, str] | None = None) -> 
     raise RuntimeError(f"{command} did not start")
 
 
-async def wait_http(url: str) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(200):
-            try:
-                async with session.get(url) as r:
-                    if r.status < 500:
-                        return
-            except aiohttp.ClientError:
-                await asyncio.sleep(0.05)
-    raise RuntimeError(f"{url} never answered")
-
-
-async def sequential(session: aiohttp.ClientSession, url: str, calls: int) -> list[float]:
+async def sequential(session: aiohttp.ClientSession, url: str, calls: int, body: dict[str, Any]) -> list[float]:
     latencies = []
     for _ in range(calls):
         started = time.perf_counter()
-        async with session.post(url, json=CHAT) as response:
+        async with session.post(url, json=body) as response:
             await response.read()
             assert response.status == 200, await response.text()
         latencies.append(time.perf_counter() - started)
     return latencies
 
 
-async def ttft(session: aiohttp.ClientSession, url: str, calls: int) -> list[float]:
+def _first_content(chunk: bytes) -> bool:
+    compact = chunk.replace(b" ", b"")
+    return b'"content":"' in compact and b'"content":""' not in compact
+
+
+async def ttft(session: aiohttp.ClientSession, url: str, calls: int, body: dict[str, Any]) -> list[float]:
     firsts = []
     for _ in range(calls):
         started = time.perf_counter()
         first = None
-        async with session.post(url, json=STREAM) as response:
+        async with session.post(url, json=body) as response:
             assert response.status == 200, await response.text()
             async for chunk in response.content.iter_any():
-                if first is None and b'"content":"' in chunk.replace(b" ", b"") and b'"content":""' not in chunk:
+                if first is None and _first_content(chunk):
                     first = time.perf_counter() - started
         firsts.append(first if first is not None else time.perf_counter() - started)
     return firsts
@@ -116,103 +112,88 @@ def pct(values: list[float], q: float) -> float:
 
 async def prepare_store(db: str, mock_url: str) -> str:
     store = await Store.open(db, run_watchdog=False)
-    await store.put_model(
-        "policy", [{"backend_id": "mock", "base_url": mock_url, "kind": "vllm", "model": "mock-model"}]
-    )
+    backend = {"backend_id": "mock", "base_url": mock_url, "kind": "vllm", "model": "mock-model"}
+    await store.put_model("policy", [backend])
     await store.enqueue([{"input": {"bench": True}}])
     [claim] = await store.claim("bench")
     await store.close()
     return f"/rollout/{claim.rollout.rollout_id}/attempt/{claim.attempt.attempt_id}"
 
 
+TARGETS = ("direct", "direct+capture", "bare", "rollway")
+PROXIES = ("bare", "rollway")
+
+
+async def measure(args: argparse.Namespace, urls: dict[str, str], pids: dict[str, int]) -> dict[str, Any]:
+    chat = {name: {**CHAT, **CAPTURE} if name == "direct+capture" else CHAT for name in TARGETS}
+    stream = {name: {**STREAM, **CAPTURE} if name == "direct+capture" else STREAM for name in TARGETS}
+    latency: dict[str, list[tuple[float, float]]] = {name: [] for name in TARGETS}
+    cpu: dict[str, list[float]] = {name: [] for name in PROXIES}
+    firsts: dict[str, list[float]] = {name: [] for name in ("direct", "direct+capture", "rollway")}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        for name in TARGETS:  # warm up connections and caches
+            await sequential(session, urls[name], 30, chat[name])
+        for repetition in range(args.repeat):
+            for name in TARGETS:
+                before = cpu_seconds(pids[name]) if name in pids else 0.0
+                latencies = await sequential(session, urls[name], args.calls, chat[name])
+                if name in pids:
+                    cpu[name].append((cpu_seconds(pids[name]) - before) / args.calls)
+                latency[name].append((pct(latencies, 0.5), pct(latencies, 0.99)))
+            for name in firsts:
+                firsts[name].append(statistics.median(await ttft(session, urls[name], args.streams, stream[name])))
+            print(f"repetition {repetition + 1}/{args.repeat} done", file=sys.stderr)
+    return {"latency": latency, "cpu": cpu, "firsts": firsts}
+
+
 async def run(args: argparse.Namespace) -> None:
-    results: dict[str, list[Any]] = {k: [] for k in ("direct", "bare", "rollway")}
-    cpu: dict[str, list[float]] = {"bare": [], "rollway": []}
-    firsts: dict[str, list[float]] = {"direct": [], "rollway": []}
     with tempfile.TemporaryDirectory() as tmp, MockBackendProcess() as mock:
         db = f"sqlite:///{tmp}/bench.db"
         prefix = await prepare_store(db, mock.base_url)
         bare_port, rollway_port = free_port(), free_port()
-        bare = subprocess.Popen(
-            [
-                sys.executable,
-                str(ROOT / "bench" / "bare_forwarder.py"),
-                "--port",
-                str(bare_port),
-                "--upstream",
-                mock.url,
-            ]
-        )
-        rollway = start(
-            [
-                sys.executable,
-                "-c",
-                "from gateway.cli import main; main()",
-                "serve",
-                "--port",
-                str(rollway_port),
-                "--db",
-                db,
-            ],
-            "Uvicorn running on",
-            env={"PYTHONUNBUFFERED": "1"},
-        )
+        forwarder = [sys.executable, str(ROOT / "bench" / "bare_forwarder.py")]
+        bare = start([*forwarder, "--port", str(bare_port), "--upstream", mock.url, "--announce"], "forwarding")
+        serve = [sys.executable, "-c", "from gateway.cli import main; main()", "serve"]
+        rollway = start([*serve, "--port", str(rollway_port), "--db", db], "Uvicorn running on")
         try:
-            await wait_http(f"http://127.0.0.1:{bare_port}/v1/models")
-            targets = {
+            urls = {
                 "direct": f"{mock.url}/v1/chat/completions",
+                "direct+capture": f"{mock.url}/v1/chat/completions",
                 "bare": f"http://127.0.0.1:{bare_port}/v1/chat/completions",
                 "rollway": f"http://127.0.0.1:{rollway_port}{prefix}/v1/chat/completions",
             }
-            pids = {"bare": bare.pid, "rollway": rollway.pid}
-            connector = aiohttp.TCPConnector(limit=0)
-            async with aiohttp.ClientSession(connector=connector) as session:
-                for name, url in targets.items():  # warm up connections, caches, JITs of the mind
-                    await sequential(session, url, 30)
-                for rep in range(args.repeat):
-                    for name, url in targets.items():
-                        before = cpu_seconds(pids[name]) if name in pids else 0.0
-                        latencies = await sequential(session, url, args.calls)
-                        if name in pids:
-                            cpu[name].append((cpu_seconds(pids[name]) - before) / args.calls)
-                        results[name].append((pct(latencies, 0.5), pct(latencies, 0.99)))
-                    for name in ("direct", "rollway"):
-                        firsts[name].append(statistics.median(await ttft(session, targets[name], args.streams)))
-                    print(f"repetition {rep + 1}/{args.repeat} done", file=sys.stderr)
+            results = await measure(args, urls, {"bare": bare.pid, "rollway": rollway.pid})
         finally:
             for proc in (bare, rollway):
                 proc.terminate()
                 proc.wait(timeout=15)
-    report(results, cpu, firsts, args)
+    report(results, args)
 
 
-def report(
-    results: dict[str, list[Any]], cpu: dict[str, list[float]], firsts: dict[str, list[float]], args: argparse.Namespace
-) -> None:
-    med = {
-        name: (statistics.median(p50 for p50, _ in v), statistics.median(p99 for _, p99 in v))
-        for name, v in results.items()
-    }
+def report(results: dict[str, Any], args: argparse.Namespace) -> None:
+    latency, cpu, firsts = results["latency"], results["cpu"], results["firsts"]
+    med = {name: tuple(statistics.median(x[i] for x in v) for i in (0, 1)) for name, v in latency.items()}
     ms = 1000.0
     print(f"\nGateway hot path: {args.calls} sequential non-streaming calls x {args.repeat} repetitions (medians)")
-    print(f"{'target':<10}{'p50 ms':>10}{'p99 ms':>10}{'added p50':>12}{'added p99':>12}{'CPU/call ms':>14}")
-    for name in ("direct", "bare", "rollway"):
-        p50, p99 = med[name]
-        added = (
-            "" if name == "direct" else f"{(p50 - med['direct'][0]) * ms:>12.3f}{(p99 - med['direct'][1]) * ms:>12.3f}"
-        )
+    print(f"{'target':<16}{'p50 ms':>10}{'p99 ms':>10}{'CPU/call ms':>14}")
+    for name in TARGETS:
         cpu_ms = f"{statistics.median(cpu[name]) * ms:>14.3f}" if name in cpu else ""
-        print(f"{name:<10}{p50 * ms:>10.3f}{p99 * ms:>10.3f}{added:<24}{cpu_ms}")
+        print(f"{name:<16}{med[name][0] * ms:>10.3f}{med[name][1] * ms:>10.3f}{cpu_ms}")
     ratio = statistics.median(cpu["rollway"]) / statistics.median(cpu["bare"])
     print(f"\nRollway CPU per call / bare forwarder CPU per call: {ratio:.2f}x (target <= 1.5x)")
-    added_p50 = (med["rollway"][0] - med["direct"][0]) * ms
-    added_p99 = (med["rollway"][1] - med["direct"][1]) * ms
-    print(f"Rollway added latency: p50 {added_p50:.3f} ms (target <= 1.5), p99 {added_p99:.3f} ms (target <= 5)")
-    t_direct, t_rollway = statistics.median(firsts["direct"]), statistics.median(firsts["rollway"])
-    print(
-        f"200-chunk stream time to first token: direct {t_direct * ms:.3f} ms, rollway {t_rollway * ms:.3f} ms, "
-        f"added {(t_rollway - t_direct) * ms:.3f} ms (target <= 2)"
-    )
+    for base in ("direct", "direct+capture"):
+        added = [(med["rollway"][i] - med[base][i]) * ms for i in (0, 1)]
+        print(
+            f"Rollway added latency vs {base}: p50 {added[0]:.3f} ms (target <= 1.5), "
+            f"p99 {added[1]:.3f} ms (target <= 5)"
+        )
+    t_rollway = statistics.median(firsts["rollway"])
+    for base in ("direct", "direct+capture"):
+        t_base = statistics.median(firsts[base])
+        print(
+            f"200-chunk stream, time to first token: {base} {t_base * ms:.3f} ms, rollway {t_rollway * ms:.3f} ms, "
+            f"added {(t_rollway - t_base) * ms:.3f} ms (target <= 2)"
+        )
 
 
 def main() -> None:

@@ -115,9 +115,11 @@ def _sqlite_engine(url: str, *, begin: str, synchronous: str, busy_ms: int, writ
         cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
         cursor.close()
 
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql(begin)
+    if begin:  # the writer drives BEGIN/COMMIT on the sqlite3 connection itself (store.writer)
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Any) -> None:
+            conn.exec_driver_sql(begin)
 
     return engine
 
@@ -137,7 +139,7 @@ def create_engines(url: str, *, sqlite_synchronous: str = "NORMAL", pool_size: i
         sync = sqlite_synchronous.upper()
         if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise StoreValidationError(f"invalid SQLite synchronous mode '{sqlite_synchronous}'")
-        writer = _sqlite_engine(url, begin="BEGIN IMMEDIATE", synchronous=sync, busy_ms=0, writer=True)
+        writer = _sqlite_engine(url, begin="", synchronous=sync, busy_ms=0, writer=True)
         reader = _sqlite_engine(url, begin="BEGIN", synchronous=sync, busy_ms=SQLITE_BUSY_TIMEOUT_MS, writer=False)
         return Engines(url=url, writer=writer, reader=reader)
     engine = create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, **JSON_CODEC)

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -131,51 +132,55 @@ class BatchWriter:
             if stop:
                 return
 
-    async def _begin(self, conn: Connection) -> Any:
+    async def _begin(self, raw: sqlite3.Connection) -> None:
         """``BEGIN IMMEDIATE`` without blocking the loop: back off while another process writes."""
         deadline = time.monotonic() + LOCK_WAIT_SECONDS
         delay = 0.0005
         while True:
             try:
-                return conn.begin()
-            except OperationalError as exc:
+                raw.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
                 if not _is_locked(exc) or time.monotonic() > deadline:
                     raise
-                conn.rollback()
                 self.stats.lock_waits += 1
                 await asyncio.sleep(random.uniform(0, delay))
                 delay = min(delay * 2, 0.05)
 
     async def _commit(self, batch: list[tuple[Operation[Any], asyncio.Future[Any]]]) -> None:
+        # Transactions are driven on the sqlite3 connection itself (BEGIN, SAVEPOINT, COMMIT): SQLAlchemy's
+        # transaction bookkeeping costs more than the statements. Operations still run through ``conn``.
         conn = self._conn
         assert conn is not None
+        raw: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
         started = time.perf_counter()
         outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
         try:
-            transaction = await self._begin(conn)
+            await self._begin(raw)
             try:
                 if len(batch) == 1:
                     outcomes.append((batch[0][1], batch[0][0](conn), None))
                 else:
                     for op, fut in batch:
+                        raw.execute("SAVEPOINT op")
                         try:
-                            with conn.begin_nested():
-                                outcomes.append((fut, op(conn), None))
-                        except StoreError as exc:
-                            outcomes.append((fut, None, exc))
-                        except DBAPIError as exc:
+                            outcomes.append((fut, op(conn), None))
+                        except (StoreError, DBAPIError) as exc:
                             if isinstance(exc, OperationalError):
                                 raise  # the file is in trouble: fail the whole batch
+                            raw.execute("ROLLBACK TO op")
                             outcomes.append((fut, None, exc))
-                transaction.commit()
+                        raw.execute("RELEASE op")
+                raw.execute("COMMIT")
             except BaseException:
-                transaction.rollback()
+                if raw.in_transaction:
+                    raw.execute("ROLLBACK")
                 raise
         except Exception as exc:  # nothing in the transaction was written
             failure: BaseException = exc
-            if isinstance(exc, OperationalError):
+            if isinstance(exc, OperationalError | sqlite3.OperationalError):
                 log.exception("store write transaction failed")
-                failure = UnavailableError(f"database write failed: {exc.orig}")
+                failure = UnavailableError(f"database write failed: {getattr(exc, 'orig', exc)}")
             for _, fut in batch:
                 if not fut.done():
                     fut.set_exception(failure)
