@@ -13,6 +13,8 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from admin.api import build_router as admin_router
+from admin.context import AdminContext
 from gateway import errors
 from gateway.attribution import KeyCache
 from gateway.dataplane import DataPlane
@@ -53,8 +55,12 @@ def create_app(settings: Settings) -> FastAPI:
         router = Router()
         gateway = Gateway(settings, store, registry, router)
         await gateway.start()
+        keys = KeyCache(store)
         app.state.rollway = AppState(
-            settings=settings, store=store, registry=registry, router=router, gateway=gateway, keys=KeyCache(store)
+            settings=settings, store=store, registry=registry, router=router, gateway=gateway, keys=keys
+        )
+        app.state.admin = AdminContext(
+            store=store, models=registry, keys=keys, admin_token=settings.admin_token, public_url=settings.public_url
         )
         try:
             yield
@@ -64,6 +70,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="Rollway", version=_version(), lifespan=lifespan)
     errors.install(app)
+    app.include_router(admin_router())
     app.add_middleware(DataPlane)
 
     @app.get("/healthz", tags=["health"])

@@ -155,8 +155,9 @@ class CallRecord:
         attributes["rollway.trainable"] = trainable
         if self.cancelled:
             attributes["rollway.cancelled"] = True
-        if self.error is not None:
+        if self.error is not None or self.error_type is not None:  # a cancelled call has a type, no message
             attributes["error.type"] = self.error_type or "error"
+        if self.error is not None:
             attributes["rollway.error"] = self.error
         ok = self.error is None and not self.cancelled and (self.status_code or 0) < 400
         description = None if ok else (self.error or ("cancelled by client" if self.cancelled else "error"))

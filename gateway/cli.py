@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 import sys
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from pydantic import ValidationError
 
 from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from gateway.commands import Connection
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+BACKEND_KINDS = click.Choice(["openai", "vllm", "sglang", "litellm"])
+ROLLOUT_STATUSES = click.Choice(["queuing", "preparing", "running", "succeeded", "failed", "requeuing", "cancelled"])
 
 
 def _settings_help() -> str:
@@ -19,9 +29,28 @@ def _settings_help() -> str:
     return "\n".join(lines)
 
 
+def tune_gc() -> None:
+    """Collect less often: a server allocates many short-lived containers (JSON bodies, token id lists) and
+    the default thresholds make the cyclic collector walk the live heap every few hundred allocations.
+    Objects alive at start-up (modules, the app) are frozen out of collections altogether."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 50)
+
+
 @click.group(epilog=_settings_help())
 @click.version_option(package_name="rollway", prog_name="rollway")
-def main() -> None:
+@click.option(
+    "--url",
+    envvar="ROLLWAY_URL",
+    default=DEFAULT_URL,
+    show_default=True,
+    help="Gateway URL for admin commands [env: ROLLWAY_URL].",
+)
+@click.option("--token", envvar="ROLLWAY_ADMIN_TOKEN", default=None, help="Admin token [env: ROLLWAY_ADMIN_TOKEN].")
+def main(url: str, token: str | None) -> None:
     """Rollway: an OpenAI-compatible LLM gateway for agent RL, with an embedded rollout store."""
 
 
@@ -47,6 +76,8 @@ def serve(host: str | None, port: int | None, database_url: str | None, config_f
     import uvicorn
 
     from gateway.app import create_app
+
+    tune_gc()
 
     uvicorn.run(
         create_app(settings),
@@ -91,3 +122,221 @@ def mock_backend(
         token_delay_ms=token_delay_ms,
     )
     serve(config, host=host, port=port, log_level=log_level, access_log=access_log)
+
+
+# -- admin commands (implementations in gateway/commands.py, imported when a command runs) -------------------
+
+
+def admin_command(group: click.Group, name: str) -> Callable[[Callable[..., None]], click.Command]:
+    """A command that talks to a running gateway: it takes ``--url``/``--token`` (else the global ones) and
+    receives them as its first argument, a ``Connection``."""
+
+    def decorate(function: Callable[..., None]) -> click.Command:
+        @functools.wraps(function)
+        def command(url: str | None, token: str | None, **kwargs: Any) -> None:
+            from gateway.commands import Connection
+
+            root = click.get_current_context().find_root().params
+            function(Connection(url or root["url"], token or root["token"]), **kwargs)
+
+        command = click.option("--token", default=None, help="Admin token (overrides the global --token).")(command)
+        command = click.option("--url", default=None, help="Gateway URL (overrides the global --url).")(command)
+        return group.command(name)(command)
+
+    return decorate
+
+
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+
+@main.group()
+def tasks() -> None:
+    """Enqueue tasks."""
+
+
+@admin_command(tasks, "enqueue")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--group-size", type=click.IntRange(1, 4096), default=None, help="Rollouts per task (a GRPO group).")
+@click.option("--mode", type=click.Choice(["train", "val", "test"]), default=None, help="Mode of every task.")
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=1000, show_default=True, help="Tasks per call.")
+@JSON_OPTION
+def tasks_enqueue(
+    connection: Connection, file: str, group_size: int | None, mode: str | None, batch_size: int, as_json: bool
+) -> None:
+    """Enqueue the tasks of a JSON Lines FILE ('-': stdin): one per line, either a task object with "input"
+    (and optionally mode, group_size, config, metadata, priority, ...) or a bare input."""
+    from gateway.commands import enqueue
+
+    enqueue(connection, file, group_size, mode, batch_size, as_json)
+
+
+@main.group()
+def rollouts() -> None:
+    """Inspect rollouts."""
+
+
+@admin_command(rollouts, "list")
+@click.option("--status", "statuses", multiple=True, type=ROLLOUT_STATUSES, help="Only these statuses (repeatable).")
+@click.option("--mode", default=None, help="Only this mode.")
+@click.option("--group-id", default=None, help="Only this group.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="Rollouts per page.")
+@click.option("--cursor", default=None, help="Continue after a previous page.")
+@JSON_OPTION
+def rollouts_list(
+    connection: Connection,
+    statuses: tuple[str, ...],
+    mode: str | None,
+    group_id: str | None,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+) -> None:
+    """List rollouts, oldest first."""
+    from gateway.commands import list_rollouts
+
+    list_rollouts(connection, statuses, mode, group_id, limit, cursor, as_json)
+
+
+@main.group()
+def models() -> None:
+    """Manage model aliases and their backends."""
+
+
+def backend_options(required: bool) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    def decorate(function: Callable[..., None]) -> Callable[..., None]:
+        options = [
+            click.option("--backend", "base_url", required=required, help="Backend base URL (…/v1)."),
+            click.option("--kind", type=BACKEND_KINDS, default="openai", show_default=True, help="Backend kind."),
+            click.option("--model", "upstream_model", required=required, help="Model name at the backend."),
+            click.option("--api-key", default=None, help="Backend API key (never shown again)."),
+            click.option("--backend-id", default=None, help="Backend id [default: generated]."),
+            click.option("--weight", type=float, default=None, help="Routing weight."),
+            click.option("--max-concurrency", type=int, default=None, help="Most calls in flight to it."),
+        ]
+        for option in reversed(options):
+            function = option(function)
+        return function
+
+    return decorate
+
+
+@admin_command(models, "put")
+@click.argument("alias")
+@backend_options(required=True)
+@click.option("--version", default=None, help="Model version [default: previous + 1].")
+@JSON_OPTION
+def models_put(connection: Connection, alias: str, version: str | None, as_json: bool, **backend: Any) -> None:
+    """Create or replace ALIAS with one backend."""
+    from gateway.commands import backend_spec, put_model
+
+    spec = backend_spec(backend.pop("base_url"), backend.pop("kind"), backend.pop("upstream_model"), **backend)
+    put_model(connection, alias, spec, version, as_json)
+
+
+@admin_command(models, "swap")
+@click.argument("alias")
+@backend_options(required=False)
+@click.option("--version", default=None, help="New model version.")
+@click.option("--drain-timeout", type=float, default=None, help="Also wait up to this long for old calls.")
+@JSON_OPTION
+def models_swap(
+    connection: Connection, alias: str, version: str | None, drain_timeout: float | None, as_json: bool, **backend: Any
+) -> None:
+    """Swap ALIAS atomically to a new backend (--backend/--model) and/or --version."""
+    from gateway.commands import backend_spec, swap_model
+
+    base_url, kind, upstream_model = backend.pop("base_url"), backend.pop("kind"), backend.pop("upstream_model")
+    if (base_url is None) != (upstream_model is None):
+        raise click.UsageError("--backend and --model go together")
+    spec = None if base_url is None else backend_spec(base_url, kind, upstream_model, **backend)
+    swap_model(connection, alias, spec, version, drain_timeout, as_json)
+
+
+@admin_command(models, "list")
+@JSON_OPTION
+def models_list(connection: Connection, as_json: bool) -> None:
+    """List model aliases, their backends and state."""
+    from gateway.commands import model_action
+
+    model_action(connection, "list", None, as_json)
+
+
+def _model_action(name: str, action: str, help_text: str) -> None:
+    @admin_command(models, name)
+    @click.argument("alias")
+    @JSON_OPTION
+    def command(connection: Connection, alias: str, as_json: bool) -> None:
+        from gateway.commands import model_action
+
+        model_action(connection, action, alias, as_json)
+
+    command.help = help_text
+
+
+_model_action("pause", "pause", "Pause ALIAS: new calls wait (then 429); calls in flight go on.")
+_model_action("resume", "resume", "Resume a paused ALIAS.")
+_model_action("delete", "delete", "Delete ALIAS.")
+
+
+@main.group()
+def triplets() -> None:
+    """Export training data."""
+
+
+@admin_command(triplets, "export")
+@click.argument("out", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--merge", is_flag=True, help="One multi-turn row per rollout segment (token_ids + loss_mask).")
+@click.option("--rollout-id", "rollout_id", multiple=True, help="Only this rollout (repeatable).")
+@click.option("--group-id", default=None, help="Only this group.")
+@click.option("--since", default=None, help="Only what finished after this cursor.")
+@click.option("--partial", is_flag=True, help="Also incomplete groups.")
+@click.option("--page-size", type=click.IntRange(1, 10_000), default=500, show_default=True, help="Rollouts per call.")
+@click.option("--stream", "jsonl", is_flag=True, help="Fetch pages as streamed JSON Lines.")
+def triplets_export(connection: Connection, out: str, rollout_id: tuple[str, ...], **query: Any) -> None:
+    """Write triplets (per LLM call, with token ids, logprobs and rewards) as JSON Lines to OUT ('-': stdout)."""
+    from gateway.commands import triplets_export as export
+
+    export(connection, out, rollout_id=list(rollout_id) or None, **query)
+
+
+@main.group()
+def keys() -> None:
+    """Mint and revoke API keys."""
+
+
+@admin_command(keys, "mint")
+@click.option("--scope", type=click.Choice(["gateway", "admin"]), default="gateway", show_default=True)
+@click.option("--name", default=None, help="A label for the key.")
+@click.option("--expires-in", type=float, default=None, help="Seconds until the key expires.")
+@JSON_OPTION
+def keys_mint(connection: Connection, scope: str, name: str | None, expires_in: float | None, as_json: bool) -> None:
+    """Mint a key; it is printed once."""
+    from gateway.commands import mint_key
+
+    mint_key(connection, "admin" if scope == "admin" else "gateway", name, expires_in, as_json)
+
+
+@admin_command(keys, "revoke")
+@click.argument("key_id")
+def keys_revoke(connection: Connection, key_id: str) -> None:
+    """Revoke a key by its id."""
+    from gateway.commands import revoke_key
+
+    revoke_key(connection, key_id)
+
+
+@main.command()
+@click.option("--out", type=click.Path(dir_okay=False), default="demo-triplets.jsonl", show_default=True)
+@click.option("--db", type=click.Path(dir_okay=False), default=None, help="SQLite file [default: a temporary one].")
+@click.option("--problems", type=click.IntRange(1, 1000), default=8, show_default=True, help="Math problems.")
+@click.option("--group-size", type=click.IntRange(1, 64), default=4, show_default=True, help="Rollouts per problem.")
+@click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Runner workers.")
+def demo(out: str, db: str | None, problems: int, group_size: int, workers: int) -> None:
+    """Run the whole loop on this machine, no GPU: a mock backend, a gateway, runners with a toy math agent,
+    rewards, and the triplets written to OUT."""
+    from gateway.demo import DemoOptions, run_demo
+
+    options = DemoOptions(
+        out=Path(out), db=None if db is None else Path(db), problems=problems, group_size=group_size, workers=workers
+    )
+    sys.exit(run_demo(options))

@@ -110,8 +110,7 @@ class DataPlane:
             raise envelope(400, "the request body must be a JSON object", "invalid_request_error")
         model = parsed.get("model")
         if not isinstance(model, str) or not model:
-            err = envelope(400, "you must provide a model parameter", "invalid_request_error")
-            raise err
+            raise envelope(400, "you must provide a model parameter", "invalid_request_error", param="model")
         rollout = unquote(match["rollout"]) if match["rollout"] else None
         attempt = unquote(match["attempt"]) if match["attempt"] else None
         try:
@@ -186,6 +185,8 @@ class DataPlane:
                 await gateway.finish(record)
         finally:
             watcher.cancel()
+            if not call.done():  # this handler itself was cancelled (server shutdown): take the call down too
+                call.cancel()
             prepared.lease.release()
 
 

@@ -9,8 +9,10 @@ interface the proxy uses, so retries, streaming capture and spans work the same 
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import importlib
+import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +21,30 @@ import orjson
 from store import Backend
 
 CALLS = {"chat/completions": "acompletion", "completions": "atext_completion", "embeddings": "aembedding"}
+STREAM_BROKE = {
+    "error": {
+        "message": "the backend stream broke",
+        "type": "upstream_error",
+        "param": None,
+        "code": "stream_interrupted",
+    }
+}
+log = logging.getLogger("rollway.gateway")
+_litellm: Any = None
+_closing: set[asyncio.Task[Any]] = set()  # streams being closed (a task needs a reference until it is done)
+
+
+async def _load() -> Any:
+    """LiteLLM, imported once and off the event loop: its import takes seconds, during which every other call
+    of the gateway would stall. Its model cost map is read from the installed package (by default LiteLLM
+    fetches it from GitHub at import, with retries: a network call, and seconds more, on the serving path)."""
+    global _litellm
+    if _litellm is None:
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        module: Any = await asyncio.to_thread(importlib.import_module, "litellm")
+        module.suppress_debug_info = True  # no banners printed to stdout on provider errors
+        _litellm = module
+    return _litellm
 
 
 class _Content:
@@ -45,19 +71,26 @@ class LiteLLMResponse:
     async def _events(self) -> AsyncIterator[bytes]:
         if self._stream is None:
             return
-        async for chunk in self._stream:
-            yield b"data: " + orjson.dumps(_plain(chunk)) + b"\n\n"
+        try:
+            async for chunk in self._stream:
+                yield b"data: " + orjson.dumps(_plain(chunk)) + b"\n\n"
+        except Exception:  # the provider's stream broke: end it with an error event, as for other backends
+            log.warning("the stream of a litellm backend broke", exc_info=True)
+            yield b"data: " + orjson.dumps(STREAM_BROKE) + b"\n\n"
+            return
         yield b"data: [DONE]\n\n"
 
     def release(self) -> None:
         return None
 
     def close(self) -> None:
+        """Stop the provider's stream, and with it the provider's request (the proxy calls this when the client
+        went away or the call failed). ``aclose`` is a coroutine: it runs as a task of the running loop."""
         closer = getattr(self._stream, "aclose", None)
         if closer is not None:
-            with contextlib.suppress(Exception):
-                coro = closer()
-                coro.close()
+            task = asyncio.get_running_loop().create_task(closer())
+            _closing.add(task)
+            task.add_done_callback(_closing.discard)
 
 
 def _plain(obj: Any) -> Any:
@@ -68,7 +101,7 @@ def _plain(obj: Any) -> Any:
 async def call(backend: Backend, path: str, body: dict[str, Any], timeout: float | None) -> LiteLLMResponse:
     """Run the call through LiteLLM; provider errors come back as responses with their status and an
     OpenAI-style error body, so the proxy's retry rules apply unchanged."""
-    litellm = importlib.import_module("litellm")
+    litellm = await _load()
     function_name = CALLS.get(path)
     if function_name is None:
         body_bytes = orjson.dumps(

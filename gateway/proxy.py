@@ -47,8 +47,8 @@ class CallError(Exception):
         self.headers = headers or []
 
 
-def envelope(status: int, message: str, type_: str, code: str | None = None) -> CallError:
-    body = orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
+def envelope(status: int, message: str, type_: str, code: str | None = None, param: str | None = None) -> CallError:
+    body = orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
     return CallError(status, body)
 
 
@@ -99,6 +99,7 @@ class Gateway:
         except AliasPaused as exc:
             err = envelope(429, str(exc), "rate_limit_exceeded", "model_paused")
             err.headers.append((b"retry-after", str(int(exc.retry_after)).encode()))
+            err.headers.append((b"x-rollway-sequence-id", str(record.sequence_id).encode()))
             record.status_code, record.error, record.error_type = 429, str(exc), "model_paused"
             await self.finish(record)
             raise err from None
@@ -209,7 +210,14 @@ class Gateway:
         reply: Reply,
         headers: list[tuple[bytes, bytes]],
     ) -> None:
-        raw = await response.read()
+        try:
+            raw = await response.read()
+        except TimeoutError as exc:  # headers came, the body stalled: nothing reached the client yet
+            raise envelope(504, "the backend timed out sending its answer", "timeout", "read_timeout") from exc
+        except aiohttp.ClientError as exc:  # the body broke off (connection dropped)
+            raise envelope(
+                502, f"the backend answer broke: {type(exc).__name__}", "upstream_error", "stream_interrupted"
+            ) from exc
         record.status_code = response.status
         record.ttft_seconds = time.time() - record.start_time
         out = raw

@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     pause_wait_seconds: float = Field(
         default=30.0, ge=0, description="how long a call waits on a paused model before 429"
     )
+    public_url: str | None = Field(
+        default=None, description="the URL agents reach this server at (for claim base_urls); default: as requested"
+    )
     config_file: Path | None = Field(default=None, description="optional YAML file with these settings")
 
     @classmethod

@@ -58,7 +58,9 @@ class Upstream:
         headers = {"Content-Type": "application/json", "traceparent": traceparent(*trace)}
         if backend.api_key is not None:
             headers["Authorization"] = f"Bearer {backend.api_key.get_secret_value()}"
-        timeout = None
+        # The session's timeouts unless the rollout's deadline is sooner. (Passing ``timeout=None`` to aiohttp
+        # would mean "no timeout at all": no connect or read timeout, a hung backend held the call forever.)
+        timeout = self._session.timeout
         if deadline is not None:
             remaining = deadline - time.time()
             if remaining <= 0:
@@ -69,6 +71,8 @@ class Upstream:
         url = backend.base_url.rstrip("/") + "/" + path
         try:
             return await self._session.post(url, data=payload, headers=headers, timeout=timeout)
+        except aiohttp.ConnectionTimeoutError as exc:  # no connection: safe to fail over, like a refused one
+            raise UpstreamFailure("connect", f"cannot reach backend '{backend.backend_id}': connect timeout") from exc
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             raise UpstreamFailure(
                 "connect", f"cannot reach backend '{backend.backend_id}': {type(exc).__name__}"

@@ -14,7 +14,6 @@ from store.schemas import RolloutConfig, Span
 from store.states import ATTEMPT_TERMINAL, FINISHED, AttemptStatus, RolloutStatus
 
 A = models.attempts
-_INSERT_SPAN = models.spans.insert()
 _TOUCH_RUNNING = (
     update(A)
     .where(A.c.attempt_id == bindparam("aid"), A.c.status == AttemptStatus.RUNNING.value)
@@ -62,9 +61,8 @@ def record(conn: Connection, span: Span, now: float) -> None:
     heartbeat. The call was admitted while its attempt was live, so its span is kept even if a newer attempt
     replaced that one meanwhile (it happened on the old attempt); only the latest attempt is revived."""
     assert span.sequence_id is not None
-    conn.execute(
-        _INSERT_SPAN, convert.span_row(span, span.rollout_id or "", span.attempt_id or "", span.sequence_id, now)
-    )
+    row = convert.span_row(span, span.rollout_id or "", span.attempt_id or "", span.sequence_id, now)
+    spans.insert_rows(conn, [row])
     if not span.rollout_id or not span.attempt_id:
         return
     if conn.execute(_TOUCH_RUNNING, {"aid": span.attempt_id, "now": now}).rowcount == 1:

@@ -106,6 +106,9 @@ def _sqlite_engine(url: str, *, begin: str, synchronous: str, busy_ms: int, writ
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor = dbapi_connection.cursor()
+        # Spans are large rows (token id lists): 16 KiB pages keep most of them out of overflow chains.
+        # Only takes effect when the file is created (before WAL mode is set).
+        cursor.execute("PRAGMA page_size=16384")
         cursor.execute("PRAGMA journal_mode=WAL")  # may wait (busy timeout) while another process migrates
         cursor.execute(f"PRAGMA synchronous={synchronous}")
         cursor.execute("PRAGMA foreign_keys=ON")

@@ -11,15 +11,39 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Integer, RowMapping, bindparam, case, select
+from sqlalchemy import JSON, Connection, Integer, RowMapping, bindparam, case, select
 
 from store import convert, models
 from store.dialect import upsert
+from store.engine import dumps
 from store.errors import StoreValidationError
 from store.lifecycle import load_attempt, load_rollout, record_heartbeat, require_latest
 from store.schemas import Span
 
 S = models.spans
+_COLUMNS = [c.name for c in S.columns if c.name != "pk"]
+_JSON_COLUMNS = frozenset(c.name for c in S.columns if isinstance(c.type, JSON))
+_SQLITE_INSERT = f"INSERT INTO spans ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
+
+
+def _json_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not value and isinstance(value, list | dict):
+        return "[]" if isinstance(value, list) else "{}"
+    return dumps(value)
+
+
+def insert_rows(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Insert span rows. On SQLite straight through the driver (JSON encoded once here): per-row parameter
+    processing in SQLAlchemy costs more than SQLite's own insert. A reused sequence id fails the write."""
+    if conn.dialect.name != "sqlite":
+        conn.execute(S.insert(), rows)
+        return
+    values = [tuple(_json_text(row[name]) if name in _JSON_COLUMNS else row[name] for name in _COLUMNS) for row in rows]
+    conn.exec_driver_sql(_SQLITE_INSERT, values)
+
+
 Q = models.span_sequences
 A = models.attempts
 UNATTRIBUTED = ""
@@ -78,7 +102,9 @@ def allocate(
 
 
 def add(conn: Connection, spans: list[Span], now: float) -> list[Span]:
-    """Write spans (duplicates by ``span_id`` are skipped and not returned); assign missing sequence ids."""
+    """Write spans (duplicates by ``span_id`` are skipped and not returned); assign missing sequence ids.
+
+    The spans are updated in place with their ids: callers pass objects they own (``Store.add_spans`` does)."""
     groups: dict[tuple[str, str | None], list[Span]] = defaultdict(list)
     for span in spans:
         groups[(span.rollout_id or UNATTRIBUTED, span.attempt_id)].append(span)
@@ -115,10 +141,9 @@ def _add_group(conn: Connection, rollout_id: str, attempt_id: str | None, group:
             seq = next_id
             next_id += 1
         rows.append(convert.span_row(span, rollout_id, aid, seq, now))
-        out.append(
-            span.model_copy(update={"rollout_id": rollout_id or None, "attempt_id": aid or None, "sequence_id": seq})
-        )
-    conn.execute(S.insert(), rows)  # a sequence id already taken fails the write: a conflict
+        span.rollout_id, span.attempt_id, span.sequence_id = rollout_id or None, aid or None, seq
+        out.append(span)
+    insert_rows(conn, rows)  # a sequence id already taken fails the write: a conflict
     if target is not None:
         record_heartbeat(conn, target[0], target[1], now)
     return out

@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeVar
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import IntegrityError
 
-from store import calls, catalog, convert, migrate, queries, queue, resources, spans, watchdog
+from store import calls, catalog, convert, exports, migrate, queries, queue, resources, spans, watchdog
 from store.engine import Engines, create_engines, migration_engine
 from store.errors import ConflictError, NotFoundError, StoreValidationError
 from store.lifecycle import apply_attempt_status, load_attempt, load_rollout, record_heartbeat, require_latest
@@ -337,7 +337,7 @@ class Store:
 
     async def add_spans(self, items: Sequence[Span | Mapping[str, Any]]) -> list[Span]:
         """Write spans (each a heartbeat); returns the ones written, with their sequence ids."""
-        batch = [s if isinstance(s, Span) else Span.model_validate(s) for s in items]
+        batch = [s.model_copy() if isinstance(s, Span) else Span.model_validate(s) for s in items]
         if not batch:
             return []
         now = self.clock()
@@ -393,6 +393,30 @@ class Store:
 
     async def stats(self) -> StoreStats:
         return await self._read(queries.stats)
+
+    async def export_rollouts(
+        self,
+        *,
+        rollout_ids: Sequence[str] | None = None,
+        group_id: str | None = None,
+        since: str | None = None,
+        limit: int = 100,
+        partial: bool = False,
+        with_spans: bool = True,
+    ) -> exports.ExportPage:
+        """Finished rollouts after the cursor ``since`` in finish order (whole complete groups unless
+        ``partial``), each with the spans of its latest attempt; see ``store.exports``."""
+        return await self._read(
+            lambda conn: exports.export(
+                conn,
+                rollout_ids=rollout_ids,
+                group_id=group_id,
+                since=since,
+                limit=limit,
+                partial=partial,
+                with_spans=with_spans,
+            )
+        )
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float) -> tuple[list[Rollout], list[str]]:
         """Block until every rollout finished or ``timeout`` (≤ 60 s) passed: (finished, pending ids)."""

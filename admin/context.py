@@ -1,0 +1,54 @@
+"""What the admin routes need from the running server, as a small typed object on the app state.
+
+``admin/`` does not import ``gateway/``: the app (``gateway/app.py``) builds an ``AdminContext`` and hands in
+the gateway's alias registry through the ``ModelControl`` protocol.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Protocol
+
+from fastapi import Depends, Request
+from pydantic import SecretStr
+
+from store import ModelAlias, Store
+
+
+class ModelControl(Protocol):
+    """The live side of model aliases (pause gate, in-flight counts, atomic swap), owned by the gateway."""
+
+    async def pause(self, alias: str) -> ModelAlias: ...
+
+    async def resume(self, alias: str) -> ModelAlias: ...
+
+    async def drain(self, alias: str, timeout: float) -> bool: ...
+
+    async def swap(self, alias: str, config: ModelAlias) -> None: ...
+
+    def in_flight(self, alias: str) -> int: ...
+
+    def invalidate(self, alias: str | None = None) -> None: ...
+
+
+class KeyCacheControl(Protocol):
+    def forget(self, key_id: str | None = None) -> None: ...
+
+
+@dataclass
+class AdminContext:
+    store: Store
+    models: ModelControl
+    keys: KeyCacheControl
+    admin_token: SecretStr | None = None
+    public_url: str | None = None
+    started: float = field(default_factory=time.time)
+
+
+def get_context(request: Request) -> AdminContext:
+    context: AdminContext = request.app.state.admin
+    return context
+
+
+Context = Annotated[AdminContext, Depends(get_context)]

@@ -1,0 +1,163 @@
+"""Tasks, claims, rollouts, attempts, rewards, spans, waits and groups (``/admin/v1``): thin routes over the
+store."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+
+from admin.context import AdminContext, Context
+from admin.schemas import (
+    AttemptRequest,
+    AttemptUpdate,
+    Claim,
+    ClaimRequest,
+    ClaimsResponse,
+    EnqueueRequest,
+    GroupView,
+    RewardRequest,
+    RolloutPage,
+    RolloutsResponse,
+    SpanPage,
+    SpansRequest,
+    SpansResponse,
+    StartRequest,
+    WaitRequest,
+    WaitResponse,
+)
+from store import UNSET, Attempt, AttemptedRollout, Rollout, RolloutStatus, Span, TaskSpec
+
+router = APIRouter(tags=["rollouts"])
+
+REWARD_SPAN = "rollway.reward"
+
+
+async def to_claim(context: AdminContext, request: Request, attempted: AttemptedRollout) -> Claim:
+    """The claim a worker gets: the attempt's gateway URL and a key that only works for that attempt."""
+    rollout_id, attempt_id = attempted.rollout.rollout_id, attempted.attempt.attempt_id
+    base = (context.public_url or str(request.base_url)).rstrip("/")
+    _, key = await context.store.mint_key("rollout", rollout_id=rollout_id, attempt_id=attempt_id)
+    return Claim(
+        rollout=attempted.rollout,
+        attempt=attempted.attempt,
+        resources=attempted.resources,
+        base_url=f"{base}/rollout/{rollout_id}/attempt/{attempt_id}/v1",
+        api_key=key,
+    )
+
+
+@router.post("/rollouts", status_code=201, response_model=RolloutsResponse)
+async def enqueue(body: EnqueueRequest, context: Context) -> RolloutsResponse:
+    """Queue tasks; `group_size: n` makes n rollouts sharing a `group_id`; a known `rollout_id` is idempotent."""
+    return RolloutsResponse(rollouts=await context.store.enqueue(body.tasks))
+
+
+@router.post("/rollouts/start", status_code=201, response_model=Claim)
+async def start(body: StartRequest, context: Context, request: Request) -> Claim:
+    """Create a rollout with attempt 1 already running for `worker_id` (online learning; no queue)."""
+    task = TaskSpec.model_validate(body.model_dump(exclude={"worker_id"}))
+    return await to_claim(context, request, await context.store.start_rollout(task, body.worker_id))
+
+
+@router.post("/claims", response_model=ClaimsResponse)
+async def claim(body: ClaimRequest, context: Context, request: Request) -> ClaimsResponse:
+    """Take up to `limit` queued rollouts, waiting up to `wait_seconds` (≤ 60) for work to arrive."""
+    claimed = await context.store.claim(body.worker_id, body.limit, body.wait_seconds)
+    return ClaimsResponse(claims=[await to_claim(context, request, c) for c in claimed])
+
+
+@router.get("/rollouts", response_model=RolloutPage)
+async def list_rollouts(
+    context: Context,
+    status: Annotated[list[RolloutStatus] | None, Query()] = None,
+    mode: str | None = None,
+    group_id: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: str | None = None,
+) -> RolloutPage:
+    page = await context.store.list_rollouts(status=status, mode=mode, group_id=group_id, limit=limit, cursor=cursor)
+    return RolloutPage(items=page.items, next_cursor=page.next_cursor)
+
+
+@router.post("/rollouts/wait", response_model=WaitResponse)
+async def wait(body: WaitRequest, context: Context) -> WaitResponse:
+    """Block until every rollout finished or `timeout_seconds` (≤ 60) passed."""
+    finished, pending = await context.store.wait_for_rollouts(body.rollout_ids, body.timeout_seconds)
+    return WaitResponse(finished=finished, pending=pending)
+
+
+@router.get("/rollouts/{rollout_id}", response_model=Rollout)
+async def get_rollout(rollout_id: str, context: Context) -> Rollout:
+    return await context.store.get_rollout(rollout_id, with_attempts=True)
+
+
+@router.post("/rollouts/{rollout_id}/cancel", response_model=Rollout)
+async def cancel(rollout_id: str, context: Context) -> Rollout:
+    return await context.store.cancel(rollout_id)
+
+
+@router.post("/rollouts/{rollout_id}/attempts", status_code=201, response_model=Claim)
+async def new_attempt(rollout_id: str, body: AttemptRequest, context: Context, request: Request) -> Claim:
+    """Start a new attempt (the previous one becomes stale)."""
+    return await to_claim(context, request, await context.store.start_attempt(rollout_id, body.worker_id))
+
+
+@router.patch("/rollouts/{rollout_id}/attempts/{attempt_id}", response_model=Attempt)
+async def update_attempt(rollout_id: str, attempt_id: str, body: AttemptUpdate, context: Context) -> Attempt:
+    """Report an attempt's outcome (`succeeded`/`failed`) or metadata; `attempt_id` may be `latest`."""
+    metadata: Any = body.metadata if "metadata" in body.model_fields_set else UNSET
+    return await context.store.update_attempt(rollout_id, attempt_id, status=body.status, metadata=metadata)
+
+
+@router.post("/rollouts/{rollout_id}/attempts/{attempt_id}/heartbeat", response_model=Attempt)
+async def heartbeat(rollout_id: str, attempt_id: str, context: Context) -> Attempt:
+    return await context.store.heartbeat(rollout_id, attempt_id)
+
+
+@router.post("/rollouts/{rollout_id}/rewards", status_code=201, response_model=Span)
+async def reward(rollout_id: str, body: RewardRequest, context: Context) -> Span:
+    """Record a reward as a span on the attempt (the latest by default). `value: null` stays null."""
+    now = time.time()
+    span = Span(
+        rollout_id=rollout_id,
+        attempt_id=None if body.attempt_id == "latest" else body.attempt_id,
+        trace_id=secrets.token_hex(16),
+        span_id=secrets.token_hex(8),
+        name=REWARD_SPAN,
+        start_time=now,
+        end_time=now,
+        attributes={"rollway.reward.name": body.name, "rollway.reward.value": body.value},
+    )
+    [written] = await context.store.add_spans([span])
+    return written
+
+
+@router.post("/rollouts/{rollout_id}/spans", status_code=201, response_model=SpansResponse)
+async def add_spans(rollout_id: str, body: SpansRequest, context: Context) -> SpansResponse:
+    """Add spans to an attempt (`attempt_id` per span, default latest); missing sequence ids are assigned;
+    spans whose `span_id` is already stored are skipped."""
+    spans = []
+    for item in body.spans:
+        data = item.model_dump()
+        data["rollout_id"] = rollout_id
+        data["trace_id"] = item.trace_id or secrets.token_hex(16)
+        data["span_id"] = item.span_id or secrets.token_hex(8)
+        spans.append(Span.model_validate(data))
+    return SpansResponse(spans=await context.store.add_spans(spans))
+
+
+@router.get("/rollouts/{rollout_id}/spans", response_model=SpanPage)
+async def get_spans(rollout_id: str, context: Context, attempt_id: str = "latest") -> SpanPage:
+    """Spans in sequence order; `attempt_id` is `latest` (default), `all`, or an attempt id."""
+    return SpanPage(items=await context.store.query_spans(rollout_id, attempt_id))
+
+
+@router.get("/groups/{group_id}", response_model=GroupView)
+async def group(group_id: str, context: Context) -> GroupView:
+    rollouts = await context.store.get_group(group_id)
+    size = max((r.group_size or 0 for r in rollouts), default=len(rollouts)) or len(rollouts)
+    finished = sum(1 for r in rollouts if r.status in ("succeeded", "failed", "cancelled"))
+    return GroupView(group_id=group_id, size=size, finished=finished, complete=finished >= size, rollouts=rollouts)

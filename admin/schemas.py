@@ -1,0 +1,213 @@
+"""Request bodies and response shapes of the admin API (PRODUCT.md §4a). Store objects are reused as they
+are, except where a secret must not leave: backends are shown without their ``api_key``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from store import (
+    Attempt,
+    AttemptedRollout,
+    AttemptStatus,
+    Backend,
+    ModelAlias,
+    ResourcesUpdate,
+    Rollout,
+    RolloutConfig,
+    Span,
+    TaskSpec,
+)
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnqueueRequest(Body):
+    tasks: list[TaskSpec] = Field(min_length=1, max_length=100_000)
+
+
+class RolloutsResponse(BaseModel):
+    rollouts: list[Rollout]
+
+
+class StartRequest(TaskSpec):
+    worker_id: str | None = None
+
+
+class ClaimRequest(Body):
+    worker_id: str | None = Field(default=None, max_length=128)
+    limit: int = Field(default=1, ge=1, le=100)
+    wait_seconds: float = Field(default=0.0, ge=0, le=60)
+
+
+class Claim(BaseModel):
+    """A rollout handed to a worker: the agent calls ``base_url`` with ``api_key`` (valid for this attempt)."""
+
+    rollout: Rollout
+    attempt: Attempt
+    resources: ResourcesUpdate | None
+    base_url: str
+    api_key: str
+
+
+class ClaimsResponse(BaseModel):
+    claims: list[Claim]
+
+
+class RolloutPage(BaseModel):
+    items: list[Rollout]
+    next_cursor: str | None
+
+
+class AttemptRequest(Body):
+    worker_id: str | None = Field(default=None, max_length=128)
+
+
+class AttemptUpdate(Body):
+    status: AttemptStatus | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class RewardRequest(Body):
+    value: float | None
+    name: str = Field(default="primary", min_length=1, max_length=128)
+    attempt_id: str = "latest"
+
+
+class SpanIn(Span):
+    """A span to ingest: rollout and attempt come from the path (and ``attempt_id``, default latest)."""
+
+    trace_id: str = ""
+    span_id: str = ""
+
+
+class SpansRequest(Body):
+    spans: list[SpanIn] = Field(min_length=1, max_length=10_000)
+
+
+class SpansResponse(BaseModel):
+    spans: list[Span]
+
+
+class SpanPage(BaseModel):
+    items: list[Span]
+
+
+class WaitRequest(Body):
+    rollout_ids: list[str] = Field(min_length=1, max_length=10_000)
+    timeout_seconds: float = Field(default=10.0, ge=0, le=60)
+
+
+class WaitResponse(BaseModel):
+    finished: list[Rollout]
+    pending: list[str]
+
+
+class GroupView(BaseModel):
+    group_id: str
+    size: int
+    finished: int
+    complete: bool
+    rollouts: list[Rollout]
+
+
+class ResourcesBody(Body):
+    resources: dict[str, Any]
+
+
+class ResourcesPage(BaseModel):
+    items: list[ResourcesUpdate]
+    next_cursor: str | None
+
+
+class BackendView(BaseModel):
+    backend_id: str
+    base_url: str
+    kind: str
+    model: str
+    weight: float
+    max_concurrency: int | None
+    version: str | None
+    has_api_key: bool
+
+    @classmethod
+    def of(cls, backend: Backend) -> BackendView:
+        return cls(
+            backend_id=backend.backend_id,
+            base_url=backend.base_url,
+            kind=backend.kind,
+            model=backend.model,
+            weight=backend.weight,
+            max_concurrency=backend.max_concurrency,
+            version=backend.version,
+            has_api_key=backend.api_key is not None,
+        )
+
+
+class ModelState(BaseModel):
+    paused: bool
+    in_flight: int
+
+
+class ModelView(BaseModel):
+    alias: str
+    backends: list[BackendView]
+    version: str
+    sampling: dict[str, Any] | None
+    state: ModelState
+
+    @classmethod
+    def of(cls, model: ModelAlias, in_flight: int) -> ModelView:
+        return cls(
+            alias=model.alias,
+            backends=[BackendView.of(b) for b in model.backends],
+            version=model.version,
+            sampling=model.sampling,
+            state=ModelState(paused=model.paused, in_flight=in_flight),
+        )
+
+
+class ModelPage(BaseModel):
+    items: list[ModelView]
+
+
+class ModelPut(Body):
+    backends: list[Backend] = Field(min_length=1, max_length=256)
+    version: str | None = Field(default=None, min_length=1, max_length=128)
+    sampling: dict[str, Any] | None = None
+
+
+class SwapRequest(Body):
+    backends: list[Backend] | None = Field(default=None, min_length=1, max_length=256)
+    version: str | None = Field(default=None, min_length=1, max_length=128)
+    drain_timeout_seconds: float | None = Field(default=None, ge=0, le=600)
+
+
+class KeyRequest(Body):
+    scope: Literal["gateway", "admin"] = "gateway"
+    name: str | None = Field(default=None, max_length=256)
+    expires_in_seconds: float | None = Field(default=None, gt=0)
+
+
+class MintedKey(BaseModel):
+    key_id: str
+    key: str
+    scope: str
+
+
+class StatsView(BaseModel):
+    rollouts_by_status: dict[str, int]
+    attempts_by_status: dict[str, int]
+    queue_depth: int
+    total_rollouts: int
+    total_attempts: int
+    total_spans: int
+    input_tokens: int
+    output_tokens: int
+    uptime_seconds: float
+
+
+__all__ = ["AttemptedRollout", "RolloutConfig"]

@@ -1,0 +1,210 @@
+"""Pause, drain and swap under load, end to end: the official openai SDK → a real gateway → two mock backend
+processes (A and B). A call holds the alias configuration it was admitted with: calls in flight when the alias
+is swapped finish on A, later calls go to B, and every span records the version that served it.
+
+The mock's long-polls (``stats(wait_requests=N)``) run in a thread so the gateway (this event loop) keeps
+serving while the test waits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai import AsyncOpenAI
+
+from gateway.mock import MockBackendProcess
+from tests.gateway_harness import RunningGateway, claim_one, register, running_gateway
+
+ALIAS = "policy"
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[MockBackendProcess, MockBackendProcess]]:
+    with MockBackendProcess() as a, MockBackendProcess() as b:
+        yield a, b
+
+
+@pytest.fixture
+def backends(pair: tuple[MockBackendProcess, MockBackendProcess]) -> tuple[MockBackendProcess, MockBackendProcess]:
+    for process in pair:
+        process.reset()
+    return pair
+
+
+def entry(mock: MockBackendProcess, backend_id: str) -> dict[str, Any]:
+    return {"backend_id": backend_id, "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
+
+
+@pytest.fixture
+async def gw(tmp_path: Path, backends: tuple[MockBackendProcess, MockBackendProcess]) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(tmp_path, pause_wait_seconds=10) as gateway:
+        await register(gateway.store, ALIAS, entry(backends[0], "a"), version="v1")
+        yield gateway
+
+
+def wide_client(gw: RunningGateway, base_url: str | None = None) -> AsyncOpenAI:
+    """A client whose pool lets hundreds of calls be in flight at once (httpx's default is 100)."""
+    limits = httpx.Limits(max_connections=500, max_keepalive_connections=500)
+    return gw.client(base_url, http_client=httpx.AsyncClient(limits=limits, timeout=60))
+
+
+async def wait_requests(mock: MockBackendProcess, count: int, timeout: float = 20) -> dict[str, Any]:
+    snapshot = await asyncio.to_thread(mock.stats, wait_requests=count, timeout=timeout)
+    assert snapshot["requests_total"] >= count, snapshot["requests_total"]
+    return snapshot
+
+
+async def swap_to(gw: RunningGateway, mock: MockBackendProcess, backend_id: str, version: str) -> None:
+    state = gw.state
+    new = await state.store.put_model(ALIAS, [entry(mock, backend_id)], version=version)
+    await state.registry.swap(ALIAS, new)
+
+
+async def call(client: AsyncOpenAI, tag: str, stream: bool) -> str:
+    """One chat call tagged ``tag`` (its user message); returns the answer's text."""
+    messages = [{"role": "user", "content": tag}]
+    if stream:
+        chunks = [
+            c
+            async for c in await client.chat.completions.create(
+                model=ALIAS, messages=messages, max_tokens=4, stream=True
+            )
+        ]
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    answer = await client.chat.completions.create(model=ALIAS, messages=messages, max_tokens=4)
+    return answer.choices[0].message.content or ""
+
+
+def tag_of(span: Any) -> str:
+    tag: str = span.attributes["rollway.request"]["messages"][0]["content"]
+    return tag
+
+
+async def test_swap_under_load(gw: RunningGateway, backends: tuple[MockBackendProcess, MockBackendProcess]) -> None:
+    a, b = backends
+    a.configure(latency_ms=2500)  # calls stay in flight on A while the swap happens
+    rollouts = [await claim_one(gw.store) for _ in range(10)]
+    clients = [wide_client(gw, f"{gw.url}/rollout/{r}/v1") for r, _ in rollouts]
+
+    before = [asyncio.create_task(call(clients[i % 10], f"before {i}", i % 2 == 0)) for i in range(200)]
+    snapshot = await wait_requests(a, 200)
+    assert snapshot["in_flight"] == 200  # all 200 are at A, none finished
+    await swap_to(gw, b, "b", "v2")
+    after = [asyncio.create_task(call(clients[i % 10], f"after {i}", i % 2 == 0)) for i in range(50)]
+    done_after = await asyncio.wait_for(asyncio.gather(*after), 20)
+    assert all(done_after)
+    assert not any(t.done() for t in before)  # B answered while A's calls were still in flight
+    done_before = await asyncio.wait_for(asyncio.gather(*before, return_exceptions=True), 30)
+    assert [r for r in done_before if not isinstance(r, str) or not r] == []  # none failed
+
+    assert {r["body"]["messages"][0]["content"] for r in a.requests(limit=1000)} == {f"before {i}" for i in range(200)}
+    assert {r["body"]["messages"][0]["content"] for r in b.requests(limit=1000)} == {f"after {i}" for i in range(50)}
+    assert await gw.state.registry.drain(ALIAS, 10)
+    spans = [s for r, _ in rollouts for s in await gw.store.query_spans(r)]
+    assert len(spans) == 250
+    served = {tag_of(s): (s.attributes["rollway.backend_id"], s.attributes["rollway.model_version"]) for s in spans}
+    assert served == {f"before {i}": ("a", "v1") for i in range(200)} | {f"after {i}": ("b", "v2") for i in range(50)}
+    assert all(s.status.status_code == "OK" for s in spans)
+    for rollout_id, _ in rollouts:  # gap-free sequence ids per attempt through the swap
+        assert [s.sequence_id for s in await gw.store.query_spans(rollout_id)] == list(range(1, 26))
+
+
+async def test_paused_calls_wait_and_resume_releases_them(
+    gw: RunningGateway, backends: tuple[MockBackendProcess, MockBackendProcess]
+) -> None:
+    a, _ = backends
+    rollout_id, _ = await claim_one(gw.store)
+    client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
+    await gw.state.registry.pause(ALIAS)
+    waiting = [asyncio.create_task(call(client, f"waiting {i}", i == 0)) for i in range(3)]
+    done, _ = await asyncio.wait(waiting, timeout=0.5)  # a window to show nothing happens while paused
+    assert not done
+    assert a.stats()["requests_total"] == 0
+    await gw.state.registry.resume(ALIAS)
+    assert all(await asyncio.wait_for(asyncio.gather(*waiting), 10))
+    assert a.stats()["requests_total"] == 3
+    spans = await gw.store.query_spans(rollout_id)
+    assert [s.sequence_id for s in spans] == [1, 2, 3]
+    assert all(s.status.status_code == "OK" for s in spans)
+
+
+async def test_paused_longer_than_the_bound_is_429_with_retry_after_and_a_span(
+    tmp_path: Path, backends: tuple[MockBackendProcess, MockBackendProcess]
+) -> None:
+    a, _ = backends
+    async with running_gateway(tmp_path, pause_wait_seconds=0.3) as gw:
+        await register(gw.store, ALIAS, entry(a, "a"), version="v1")
+        rollout_id, attempt_id = await claim_one(gw.store)
+        client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
+        await gw.state.registry.pause(ALIAS)
+        started = time.monotonic()
+        with pytest.raises(openai.RateLimitError) as info:
+            await client.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": "hi"}])
+        assert 0.3 <= time.monotonic() - started < 3
+        assert info.value.status_code == 429
+        assert float(info.value.response.headers["retry-after"]) >= 0.3
+        assert isinstance(info.value.body, dict)
+        assert info.value.body["code"] == "model_paused"
+        assert set(info.value.body) == {"message", "type", "param", "code"}
+        assert a.stats()["requests_total"] == 0
+        [span] = await gw.store.query_spans(rollout_id)
+        assert (span.attempt_id, span.sequence_id) == (attempt_id, 1)  # the sequence id is not lost
+        assert span.attributes["http.response.status_code"] == 429
+        assert span.status.status_code == "ERROR"
+        await gw.state.registry.resume(ALIAS)
+        raw = await client.chat.completions.with_raw_response.create(
+            model=ALIAS, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert raw.headers["x-rollway-sequence-id"] == "2"
+
+
+async def test_drain_returns_once_in_flight_calls_finish(
+    gw: RunningGateway, backends: tuple[MockBackendProcess, MockBackendProcess]
+) -> None:
+    a, _ = backends
+    a.configure(latency_ms=600)
+    rollout_id, _ = await claim_one(gw.store)
+    client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
+    calls = [asyncio.create_task(call(client, f"call {i}", i % 2 == 0)) for i in range(5)]
+    await wait_requests(a, 5)
+    registry = gw.state.registry
+    assert registry.in_flight(ALIAS) == 5
+    assert await registry.drain(ALIAS, 0.05) is False
+    assert await registry.drain(ALIAS, 10) is True
+    assert registry.in_flight(ALIAS) == 0
+    assert len(await gw.store.query_spans(rollout_id)) == 5  # every span is written before the drain ends
+    assert all(await asyncio.wait_for(asyncio.gather(*calls), 10))
+    assert await registry.drain(ALIAS, 0) is True  # nothing in flight: at once
+
+
+async def test_weight_update_cycle_pause_drain_swap_resume(
+    gw: RunningGateway, backends: tuple[MockBackendProcess, MockBackendProcess]
+) -> None:
+    """What a trainer does between steps: pause, drain the calls in flight on A, swap to B, resume; calls
+    that arrived during the pause are served by B with the new version."""
+    a, b = backends
+    a.configure(latency_ms=600)
+    rollout_id, _ = await claim_one(gw.store)
+    client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
+    registry = gw.state.registry
+    in_flight = [asyncio.create_task(call(client, f"old {i}", i % 2 == 0)) for i in range(4)]
+    await wait_requests(a, 4)
+    await registry.pause(ALIAS)
+    waiting = [asyncio.create_task(call(client, f"new {i}", i % 2 == 0)) for i in range(4)]
+    assert await registry.drain(ALIAS, 10)
+    assert not any(t.done() for t in waiting)
+    assert all(await asyncio.wait_for(asyncio.gather(*in_flight), 10))
+    await swap_to(gw, b, "b", "v2")
+    await registry.resume(ALIAS)
+    assert all(await asyncio.wait_for(asyncio.gather(*waiting), 10))
+    assert await registry.drain(ALIAS, 10)
+    spans = await gw.store.query_spans(rollout_id)
+    served = {tag_of(s): (s.attributes["rollway.backend_id"], s.attributes["rollway.model_version"]) for s in spans}
+    assert served == {f"old {i}": ("a", "v1") for i in range(4)} | {f"new {i}": ("b", "v2") for i in range(4)}
+    assert a.stats()["requests_total"] == 4 and b.stats()["requests_total"] == 4
