@@ -1,0 +1,261 @@
+"""The control plane over HTTP: auth on every route, bad input, the retry path, swap through the API, and the
+whole loop with runner processes and the openai SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.mock import MockBackendProcess
+from tests.gateway_harness import RunningGateway, running_gateway
+
+TOKEN = "admin-secret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+async def gw(tmp_path: Path, mock: MockBackendProcess) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(tmp_path, admin_token=TOKEN, watchdog_interval=0.2) as gateway:
+        yield gateway
+
+
+@pytest.fixture
+async def admin(gw: RunningGateway) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=gw.url, headers=AUTH, timeout=30) as client:
+        yield client
+
+
+async def put_policy(admin: httpx.AsyncClient, mock: MockBackendProcess, version: str = "v1") -> None:
+    backend = {
+        "backend_id": f"mock-{version}",
+        "base_url": mock.base_url,
+        "kind": "vllm",
+        "model": "mock-model",
+        "api_key": "sk-backend-secret",
+    }
+    response = await admin.put("/admin/v1/models/policy", json={"backends": [backend], "version": version})
+    assert response.status_code == 200, response.text
+
+
+def admin_routes(gw: RunningGateway) -> list[tuple[str, str]]:
+    """Every admin operation, from the OpenAPI document (so a new route cannot skip this test)."""
+    paths = gw.app.openapi()["paths"]
+    return [(m.upper(), p) for p, ops in paths.items() if p.startswith("/admin/v1") for m in ops]
+
+
+def concrete(path: str) -> str:
+    return path.replace("{", "x-").replace("}", "")
+
+
+async def test_every_admin_route_refuses_missing_wrong_and_foreign_tokens(gw: RunningGateway) -> None:
+    routes = admin_routes(gw)
+    assert len(routes) >= 20
+    _, gateway_key = await gw.store.mint_key("gateway")
+    async with httpx.AsyncClient(base_url=gw.url) as client:
+        for method, path in routes:
+            url = concrete(path)
+            missing = await client.request(method, url)
+            assert missing.status_code == 401, (method, path, missing.text)
+            assert missing.json()["error"]["type"] == "authentication_error"
+            wrong = await client.request(method, url, headers={"Authorization": "Bearer not-the-token"})
+            assert wrong.status_code == 401, (method, path)
+            foreign = await client.request(method, url, headers={"Authorization": f"Bearer {gateway_key}"})
+            assert foreign.status_code == 403, (method, path)
+            assert "not-the-token" not in wrong.text and gateway_key not in foreign.text
+
+
+async def test_admin_scoped_key_works_like_the_token(gw: RunningGateway, admin: httpx.AsyncClient) -> None:
+    minted = (await admin.post("/admin/v1/keys", json={"scope": "admin"})).json()
+    async with httpx.AsyncClient(base_url=gw.url, headers={"Authorization": f"Bearer {minted['key']}"}) as client:
+        assert (await client.get("/admin/v1/stats")).status_code == 200
+    assert (await admin.delete(f"/admin/v1/keys/{minted['key_id']}")).status_code == 204
+    async with httpx.AsyncClient(base_url=gw.url, headers={"Authorization": f"Bearer {minted['key']}"}) as client:
+        assert (await client.get("/admin/v1/stats")).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status"),
+    [
+        ("POST", "/admin/v1/rollouts", {"tasks": []}, 400),
+        ("POST", "/admin/v1/rollouts", {"tasks": [{"input": 1, "config": {"max_attempts": 0}}]}, 400),
+        ("POST", "/admin/v1/rollouts", {"tasks": [{"input": 1, "config": {"timeout_seconds": -1}}]}, 400),
+        ("POST", "/admin/v1/rollouts", {"tasks": [{"input": 1, "bogus": True}]}, 400),
+        ("GET", "/admin/v1/rollouts?limit=-1", None, 400),
+        ("GET", "/admin/v1/rollouts?cursor=not-a-cursor", None, 400),
+        ("GET", "/admin/v1/rollouts?status=nonsense", None, 400),
+        ("GET", "/admin/v1/rollouts/ro-missing", None, 404),
+        ("POST", "/admin/v1/rollouts/ro-missing/cancel", None, 404),
+        ("PATCH", "/admin/v1/rollouts/ro-missing/attempts/latest", {"status": "succeeded"}, 404),
+        ("POST", "/admin/v1/rollouts/ro-missing/rewards", {"value": 1}, 404),
+        ("POST", "/admin/v1/claims", {"limit": -3}, 400),
+        ("POST", "/admin/v1/rollouts/wait", {"rollout_ids": ["ro-missing"], "timeout_seconds": 0}, 404),
+        ("POST", "/admin/v1/rollouts/wait", {"rollout_ids": ["x"], "timeout_seconds": 3600}, 400),
+        ("GET", "/admin/v1/models/none", None, 404),
+        ("PUT", "/admin/v1/models/m", {"backends": []}, 400),
+        ("PUT", "/admin/v1/models/m", {"backends": [{"base_url": "http://x/v1", "kind": "nope", "model": "m"}]}, 400),
+        ("GET", "/admin/v1/resources/rs-missing", None, 404),
+        ("DELETE", "/admin/v1/keys/key-missing", None, 404),
+        ("GET", "/admin/v1/groups/gr-missing", None, 404),
+    ],
+)
+async def test_bad_input_gets_a_clear_4xx_envelope(
+    admin: httpx.AsyncClient, method: str, path: str, body: Any, status: int
+) -> None:
+    response = await admin.request(method, path, json=body)
+    assert response.status_code == status, response.text
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+async def test_malformed_json_body_is_a_400_and_the_server_keeps_serving(admin: httpx.AsyncClient) -> None:
+    response = await admin.post(
+        "/admin/v1/rollouts", content=b"{not json", headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 400
+    assert (await admin.get("/admin/v1/stats")).status_code == 200
+
+
+async def test_invalid_transition_is_a_409_naming_the_states(admin: httpx.AsyncClient) -> None:
+    [rollout] = (await admin.post("/admin/v1/rollouts", json={"tasks": [{"input": 1}]})).json()["rollouts"]
+    await admin.post("/admin/v1/claims", json={"worker_id": "w"})
+    done = await admin.patch(
+        f"/admin/v1/rollouts/{rollout['rollout_id']}/attempts/latest", json={"status": "succeeded"}
+    )
+    assert done.status_code == 200
+    again = await admin.patch(f"/admin/v1/rollouts/{rollout['rollout_id']}/attempts/latest", json={"status": "failed"})
+    assert again.status_code == 409
+    assert "succeeded" in again.json()["error"]["message"] and "failed" in again.json()["error"]["message"]
+    cancel = await admin.post(f"/admin/v1/rollouts/{rollout['rollout_id']}/cancel")
+    assert cancel.status_code == 409
+
+
+async def test_models_never_return_backend_api_keys(admin: httpx.AsyncClient, mock: MockBackendProcess) -> None:
+    await put_policy(admin, mock)
+    for response in (await admin.get("/admin/v1/models"), await admin.get("/admin/v1/models/policy")):
+        assert "sk-backend-secret" not in response.text
+        assert response.status_code == 200
+    view = (await admin.get("/admin/v1/models/policy")).json()
+    assert view["backends"][0]["has_api_key"] is True
+    assert view["state"] == {"paused": False, "in_flight": 0}
+
+
+async def test_retry_path_requeues_failed_attempt_and_refuses_the_old_key(
+    gw: RunningGateway, admin: httpx.AsyncClient, mock: MockBackendProcess
+) -> None:
+    await put_policy(admin, mock)
+    task = {"input": {"q": 1}, "config": {"max_attempts": 2, "retry_condition": ["failed"]}}
+    [rollout] = (await admin.post("/admin/v1/rollouts", json={"tasks": [task]})).json()["rollouts"]
+    rid = rollout["rollout_id"]
+    [first] = (await admin.post("/admin/v1/claims", json={"worker_id": "w1"})).json()["claims"]
+    old = gw.client(api_key=first["api_key"])
+    await old.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
+    failed = await admin.patch(f"/admin/v1/rollouts/{rid}/attempts/latest", json={"status": "failed"})
+    assert failed.status_code == 200
+    assert (await admin.get(f"/admin/v1/rollouts/{rid}")).json()["status"] == "requeuing"
+    [second] = (await admin.post("/admin/v1/claims", json={"worker_id": "w2"})).json()["claims"]
+    assert second["rollout"]["rollout_id"] == rid and second["attempt"]["sequence_id"] == 2
+    with pytest.raises(Exception) as refused:
+        await old.chat.completions.create(model="policy", messages=[{"role": "user", "content": "late"}])
+    assert getattr(refused.value, "status_code", None) in (403, 409)
+    new = gw.client(base_url=second["base_url"], api_key=second["api_key"])
+    await new.chat.completions.create(model="policy", messages=[{"role": "user", "content": "again"}])
+    spans = (await admin.get(f"/admin/v1/rollouts/{rid}/spans", params={"attempt_id": "latest"})).json()["items"]
+    assert [s["attempt_id"] for s in spans] == [second["attempt"]["attempt_id"]]
+
+
+async def test_runner_that_stops_heartbeating_gets_its_rollout_requeued(admin: httpx.AsyncClient) -> None:
+    task = {"input": 1, "config": {"unresponsive_seconds": 0.3, "max_attempts": 2, "retry_condition": ["unresponsive"]}}
+    [rollout] = (await admin.post("/admin/v1/rollouts", json={"tasks": [task]})).json()["rollouts"]
+    [first] = (await admin.post("/admin/v1/claims", json={"worker_id": "silent"})).json()["claims"]
+    # No span, no heartbeat: the watchdog (every 0.2 s here) requeues it; the long-poll wakes up with it.
+    claims = (await admin.post("/admin/v1/claims", json={"worker_id": "w2", "wait_seconds": 10})).json()["claims"]
+    assert [c["rollout"]["rollout_id"] for c in claims] == [rollout["rollout_id"]]
+    attempts = (await admin.get(f"/admin/v1/rollouts/{rollout['rollout_id']}")).json()["attempts"]
+    assert [a["status"] for a in attempts] == ["unresponsive", "preparing"]
+    assert attempts[0]["attempt_id"] == first["attempt"]["attempt_id"]
+
+
+async def test_swap_through_the_admin_api_while_runners_call(
+    gw: RunningGateway, admin: httpx.AsyncClient, mock: MockBackendProcess
+) -> None:
+    await put_policy(admin, mock, "v1")
+    await admin.post("/admin/v1/rollouts", json={"tasks": [{"input": i} for i in range(4)]})
+    claims = (await admin.post("/admin/v1/claims", json={"worker_id": "w", "limit": 4})).json()["claims"]
+    stop = asyncio.Event()
+    failures: list[BaseException] = []
+
+    async def runner(claim: dict[str, Any]) -> int:
+        client = gw.client(base_url=claim["base_url"], api_key=claim["api_key"])
+        calls = 0
+        while not stop.is_set() or calls < 3:
+            try:
+                await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "go"}])
+            except Exception as exc:  # every call must succeed
+                failures.append(exc)
+                return calls
+            calls += 1
+        return calls
+
+    tasks = [asyncio.create_task(runner(c)) for c in claims]
+    assert (await admin.post("/admin/v1/models/policy/pause")).json()["state"]["paused"] is True
+    backend = {"backend_id": "mock-v2", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
+    swapped = await admin.post(
+        "/admin/v1/models/policy/swap", json={"backends": [backend], "version": "v2", "drain_timeout_seconds": 10}
+    )
+    assert swapped.status_code == 200 and swapped.json()["version"] == "v2"
+    assert (await admin.post("/admin/v1/models/policy/resume")).json()["state"]["paused"] is False
+    stop.set()
+    counts = await asyncio.gather(*tasks)
+    assert failures == [] and all(n >= 3 for n in counts)
+    for claim in claims:
+        spans = await gw.store.query_spans(claim["rollout"]["rollout_id"])
+        versions = [s.attributes["rollway.model_version"] for s in spans]
+        assert versions[-1] == "v2"
+        assert versions == sorted(versions)  # v1 calls, then only v2 calls
+
+
+@pytest.mark.slow
+async def test_full_loop_with_runner_processes(
+    gw: RunningGateway, admin: httpx.AsyncClient, mock: MockBackendProcess
+) -> None:
+    await put_policy(admin, mock)
+    tasks = [
+        {"input": {"question": f"What is {i} + {i * 3}?", "answer": i * 4}, "group_size": 4, "mode": "train"}
+        for i in range(16)
+    ]
+    rollouts = (await admin.post("/admin/v1/rollouts", json={"tasks": tasks})).json()["rollouts"]
+    assert len(rollouts) == 64
+    runners = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, str(ROOT / "tests" / "loop_runner.py"), gw.url, TOKEN, f"runner-{i}", cwd=ROOT
+        )
+        for i in range(4)
+    ]
+    ids = [r["rollout_id"] for r in rollouts]
+    waited = (await admin.post("/admin/v1/rollouts/wait", json={"rollout_ids": ids, "timeout_seconds": 60})).json()
+    codes = await asyncio.wait_for(asyncio.gather(*(r.wait() for r in runners)), 120)
+    assert codes == [0, 0, 0, 0]
+    assert waited["pending"] == []
+    assert {r["status"] for r in waited["finished"]} == {"succeeded"}
+    groups = {r["group_id"] for r in rollouts}
+    assert len(groups) == 16
+    for group_id in groups:
+        view = (await admin.get(f"/admin/v1/groups/{group_id}")).json()
+        assert view["complete"] is True and view["size"] == 4
+    workers = {a["worker_id"] for r in ids for a in (await admin.get(f"/admin/v1/rollouts/{r}")).json()["attempts"]}
+    assert len(workers) >= 2
+    for rollout_id in ids[:8]:
+        spans = (await admin.get(f"/admin/v1/rollouts/{rollout_id}/spans")).json()["items"]
+        calls = [s for s in spans if s["attributes"].get("gen_ai.operation.name") == "chat"]
+        rewards = [s for s in spans if s["name"] == "rollway.reward"]
+        assert len(calls) == 2 and len(rewards) == 1
+        assert rewards[0]["sequence_id"] > calls[-1]["sequence_id"]
+        for call in calls:
+            assert call["attributes"]["rollway.trainable"] is True
+            assert call["attributes"]["rollway.response_token_ids"]
