@@ -35,6 +35,13 @@ def test_package_does_not_import_forbidden_layers(package: str, forbidden: set[s
     assert offenders == {}
 
 
-def test_gateway_only_composes_admin_in_the_app_module() -> None:
+def test_gateway_only_composes_admin_in_the_app_and_the_cli_commands() -> None:
+    # app.py mounts the admin router; the CLI's admin commands and the demo are clients of the admin API.
     users = {path for path, names in _imports("gateway").items() if "admin" in names}
-    assert users <= {"gateway/app.py"}
+    assert users <= {"gateway/app.py", "gateway/commands.py", "gateway/demo.py"}
+
+
+def test_the_admin_client_does_not_pull_in_the_server() -> None:
+    server = {"fastapi", "starlette", "uvicorn", "aiohttp"}
+    clients = {path: names & server for path, names in _imports("admin").items() if "/client" in path}
+    assert clients and all(not names for names in clients.values()), clients

@@ -1,0 +1,393 @@
+"""An async Python client for the admin API (``/admin/v1``), with typed results (the store's and
+``admin.schemas``' pydantic models) and retries.
+
+    async with AsyncRollwayClient("http://127.0.0.1:8080", token="...") as client:
+        rollouts = await client.enqueue([{"input": {"q": "1 + 1"}, "group_size": 4}])
+        [claim] = await client.claim("worker-1", wait_seconds=10)
+
+Connection errors and 5xx answers are retried with exponential backoff and jitter (``RetryPolicy``), a 4xx
+never; failures raise ``RollwayAPIError`` (status + the error envelope's message) or ``RollwayConnectionError``,
+both ``RollwayError`` (``admin.client_types``).
+
+``admin.client_sync.RollwayClient`` is the same client for synchronous code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Literal
+
+import httpx
+
+from admin.client_transport import Transport, dump_backend, dump_body, path_segment, query
+from admin.client_types import (
+    UNSET,
+    MergedTriplet,
+    RetryPolicy,
+    RollwayAPIError,
+    RollwayConnectionError,
+    RollwayError,
+    Triplet,
+    Unset,
+)
+from admin.schemas import (
+    Claim,
+    ClaimsResponse,
+    GroupView,
+    MintedKey,
+    ModelPage,
+    ModelView,
+    ResourcesPage,
+    RolloutPage,
+    RolloutsResponse,
+    SpanPage,
+    SpansResponse,
+    StatsView,
+    WaitResponse,
+)
+from store import Attempt, Backend, ResourcesUpdate, Rollout, Span, TaskSpec
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+MAX_WAIT_SECONDS = 60.0  # the server's bound on one long poll (claims, waits)
+MAX_WAIT_IDS = 10_000  # the server's bound on rollout ids per wait
+CURSOR_HEADER = "x-rollway-next-cursor"
+
+
+class AsyncRollwayClient:
+    """The admin API of one Rollway server. ``url`` is the server's root (``/admin/v1`` is added); ``token`` is
+    the admin token. Use as an async context manager, or call ``aclose()``."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/").removesuffix("/admin/v1")
+        self._t = Transport(self.url, token, timeout=timeout, retry=retry or RetryPolicy(), transport=transport)
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> AsyncRollwayClient:
+        """``ROLLWAY_URL`` (default http://127.0.0.1:8080) and ``ROLLWAY_ADMIN_TOKEN``."""
+        return cls(os.environ.get("ROLLWAY_URL", DEFAULT_URL), os.environ.get("ROLLWAY_ADMIN_TOKEN"), **kwargs)
+
+    async def aclose(self) -> None:
+        await self._t.aclose()
+
+    async def __aenter__(self) -> AsyncRollwayClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # -- tasks, claims, rollouts -----------------------------------------------------------------------------
+
+    async def enqueue(self, tasks: Sequence[TaskSpec | Mapping[str, Any]]) -> list[Rollout]:
+        """Queue tasks (``group_size: n`` → n rollouts sharing a ``group_id``)."""
+        body = {"tasks": [dump_body(t) for t in tasks]}
+        return (await self._t.model(RolloutsResponse, "POST", "/rollouts", json=body)).rollouts
+
+    async def start_rollout(self, task: TaskSpec | Mapping[str, Any], worker_id: str | None = None) -> Claim:
+        """Create a rollout with attempt 1 already handed to ``worker_id`` (no queue)."""
+        body = dump_body(task) | ({"worker_id": worker_id} if worker_id is not None else {})
+        return await self._t.model(Claim, "POST", "/rollouts/start", json=body)
+
+    async def claim(self, worker_id: str | None = None, limit: int = 1, wait_seconds: float = 0.0) -> list[Claim]:
+        """Take up to ``limit`` queued rollouts, waiting up to ``wait_seconds`` (≤ 60) for one to arrive."""
+        body = {"worker_id": worker_id, "limit": limit, "wait_seconds": wait_seconds}
+        return (await self._t.model(ClaimsResponse, "POST", "/claims", json=body, wait=wait_seconds)).claims
+
+    async def list_rollouts(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        mode: str | None = None,
+        group_id: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> RolloutPage:
+        statuses = [status] if isinstance(status, str) else list(status or [])
+        params = query(status=statuses or None, mode=mode, group_id=group_id, limit=limit, cursor=cursor)
+        return await self._t.model(RolloutPage, "GET", "/rollouts", params=params)
+
+    async def iter_rollouts(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        mode: str | None = None,
+        group_id: str | None = None,
+        page_size: int = 500,
+    ) -> AsyncIterator[Rollout]:
+        """Every matching rollout, following the cursor page by page."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_rollouts(status=status, mode=mode, group_id=group_id, limit=page_size, cursor=cursor)
+            for rollout in page.items:
+                yield rollout
+            if not page.next_cursor or not page.items:
+                return
+            cursor = page.next_cursor
+
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        """The rollout with its ``attempts``."""
+        return await self._t.model(Rollout, "GET", f"/rollouts/{path_segment(rollout_id)}")
+
+    async def cancel(self, rollout_id: str) -> Rollout:
+        return await self._t.model(Rollout, "POST", f"/rollouts/{path_segment(rollout_id)}/cancel")
+
+    async def new_attempt(self, rollout_id: str, worker_id: str | None = None) -> Claim:
+        """Start a new attempt of the rollout (the previous one becomes stale)."""
+        return await self._t.model(
+            Claim, "POST", f"/rollouts/{path_segment(rollout_id)}/attempts", json={"worker_id": worker_id}
+        )
+
+    async def update_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str = "latest",
+        *,
+        status: str | None = None,
+        metadata: Mapping[str, Any] | Unset | None = UNSET,
+    ) -> Attempt:
+        """Report an attempt's outcome (``succeeded``/``failed``) and/or replace its metadata."""
+        body: dict[str, Any] = {} if status is None else {"status": status}
+        if not isinstance(metadata, Unset):
+            body["metadata"] = None if metadata is None else dict(metadata)
+        return await self._t.model(
+            Attempt, "PATCH", f"/rollouts/{path_segment(rollout_id)}/attempts/{path_segment(attempt_id)}", json=body
+        )
+
+    async def heartbeat(self, rollout_id: str, attempt_id: str = "latest") -> Attempt:
+        return await self._t.model(
+            Attempt, "POST", f"/rollouts/{path_segment(rollout_id)}/attempts/{path_segment(attempt_id)}/heartbeat"
+        )
+
+    async def add_reward(
+        self, rollout_id: str, value: float | None, *, name: str = "primary", attempt_id: str = "latest"
+    ) -> Span:
+        """Record a reward as a span on the attempt (``None`` stays null, never 0)."""
+        body = {"value": value, "name": name, "attempt_id": attempt_id}
+        return await self._t.model(Span, "POST", f"/rollouts/{path_segment(rollout_id)}/rewards", json=body)
+
+    async def add_spans(self, rollout_id: str, spans: Sequence[Span | Mapping[str, Any]]) -> list[Span]:
+        body, path = {"spans": [dump_body(s) for s in spans]}, f"/rollouts/{path_segment(rollout_id)}/spans"
+        return (await self._t.model(SpansResponse, "POST", path, json=body)).spans
+
+    async def get_spans(self, rollout_id: str, attempt_id: str = "latest") -> list[Span]:
+        """Spans in sequence order; ``attempt_id`` is ``latest``, ``all`` or an attempt id."""
+        params, path = {"attempt_id": attempt_id}, f"/rollouts/{path_segment(rollout_id)}/spans"
+        return (await self._t.model(SpanPage, "GET", path, params=params)).items
+
+    async def wait(self, rollout_ids: Sequence[str], timeout_seconds: float = 10.0) -> WaitResponse:
+        """One server-side wait (``timeout_seconds`` ≤ 60) until the rollouts finish."""
+        body = {"rollout_ids": list(rollout_ids), "timeout_seconds": timeout_seconds}
+        return await self._t.model(WaitResponse, "POST", "/rollouts/wait", json=body, wait=timeout_seconds)
+
+    async def wait_for(self, rollout_ids: Sequence[str], timeout: float | None = None) -> WaitResponse:
+        """Wait any number of rollouts for any time (``None``: until all finished), in bounded server waits."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        pending, finished = list(dict.fromkeys(rollout_ids)), []
+        while pending:
+            left = MAX_WAIT_SECONDS if deadline is None else max(0.0, deadline - loop.time())
+            result = await self.wait(pending[:MAX_WAIT_IDS], min(left, MAX_WAIT_SECONDS))
+            finished.extend(result.finished)
+            pending = result.pending + pending[MAX_WAIT_IDS:]
+            if deadline is not None and loop.time() >= deadline:
+                break
+        return WaitResponse(finished=finished, pending=pending)
+
+    async def get_group(self, group_id: str) -> GroupView:
+        return await self._t.model(GroupView, "GET", f"/groups/{path_segment(group_id)}")
+
+    # -- resources -------------------------------------------------------------------------------------------
+
+    async def add_resources(self, resources: Mapping[str, Any]) -> ResourcesUpdate:
+        """A new bundle (version 1); it becomes the latest."""
+        return await self._t.model(ResourcesUpdate, "POST", "/resources", json={"resources": dict(resources)})
+
+    async def update_resources(self, resources_id: str, resources: Mapping[str, Any]) -> ResourcesUpdate:
+        """A new version (+1) of the bundle; it becomes the latest."""
+        body = {"resources": dict(resources)}
+        return await self._t.model(ResourcesUpdate, "PUT", f"/resources/{path_segment(resources_id)}", json=body)
+
+    async def get_resources(self, resources_id: str = "latest") -> ResourcesUpdate:
+        return await self._t.model(ResourcesUpdate, "GET", f"/resources/{path_segment(resources_id)}")
+
+    async def list_resources(self, limit: int = 100, cursor: str | None = None) -> ResourcesPage:
+        return await self._t.model(ResourcesPage, "GET", "/resources", params=query(limit=limit, cursor=cursor))
+
+    # -- models ----------------------------------------------------------------------------------------------
+
+    async def list_models(self) -> list[ModelView]:
+        return (await self._t.model(ModelPage, "GET", "/models")).items
+
+    async def get_model(self, alias: str) -> ModelView:
+        return await self._t.model(ModelView, "GET", f"/models/{path_segment(alias)}")
+
+    async def put_model(
+        self,
+        alias: str,
+        backends: Sequence[Backend | Mapping[str, Any]],
+        *,
+        version: str | None = None,
+        sampling: Mapping[str, Any] | None = None,
+    ) -> ModelView:
+        """Create or replace an alias (version + 1 unless given). Backend API keys are sent, never shown."""
+        body: dict[str, Any] = {"backends": [dump_backend(b) for b in backends]}
+        body |= query(version=version, sampling=None if sampling is None else dict(sampling))
+        return await self._t.model(ModelView, "PUT", f"/models/{path_segment(alias)}", json=body)
+
+    async def delete_model(self, alias: str) -> None:
+        await self._t.request("DELETE", f"/models/{path_segment(alias)}")
+
+    async def pause_model(self, alias: str) -> ModelView:
+        return await self._t.model(ModelView, "POST", f"/models/{path_segment(alias)}/pause")
+
+    async def resume_model(self, alias: str) -> ModelView:
+        return await self._t.model(ModelView, "POST", f"/models/{path_segment(alias)}/resume")
+
+    async def swap_model(
+        self,
+        alias: str,
+        backends: Sequence[Backend | Mapping[str, Any]] | None = None,
+        *,
+        version: str | None = None,
+        drain_timeout_seconds: float | None = None,
+    ) -> ModelView:
+        """New backends and/or version for new calls; with ``drain_timeout_seconds``, also wait for the old."""
+        body = query(
+            backends=None if backends is None else [dump_backend(b) for b in backends],
+            version=version,
+            drain_timeout_seconds=drain_timeout_seconds,
+        )
+        wait = drain_timeout_seconds or 0.0
+        return await self._t.model(ModelView, "POST", f"/models/{path_segment(alias)}/swap", json=body, wait=wait)
+
+    # -- keys, stats -----------------------------------------------------------------------------------------
+
+    async def mint_key(
+        self,
+        scope: Literal["gateway", "admin"] = "gateway",
+        *,
+        name: str | None = None,
+        expires_in_seconds: float | None = None,
+    ) -> MintedKey:
+        """A new key; ``key`` is shown only in this answer."""
+        body = {"scope": scope} | query(name=name, expires_in_seconds=expires_in_seconds)
+        return await self._t.model(MintedKey, "POST", "/keys", json=body)
+
+    async def revoke_key(self, key_id: str) -> None:
+        await self._t.request("DELETE", f"/keys/{path_segment(key_id)}")
+
+    async def stats(self) -> StatsView:
+        return await self._t.model(StatsView, "GET", "/stats")
+
+    # -- triplets --------------------------------------------------------------------------------------------
+
+    async def iter_triplet_records(
+        self,
+        *,
+        rollout_id: str | Sequence[str] | None = None,
+        group_id: str | None = None,
+        since: str | None = None,
+        merge: bool = False,
+        partial: bool = False,
+        page_size: int = 500,
+        jsonl: bool = False,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Triplets (or with ``merge`` merged rows) of finished rollouts as plain JSON objects, ``page_size``
+        rollouts per call, following ``next_cursor`` (sent back as ``since``). With ``jsonl`` each page is
+        streamed as JSON Lines (cursor in the ``x-rollway-next-cursor`` header); an error line the server ends a
+        broken stream with is raised as ``RollwayAPIError``."""
+        cursor = since
+        rollout_ids = [rollout_id] if isinstance(rollout_id, str) else None if rollout_id is None else list(rollout_id)
+        while True:
+            params = query(
+                rollout_id=rollout_ids, group_id=group_id, since=cursor, limit=page_size, merge=merge, partial=partial
+            )
+            params["format"] = "jsonl" if jsonl else "json"
+            count, next_cursor = 0, None
+            if jsonl:
+                async for response, record in self._t.json_lines(self._t.build("GET", "/triplets", params=params)):
+                    next_cursor = next_cursor or response.headers.get(CURSOR_HEADER)
+                    if isinstance(record, dict) and record.keys() == {"next_cursor"}:
+                        next_cursor = record["next_cursor"]
+                        continue
+                    if isinstance(record, dict) and record.keys() == {"error"}:
+                        error = record["error"] if isinstance(record["error"], dict) else {}
+                        message = str(error.get("message", "the export failed mid-stream"))
+                        raise RollwayAPIError(500, message, type=error.get("type"), code=error.get("code"))
+                    count += 1
+                    yield record
+            else:
+                page = (await self._t.request("GET", "/triplets", params=params)).json()
+                next_cursor = page.get("next_cursor")
+                for record in page.get("items", []):
+                    count += 1
+                    yield record
+            if not next_cursor or count == 0 or next_cursor == cursor:
+                return
+            cursor = next_cursor
+
+    async def iter_triplets(
+        self,
+        *,
+        rollout_id: str | Sequence[str] | None = None,
+        group_id: str | None = None,
+        since: str | None = None,
+        partial: bool = False,
+        page_size: int = 500,
+        jsonl: bool = False,
+    ) -> AsyncIterator[Triplet]:
+        """One ``Triplet`` per LLM call (groups only when complete, unless ``partial``)."""
+        records = self.iter_triplet_records(
+            rollout_id=rollout_id, group_id=group_id, since=since, partial=partial, page_size=page_size, jsonl=jsonl
+        )
+        async for record in records:
+            yield Triplet.model_validate(record)
+
+    async def iter_merged_triplets(
+        self,
+        *,
+        rollout_id: str | Sequence[str] | None = None,
+        group_id: str | None = None,
+        since: str | None = None,
+        partial: bool = False,
+        page_size: int = 500,
+        jsonl: bool = False,
+    ) -> AsyncIterator[MergedTriplet]:
+        """One ``MergedTriplet`` per multi-turn segment of a rollout (``merge=true``)."""
+        records = self.iter_triplet_records(
+            rollout_id=rollout_id,
+            group_id=group_id,
+            since=since,
+            merge=True,
+            partial=partial,
+            page_size=page_size,
+            jsonl=jsonl,
+        )
+        async for record in records:
+            yield MergedTriplet.model_validate(record)
+
+
+__all__ = [
+    "UNSET",
+    "AsyncRollwayClient",
+    "Claim",
+    "MergedTriplet",
+    "RetryPolicy",
+    "RollwayAPIError",
+    "RollwayConnectionError",
+    "RollwayError",
+    "Triplet",
+    "Unset",
+]

@@ -1,0 +1,138 @@
+"""The admin client's HTTP layer: one ``httpx.AsyncClient`` with the admin token, retries with backoff and
+jitter on connection errors and 5xx (never on 4xx), errors raised as ``RollwayAPIError`` /
+``RollwayConnectionError``, JSON Lines streaming, and how arguments become paths, queries and bodies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel
+
+from admin.client_types import RetryPolicy, RollwayAPIError, RollwayConnectionError
+from store import Backend
+
+#: Methods a read timeout may be retried for: the server may already have acted on any other.
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after", "").strip()
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None  # an HTTP date: use our own backoff
+
+
+def dump_body(item: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(item, BaseModel):
+        data: dict[str, Any] = item.model_dump(mode="json", exclude_unset=True)
+        return data
+    return dict(item)
+
+
+def dump_backend(item: Backend | Mapping[str, Any]) -> dict[str, Any]:
+    data = dump_body(item)
+    if isinstance(item, Backend) and item.api_key is not None:  # a SecretStr dumps masked
+        data["api_key"] = item.api_key.get_secret_value()
+    return data
+
+
+def path_segment(value: str) -> str:
+    """A path segment, percent-encoded (ids and aliases are the caller's strings)."""
+    return quote(value, safe="")
+
+
+def query(**params: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if value is None:
+            continue
+        out[key] = ("true" if value else "false") if isinstance(value, bool) else value
+    return out
+
+
+class Transport:
+    """Calls to ``{root}/admin/v1``; ``timeout`` bounds each call (plus whatever the server may hold it)."""
+
+    def __init__(
+        self,
+        root: str,
+        token: str | None,
+        *,
+        timeout: float,
+        retry: RetryPolicy,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.timeout = timeout
+        self.retry = retry
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        base_url = f"{root}/admin/v1"
+        self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout, transport=transport)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    def _retryable(self, exc: httpx.TransportError, method: str) -> bool:
+        if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):
+            return method in IDEMPOTENT
+        return isinstance(exc, httpx.NetworkError | httpx.TimeoutException | httpx.RemoteProtocolError)
+
+    async def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        """Send with retries. An answer below 400 is returned (its body unread when ``stream``); a 4xx is raised
+        at once; a 5xx or a connection error is retried, then raised."""
+        attempt = 0
+        while True:
+            retry_after: float | None = None
+            try:
+                response = await self.http.send(request, stream=stream)
+            except httpx.TransportError as exc:
+                if attempt >= self.retry.retries or not self._retryable(exc, request.method):
+                    reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                    raise RollwayConnectionError(f"{request.method} {request.url}: {reason}") from exc
+            else:
+                if response.status_code < 400:
+                    return response
+                await response.aread()
+                await response.aclose()
+                if response.status_code < 500 or attempt >= self.retry.retries:
+                    raise RollwayAPIError.of(response)
+                retry_after = _retry_after(response)
+            await asyncio.sleep(self.retry.delay(attempt, retry_after))  # backoff, not synchronisation
+            attempt += 1
+
+    def build(
+        self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None, wait: float = 0
+    ) -> httpx.Request:
+        timeout = httpx.Timeout(self.timeout + wait) if wait else httpx.USE_CLIENT_DEFAULT
+        return self.http.build_request(method, path, json=json, params=params, timeout=timeout)
+
+    async def request(
+        self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None, wait: float = 0
+    ) -> httpx.Response:
+        """One call (``wait``: seconds the server may hold it, added to the timeout)."""
+        return await self.send(self.build(method, path, json=json, params=params, wait=wait))
+
+    async def model(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
+        """One call whose answer is ``model``."""
+        response = await self.request(method, path, **kwargs)
+        return model.model_validate_json(response.content)
+
+    async def json_lines(self, request: httpx.Request) -> AsyncIterator[tuple[httpx.Response, Any]]:
+        """Stream a JSON Lines answer: ``(response, record)`` per non-empty line. Retries happen only before the
+        first byte; a stream that breaks later raises ``RollwayConnectionError``."""
+        response = await self.send(request, stream=True)
+        try:
+            async for line in response.aiter_lines():
+                if line.strip():
+                    yield response, json.loads(line)
+        except httpx.TransportError as exc:
+            raise RollwayConnectionError(f"{request.method} {request.url}: stream broken: {exc!r}") from exc
+        finally:
+            await response.aclose()

@@ -1,0 +1,290 @@
+"""The admin client (``admin.client``) against a real gateway (uvicorn on loopback, in front of the mock backend):
+typed results for every route, errors carrying the server's envelope, retries on 5xx and connection errors
+(never on 4xx), cursors, and the synchronous facade used from plain sync code."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+
+from admin.client import (
+    AsyncRollwayClient,
+    MergedTriplet,
+    RetryPolicy,
+    RollwayAPIError,
+    RollwayConnectionError,
+    Triplet,
+)
+from admin.client_sync import RollwayClient
+from admin.schemas import Claim, GroupView, MintedKey, ModelView, StatsView, WaitResponse
+from gateway.mock import MockBackendProcess
+from store import Attempt, ResourcesUpdate, Rollout, Span
+from tests.gateway_harness import RunningGateway, running_gateway
+
+TOKEN = "admin-secret-token"
+FAST = RetryPolicy(retries=2, backoff=0.01, max_backoff=0.02)
+NO_RETRY = RetryPolicy(retries=0)
+
+
+class Counting(httpx.AsyncBaseTransport):
+    """A transport that records every request it sends and can fail the first ``fail`` of them."""
+
+    def __init__(self, fail: int = 0, error: type[httpx.TransportError] = httpx.ConnectError) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.requests: list[httpx.Request] = []
+        self.fail, self.error = fail, error
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        if len(self.requests) <= self.fail:
+            raise self.error("injected", request=request)
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class Flaky:
+    """A tiny ASGI app: answers ``status`` (in the error envelope) ``failures`` times, then 200."""
+
+    def __init__(self, failures: int, status: int = 503, ok: Any = None) -> None:
+        self.failures, self.status, self.hits = failures, status, 0
+        self.ok = {"items": []} if ok is None else ok
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        assert scope["type"] == "http"
+        self.hits += 1
+        if self.hits <= self.failures:
+            error = {"message": f"flaky #{self.hits}", "type": "service_unavailable", "param": None, "code": "flaky"}
+            status, body = self.status, {"error": error}
+        else:
+            status, body = 200, self.ok
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+
+@pytest.fixture
+async def gw(tmp_path: Path, mock: MockBackendProcess) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(tmp_path, admin_token=TOKEN) as gateway:
+        yield gateway
+
+
+@pytest.fixture
+async def client(gw: RunningGateway) -> AsyncIterator[AsyncRollwayClient]:
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=NO_RETRY) as c:
+        yield c
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port  # nothing listens on it any more
+
+
+async def test_a_rollout_round_trip_returns_typed_results(client: AsyncRollwayClient, mock: MockBackendProcess) -> None:
+    model = await client.put_model(
+        "policy", [{"base_url": mock.base_url, "kind": "vllm", "model": "mock-model", "api_key": "sk-up"}]
+    )
+    assert isinstance(model, ModelView) and model.backends[0].has_api_key
+    assert "sk-up" not in model.model_dump_json()
+
+    rollouts = await client.enqueue([{"input": {"question": "What is 2 + 3?"}, "group_size": 2}])
+    assert [type(r) for r in rollouts] == [Rollout, Rollout]
+    assert rollouts[0].group_id == rollouts[1].group_id is not None
+
+    claims = await client.claim("worker-1", limit=2)
+    assert all(isinstance(c, Claim) and c.base_url.endswith("/v1") for c in claims)
+    for claim in claims:
+        async with AsyncOpenAI(base_url=claim.base_url, api_key=claim.api_key, max_retries=0) as llm:
+            question = claim.rollout.input["question"]
+            await llm.chat.completions.create(model="policy", messages=[{"role": "user", "content": question}])
+        reward = await client.add_reward(claim.rollout.rollout_id, 1.0, attempt_id=claim.attempt.attempt_id)
+        assert isinstance(reward, Span) and reward.attributes["rollway.reward.value"] == 1.0
+        beat = await client.heartbeat(claim.rollout.rollout_id)
+        assert isinstance(beat, Attempt)
+        done = await client.update_attempt(claim.rollout.rollout_id, status="succeeded", metadata={"k": 1})
+        assert isinstance(done, Attempt) and done.status == "succeeded" and done.metadata == {"k": 1}
+
+    ids = [r.rollout_id for r in rollouts]
+    waited = await client.wait_for(ids, timeout=10)
+    assert isinstance(waited, WaitResponse) and waited.pending == []
+    assert {r.status for r in waited.finished} == {"succeeded"}
+
+    full = await client.get_rollout(ids[0])
+    assert full.attempts is not None and len(full.attempts) == 1
+    spans = await client.get_spans(ids[0])
+    assert [s.sequence_id for s in spans] == [1, 2]
+    group = await client.get_group(rollouts[0].group_id or "")
+    assert isinstance(group, GroupView) and group.complete
+    stats = await client.stats()
+    assert isinstance(stats, StatsView) and stats.total_spans == 4
+
+    triplets = [t async for t in client.iter_triplets(page_size=1)]  # one rollout per page: the cursor is used
+    assert all(isinstance(t, Triplet) for t in triplets)
+    assert sorted(t.rollout_id for t in triplets) == sorted(ids)
+    assert all(t.reward == 1.0 and t.response_token_ids for t in triplets)
+    streamed = [t async for t in client.iter_triplets(jsonl=True, page_size=1)]
+    assert [t.model_dump() for t in streamed] == [t.model_dump() for t in triplets]
+    merged = [m async for m in client.iter_merged_triplets(rollout_id=ids[0])]
+    assert len(merged) == 1 and isinstance(merged[0], MergedTriplet) and 1 in merged[0].loss_mask
+
+
+async def test_listing_follows_the_cursor(client: AsyncRollwayClient) -> None:
+    rollouts = await client.enqueue([{"input": i} for i in range(5)])
+    page = await client.list_rollouts(limit=2)
+    assert len(page.items) == 2 and page.next_cursor
+    seen = [r.rollout_id async for r in client.iter_rollouts(page_size=2)]
+    assert seen == [r.rollout_id for r in rollouts]
+    await client.cancel(rollouts[0].rollout_id)
+    cancelled = await client.list_rollouts(status="cancelled")
+    assert [r.rollout_id for r in cancelled.items] == [rollouts[0].rollout_id]
+
+
+async def test_resources_models_and_keys(client: AsyncRollwayClient, mock: MockBackendProcess) -> None:
+    first = await client.add_resources({"llm": {"model": "policy"}})
+    assert isinstance(first, ResourcesUpdate) and first.version == 1
+    second = await client.update_resources(first.resources_id, {"llm": {"model": "policy", "t": 0.7}})
+    assert second.version == 2
+    assert (await client.get_resources()).resources == second.resources
+    assert (await client.list_resources()).items
+
+    backend = {"backend_id": "a", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
+    await client.put_model("m", [backend], version="v1")
+    assert (await client.pause_model("m")).state.paused
+    assert not (await client.resume_model("m")).state.paused
+    swapped = await client.swap_model("m", version="v2", drain_timeout_seconds=1)
+    assert swapped.version == "v2" and [m.alias for m in await client.list_models()] == ["m"]
+    await client.delete_model("m")
+    assert await client.list_models() == []
+
+    minted = await client.mint_key("admin", name="ci")
+    assert isinstance(minted, MintedKey) and minted.scope == "admin"
+    async with AsyncRollwayClient(client.url, minted.key, retry=NO_RETRY) as as_key:
+        assert isinstance(await as_key.stats(), StatsView)  # an admin-scoped key works like the token
+        await client.revoke_key(minted.key_id)
+        with pytest.raises(RollwayAPIError) as caught:
+            await as_key.stats()
+    assert caught.value.status == 401
+
+
+async def test_a_4xx_raises_the_envelope_message_and_is_never_retried(gw: RunningGateway) -> None:
+    transport = Counting()
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=transport) as client:
+        with pytest.raises(RollwayAPIError) as caught:
+            await client.get_rollout("ro-nope")
+    assert caught.value.status == 404 and caught.value.type == "not_found_error"
+    assert "ro-nope" in caught.value.message
+    assert len(transport.requests) == 1
+
+    async with AsyncRollwayClient(gw.url, "wrong-token", retry=FAST) as client:
+        with pytest.raises(RollwayAPIError) as caught:
+            await client.stats()
+    assert caught.value.status == 401 and caught.value.type == "authentication_error"
+
+
+@pytest.mark.parametrize("status", [400, 409, 429])
+async def test_no_4xx_status_is_retried(status: int) -> None:
+    app = Flaky(failures=5, status=status)
+    async with AsyncRollwayClient("http://flaky", retry=FAST, transport=httpx.ASGITransport(app)) as client:
+        with pytest.raises(RollwayAPIError) as caught:
+            await client.list_models()
+    assert caught.value.status == status and caught.value.code == "flaky"
+    assert app.hits == 1
+
+
+async def test_a_5xx_is_retried_until_it_succeeds() -> None:
+    app = Flaky(failures=2, status=503)
+    async with AsyncRollwayClient("http://flaky", retry=FAST, transport=httpx.ASGITransport(app)) as client:
+        assert await client.list_models() == []
+    assert app.hits == 3
+
+
+async def test_a_5xx_beyond_the_retry_budget_raises_the_last_answer() -> None:
+    app = Flaky(failures=10, status=502)
+    async with AsyncRollwayClient("http://flaky", retry=FAST, transport=httpx.ASGITransport(app)) as client:
+        with pytest.raises(RollwayAPIError) as caught:
+            await client.list_models()
+    assert app.hits == 3  # the first try and two retries
+    assert caught.value.status == 502 and caught.value.message == "flaky #3"
+
+
+async def test_connection_errors_are_retried_then_the_call_succeeds(gw: RunningGateway) -> None:
+    transport = Counting(fail=2)
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=transport) as client:
+        assert isinstance(await client.stats(), StatsView)
+    assert len(transport.requests) == 3
+
+
+async def test_a_closed_port_raises_a_connection_error_after_the_retries() -> None:
+    transport = Counting()
+    url = f"http://127.0.0.1:{closed_port()}"
+    async with AsyncRollwayClient(url, TOKEN, retry=FAST, transport=transport) as client:
+        with pytest.raises(RollwayConnectionError, match="ConnectError"):
+            await client.stats()
+    assert len(transport.requests) == 3
+
+
+async def test_a_read_timeout_is_retried_for_reads_only(gw: RunningGateway) -> None:
+    post = Counting(fail=1, error=httpx.ReadTimeout)
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=post) as client:
+        with pytest.raises(RollwayConnectionError):
+            await client.enqueue([{"input": 1}])  # the server may have queued it: not sent twice
+    assert len(post.requests) == 1
+    get = Counting(fail=1, error=httpx.ReadTimeout)
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=get) as client:
+        await client.stats()
+    assert len(get.requests) == 2
+
+
+def sync_trainer(url: str) -> dict[str, Any]:
+    """What a synchronous trainer does, with no event loop of its own."""
+    with pytest.raises(RuntimeError):
+        asyncio.get_running_loop()
+    with RollwayClient(url, TOKEN, retry=NO_RETRY) as client:
+        rollouts = client.enqueue([{"input": {"q": i}} for i in range(3)])
+        [claim] = client.claim("sync-worker")
+        client.add_reward(claim.rollout.rollout_id, 0.5)
+        client.update_attempt(claim.rollout.rollout_id, status="succeeded")
+        waited = client.wait([claim.rollout.rollout_id], timeout_seconds=5)
+        listed = [r.rollout_id for r in client.iter_rollouts(page_size=1)]
+        with pytest.raises(RollwayAPIError) as caught:
+            client.get_rollout("ro-missing")
+        threads = {t.name for t in threading.enumerate()}
+    return {
+        "rollouts": rollouts,
+        "finished": [r.status for r in waited.finished],
+        "listed": listed,
+        "missing": caught.value.status,
+        "thread_while_open": "rollway-client" in threads,
+    }
+
+
+async def test_the_sync_client_works_from_plain_sync_code(gw: RunningGateway) -> None:
+    # The gateway runs on this test's loop; the trainer runs in a plain thread, as synchronous code does.
+    result = await asyncio.to_thread(sync_trainer, gw.url)
+    assert [type(r) for r in result["rollouts"]] == [Rollout] * 3
+    assert result["finished"] == ["succeeded"]
+    assert result["listed"] == [r.rollout_id for r in result["rollouts"]]
+    assert result["missing"] == 404
+    assert result["thread_while_open"]
+    assert "rollway-client" not in {t.name for t in threading.enumerate()}  # closed with its thread
+
+
+def test_a_closed_sync_client_refuses_calls() -> None:
+    client = RollwayClient(f"http://127.0.0.1:{closed_port()}", retry=NO_RETRY)
+    with pytest.raises(RollwayConnectionError):
+        client.stats()
+    client.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        client.stats()

@@ -1,0 +1,173 @@
+"""The admin commands of ``rollway`` (click's CliRunner against ``rollway serve`` in a subprocess) and
+``rollway demo`` end to end as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from openai import OpenAI
+
+from admin.client_sync import RollwayClient
+from gateway.cli import main
+from gateway.mock import MockBackendProcess
+from gateway.process import GatewayProcess
+
+TOKEN = "cli-admin-token"
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    db = tmp_path_factory.mktemp("cli") / "gateway.db"
+    with GatewayProcess(f"sqlite:///{db}", admin_token=TOKEN) as process:
+        yield process
+
+
+@pytest.fixture
+def admin(gateway: GatewayProcess) -> Iterator[RollwayClient]:
+    with RollwayClient(gateway.url, TOKEN) as client:
+        yield client
+
+
+def rollway(gateway: GatewayProcess, *args: str, token: str | None = TOKEN, stdin: str | None = None) -> Result:
+    env = {"ROLLWAY_URL": gateway.url, "ROLLWAY_ADMIN_TOKEN": token} if token else {"ROLLWAY_URL": gateway.url}
+    runner = CliRunner(env={"ROLLWAY_ADMIN_TOKEN": None, **env})  # type: ignore[dict-item]
+    return runner.invoke(main, list(args), input=stdin, catch_exceptions=False)
+
+
+def as_json(result: Result) -> Any:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_tasks_enqueue_reads_bare_inputs_and_task_objects(
+    gateway: GatewayProcess, admin: RollwayClient, tmp_path: Path
+) -> None:
+    lines = [
+        {"question": "What is 1 + 2?"},  # a bare input
+        "just a string input",
+        {"input": {"question": "What is 3 + 4?"}, "group_size": 3, "metadata": {"source": "file"}},  # a task
+    ]
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    out = as_json(rollway(gateway, "tasks", "enqueue", str(path), "--group-size", "2", "--json"))
+    assert out["tasks"] == 3 and len(out["rollout_ids"]) == 2 + 2 + 3
+    stored = [admin.get_rollout(rollout_id) for rollout_id in out["rollout_ids"]]
+    assert [r.input for r in stored[:4:2]] == [lines[0], lines[1]]
+    assert stored[4].input == {"question": "What is 3 + 4?"} and stored[4].metadata == {"source": "file"}
+    assert len({r.group_id for r in stored}) == 3
+
+    table = rollway(gateway, "tasks", "enqueue", "-", stdin='{"x": 1}\n')  # stdin, with the rich summary
+    assert table.exit_code == 0 and "Enqueued 1 tasks" in table.stdout
+
+
+def test_tasks_enqueue_names_the_line_that_is_not_json(gateway: GatewayProcess, tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"ok": 1}\nnot json\n')
+    result = rollway(gateway, "tasks", "enqueue", str(path))
+    assert result.exit_code == 2 and f"{path}:2" in result.stderr
+
+
+def test_rollouts_list_filters_by_status(gateway: GatewayProcess, admin: RollwayClient) -> None:
+    [kept, cancelled] = admin.enqueue([{"input": "a"}, {"input": "b"}])
+    admin.cancel(cancelled.rollout_id)
+    page = as_json(rollway(gateway, "rollouts", "list", "--status", "cancelled", "--json"))
+    ids = [r["rollout_id"] for r in page["items"]]
+    assert cancelled.rollout_id in ids and kept.rollout_id not in ids
+    assert {r["status"] for r in page["items"]} == {"cancelled"}
+    table = rollway(gateway, "rollouts", "list", "--limit", "1")
+    assert table.exit_code == 0 and "status" in table.stdout and "more: --cursor" in table.stderr
+
+
+def test_models_put_list_swap_pause_resume(gateway: GatewayProcess) -> None:
+    put = as_json(
+        rollway(
+            gateway,
+            *("models", "put", "policy", "--backend", "http://127.0.0.1:9/v1", "--kind", "vllm"),
+            *("--model", "Qwen-0.5B", "--api-key", "sk-upstream-secret", "--backend-id", "b1", "--json"),
+        )
+    )
+    assert put[0]["alias"] == "policy" and put[0]["backends"][0]["has_api_key"] is True
+    listed = rollway(gateway, "models", "list", "--json")
+    assert "sk-upstream-secret" not in listed.output
+    [model] = [m for m in as_json(listed) if m["alias"] == "policy"]
+    assert model["backends"][0]["model"] == "Qwen-0.5B" and model["backends"][0]["kind"] == "vllm"
+
+    swapped = as_json(rollway(gateway, "models", "swap", "policy", "--version", "v9", "--json"))
+    assert swapped[0]["version"] == "v9" and swapped[0]["backends"][0]["backend_id"] == "b1"
+    assert as_json(rollway(gateway, "models", "pause", "policy", "--json"))[0]["state"]["paused"] is True
+    assert as_json(rollway(gateway, "models", "resume", "policy", "--json"))[0]["state"]["paused"] is False
+    table = rollway(gateway, "models", "list")
+    assert table.exit_code == 0 and "policy" in table.stdout and "serving" in table.stdout
+    missing = rollway(gateway, "models", "pause", "no-such-alias")
+    assert missing.exit_code == 1 and "404" in missing.stderr
+
+
+def test_keys_mint_prints_a_working_key_once(gateway: GatewayProcess) -> None:
+    minted = as_json(rollway(gateway, "keys", "mint", "--scope", "admin", "--name", "ci", "--json"))
+    assert minted["scope"] == "admin" and minted["key"]
+    # the minted admin key works in place of the token, given as the global option or the command's own
+    assert rollway(gateway, "--token", minted["key"], "rollouts", "list", token=None).exit_code == 0
+    assert rollway(gateway, "rollouts", "list", "--token", minted["key"], token=None).exit_code == 0
+    plain = rollway(gateway, "keys", "mint")
+    assert plain.exit_code == 0 and plain.stdout.strip() and "shown only once" in plain.stderr
+    assert rollway(gateway, "keys", "revoke", minted["key_id"]).exit_code == 0
+    refused = rollway(gateway, "rollouts", "list", "--token", minted["key"], token=None)
+    assert refused.exit_code == 1 and "401" in refused.stderr
+
+
+def test_admin_commands_report_a_missing_token_and_an_unreachable_gateway(gateway: GatewayProcess) -> None:
+    refused = rollway(gateway, "rollouts", "list", token=None)
+    assert refused.exit_code == 1 and "401" in refused.stderr
+    runner = CliRunner(env={"ROLLWAY_URL": None, "ROLLWAY_ADMIN_TOKEN": None})  # type: ignore[dict-item]
+    unreachable = runner.invoke(main, ["--url", "http://127.0.0.1:9", "models", "list"])
+    assert unreachable.exit_code == 1 and "cannot reach http://127.0.0.1:9" in unreachable.stderr
+
+
+def test_triplets_export_writes_json_lines(
+    gateway: GatewayProcess, admin: RollwayClient, mock: MockBackendProcess, tmp_path: Path
+) -> None:
+    admin.put_model("tiny", [{"base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}])
+    claim = admin.start_rollout({"input": "What is 5 + 6?", "mode": "val"}, worker_id="cli-worker")  # no queue
+    rollout = claim.rollout
+    with OpenAI(base_url=claim.base_url, api_key=claim.api_key, max_retries=0) as llm:
+        llm.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "What is 5 + 6?"}])
+    admin.add_reward(rollout.rollout_id, 1.0)
+    admin.update_attempt(rollout.rollout_id, status="succeeded")
+
+    out = tmp_path / "triplets.jsonl"
+    result = rollway(gateway, "triplets", "export", str(out), "--rollout-id", rollout.rollout_id)
+    assert result.exit_code == 0, result.output
+    [row] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["rollout_id"] == rollout.rollout_id and row["reward"] == 1.0 and row["response_token_ids"]
+    assert "Wrote 1 triplets" in result.stderr
+
+    merged = rollway(gateway, "triplets", "export", "-", "--merge", "--stream", "--rollout-id", rollout.rollout_id)
+    [row] = [json.loads(line) for line in merged.stdout.splitlines()]
+    assert row["n_calls"] == 1 and 1 in row["loss_mask"]
+
+
+@pytest.mark.slow
+def test_rollway_demo_runs_the_whole_loop_within_a_minute(tmp_path: Path) -> None:
+    out = tmp_path / "demo-triplets.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLWAY_")}
+    command = [sys.executable, "-c", "from gateway.cli import main; main()", "demo", "--out", str(out)]
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert elapsed < 60, f"the demo took {elapsed:.1f} s"
+    assert "mean reward" in done.stdout and "succeeded" in done.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) >= 8 * 4 * 2  # 8 problems x 4 samples x at least two calls each
+    assert {row["reward"] for row in rows} <= {0.0, 1.0, None} and any(row["reward"] == 1.0 for row in rows)
+    assert all(row["prompt_token_ids"] and row["response_token_ids"] and row["response_logprobs"] for row in rows)
+    assert not list(tmp_path.glob("*.db"))  # its database was a temporary one
