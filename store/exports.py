@@ -53,8 +53,11 @@ _ROLLOUT_COLUMNS = (
 )
 
 
-class RawJson(str):
+@dataclass(frozen=True, slots=True)
+class RawJson:
     """The compact JSON text of a value, passed through an export without being decoded."""
+
+    text: str
 
 
 #: Span attributes holding flat arrays of numbers, read as ``RawJson``.
@@ -65,32 +68,53 @@ _RAW_KEYS = tuple((key, f'"{key}":') for key in RAW_ARRAYS)
 def read_attributes(text: str | None) -> dict[str, Any]:
     """Decode a span's attributes, with the top-level ``RAW_ARRAYS`` left as ``RawJson``.
 
-    Each such array is found by its key in the compact text and replaced by ``0`` before decoding the rest;
-    anything unexpected (a key seen twice or nested, spaces, an array that is not flat numbers) falls back to
-    decoding everything.
+    Each such array is found by its key in the compact text and replaced by a placeholder before the rest is
+    decoded. Anything unexpected — spaces, an array that is not flat numbers, a key found inside a nested
+    object rather than at the top — falls back to decoding everything.
     """
     if not text:
         return {}
-    rest, raw = text, {}
+    cuts: list[tuple[int, int, str]] = []
     for key, pattern in _RAW_KEYS:
-        at = rest.find(pattern)
+        at = text.find(pattern)
         if at < 0:
             continue
         start = at + len(pattern)
-        if not rest.startswith("[", start):
+        if not text.startswith("[", start):
             continue  # null, or not an array
-        end = rest.find("]", start) + 1
-        value = rest[start:end]
-        if end == 0 or rest.find(pattern, end) >= 0 or any(c in value for c in ' "{') or "[" in value[1:]:
+        end = text.find("]", start) + 1
+        if end == 0 or _not_flat(text, start, end):
             return dict(orjson.loads(text))
-        raw[key] = RawJson(value)
-        rest = f"{rest[:start]}0{rest[end:]}"
-    attributes: dict[str, Any] = orjson.loads(rest)
-    for key, value in raw.items():
-        if attributes.get(key) != 0:  # the key was inside a nested object
+        cuts.append((start, end, key))
+    if not cuts:
+        return dict(orjson.loads(text))
+    cuts.sort()
+    pieces: list[str] = []
+    position = 0
+    for start, end, _ in cuts:
+        pieces += (text[position:start], _PLACEHOLDER)
+        position = end
+    pieces.append(text[position:])
+    attributes: dict[str, Any] = orjson.loads("".join(pieces))
+    for start, end, key in cuts:
+        if attributes.get(key) != _PLACEHOLDER_VALUE:  # the key was inside a nested object
             return dict(orjson.loads(text))
-        attributes[key] = value
+        attributes[key] = RawJson(text[start:end])
     return attributes
+
+
+_PLACEHOLDER = '"\\u0000raw"'
+_PLACEHOLDER_VALUE = "\x00raw"
+
+
+def _not_flat(text: str, start: int, end: int) -> bool:
+    """Whether ``text[start:end]`` (``[...]``) holds anything but numbers and commas, compactly written."""
+    return (
+        text.find(" ", start, end) >= 0
+        or text.find('"', start, end) >= 0
+        or text.find("{", start, end) >= 0
+        or text.find("[", start + 1, end) >= 0
+    )
 
 
 @dataclass(slots=True)

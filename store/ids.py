@@ -10,7 +10,7 @@ def rollout_id() -> str:
 
 
 def attempt_id() -> str:
-    return "at-" + secrets.token_hex(4)
+    return "at-" + secrets.token_hex(6)  # 48 bits: ids are unique across the whole store
 
 
 def resources_id() -> str:

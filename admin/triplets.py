@@ -1,0 +1,123 @@
+"""Training data (``GET /admin/v1/triplets``): finished rollouts as triplets or merged rows, one JSON page or
+streamed JSON Lines.
+
+The rules that turn spans into rows are in ``admin.adapters.triplets``; which rollouts a page holds, their
+order and the cursor are in ``store.exports``. Rollouts are read and rendered ``CHUNK`` at a time, rendering
+in a worker thread, so a large export neither holds every span in memory nor stalls the event loop the
+gateway's calls run on.
+
+A page of more than ``CHUNK`` rollouts, and every JSON Lines page, is streamed: the status and the
+``x-rollway-next-cursor`` header go out before the rows are read. Should reading fail after that, a JSON Lines
+body ends with an ``{"error": {...}}`` line, and a JSON body closes its items and ends with
+``"next_cursor": null`` and an ``"error"`` member: a client that finds an error does not advance its cursor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import APIRouter, Query
+from fastapi.responses import Response, StreamingResponse
+
+from admin.adapters.triplets import dumps, merged_rows, triplets
+from admin.context import Context
+from store import Store
+from store.exports import MAX_EXPORT_LIMIT, ExportPage, ExportRollout
+
+log = logging.getLogger("rollway.admin")
+
+router = APIRouter(tags=["triplets"])
+
+#: Rollouts read and rendered per step.
+CHUNK = 500
+CURSOR_HEADER = "x-rollway-next-cursor"
+JSON = "application/json"
+JSONL = "application/x-ndjson"
+
+
+def render(rollouts: list[ExportRollout], merge: bool) -> list[bytes]:
+    """One JSON document per triplet (or merged row) of each rollout, in order."""
+    out: list[bytes] = []
+    for r in rollouts:
+        build = merged_rows if merge else triplets
+        rows: list[Any] = build(r.rollout_id, r.latest_attempt_id, r.spans, group_id=r.group_id)
+        out.extend(dumps(row) for row in rows)
+    return out
+
+
+async def _rendered(store: Store, page: ExportPage, merge: bool, loaded: bool) -> AsyncIterator[list[bytes]]:
+    """The page's rows, ``CHUNK`` rollouts at a time (reading their spans first unless ``loaded``)."""
+    for start in range(0, len(page.rollouts), CHUNK):
+        chunk = page.rollouts[start : start + CHUNK]
+        if not loaded:
+            fresh = await store.export_rollouts(rollout_ids=[r.rollout_id for r in chunk], limit=len(chunk))
+            by_id = {r.rollout_id: r for r in fresh.rollouts}
+            chunk = [by_id[r.rollout_id] for r in chunk if r.rollout_id in by_id]
+        yield await asyncio.to_thread(render, chunk, merge)
+
+
+def _failure(exc: Exception) -> bytes:
+    log.error("triplet export failed mid-stream", exc_info=exc)
+    message = f"export failed: {type(exc).__name__}"
+    return orjson.dumps({"message": message, "type": "server_error", "param": None, "code": None})
+
+
+async def _lines(store: Store, page: ExportPage, merge: bool, loaded: bool) -> AsyncIterator[bytes]:
+    """JSON Lines; a failure once the stream has begun ends it with an ``{"error": …}`` line."""
+    try:
+        async for docs in _rendered(store, page, merge, loaded):
+            if docs:
+                yield b"\n".join(docs) + b"\n"
+    except Exception as exc:
+        yield b'{"error":' + _failure(exc) + b"}\n"
+
+
+async def _document(store: Store, page: ExportPage, merge: bool, loaded: bool) -> AsyncIterator[bytes]:
+    """``{"items": [...], "next_cursor": …}`` in pieces; a failure once the stream has begun closes the items
+    and ends the document with ``"next_cursor": null`` and an ``"error"`` member."""
+    yield b'{"items":['
+    separator = b""
+    try:
+        async for docs in _rendered(store, page, merge, loaded):
+            if docs:
+                yield separator + b",".join(docs)
+                separator = b","
+    except Exception as exc:
+        yield b'],"next_cursor":null,"error":' + _failure(exc) + b"}"
+        return
+    yield b'],"next_cursor":' + orjson.dumps(page.next_cursor) + b"}"
+
+
+@router.get("/triplets", response_model=None)
+async def export_triplets(
+    context: Context,
+    rollout_id: Annotated[list[str] | None, Query()] = None,
+    group_id: str | None = None,
+    since: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_EXPORT_LIMIT)] = 100,
+    merge: bool = False,
+    partial: bool = False,
+    format_: Annotated[Literal["json", "jsonl"], Query(alias="format")] = "json",
+) -> Response:
+    """Triplets of finished rollouts (the latest attempt of each): per LLM call, or with `merge=true` one row
+    per multi-turn segment. `limit` counts rollouts; groups come whole and only once complete unless
+    `partial=true`; `since` continues from a previous `next_cursor` (also in the `x-rollway-next-cursor`
+    header). `format=jsonl` streams one row per line. Pages of more than 500 rollouts are streamed in either
+    format; a failure mid-stream ends the body with an error (see the module docstring)."""
+    store = context.store
+    loaded = limit <= CHUNK
+    page = await store.export_rollouts(
+        rollout_ids=rollout_id, group_id=group_id, since=since, limit=limit, partial=partial, with_spans=loaded
+    )
+    headers = {CURSOR_HEADER: page.next_cursor} if page.next_cursor else {}
+    if format_ == "jsonl":
+        return StreamingResponse(_lines(store, page, merge, loaded), media_type=JSONL, headers=headers)
+    if len(page.rollouts) > CHUNK:
+        return StreamingResponse(_document(store, page, merge, loaded), media_type=JSON, headers=headers)
+    docs = [doc async for chunk in _rendered(store, page, merge, loaded) for doc in chunk]
+    body = b'{"items":[' + b",".join(docs) + b'],"next_cursor":' + orjson.dumps(page.next_cursor) + b"}"
+    return Response(content=body, media_type=JSON, headers=headers)
