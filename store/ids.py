@@ -1,4 +1,4 @@
-"""Identifiers the store hands out (the Agent-lightning shapes: ``ro-`` + 12 hex, ``at-`` + 8 hex, ...)."""
+"""Identifiers the store hands out (Agent-lightning's shapes: ``ro-`` + 12 hex; attempts get 12 hex, not 8, to stay unique store-wide)."""
 
 from __future__ import annotations
 
