@@ -1,4 +1,5 @@
-"""Identifiers the store hands out (Agent-lightning's shapes: ``ro-`` + 12 hex; attempts get 12 hex, not 8, to stay unique store-wide)."""
+"""Identifiers the store hands out, in Agent-lightning's shapes (``ro-`` + 12 hex, ...); attempt ids get
+12 hex digits rather than Agent-lightning's 8, so that they stay unique across the whole store."""
 
 from __future__ import annotations
 
