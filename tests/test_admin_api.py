@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from openai import AsyncOpenAI
 
 from gateway.mock import MockBackendProcess
 from tests.gateway_harness import RunningGateway, running_gateway
@@ -167,6 +168,10 @@ async def test_retry_path_requeues_failed_attempt_and_refuses_the_old_key(
     await new.chat.completions.create(model="policy", messages=[{"role": "user", "content": "again"}])
     spans = (await admin.get(f"/admin/v1/rollouts/{rid}/spans", params={"attempt_id": "latest"})).json()["items"]
     assert [s["attempt_id"] for s in spans] == [second["attempt"]["attempt_id"]]
+    await admin.post(f"/admin/v1/rollouts/{rid}/rewards", json={"value": 0.5})
+    await admin.patch(f"/admin/v1/rollouts/{rid}/attempts/latest", json={"status": "succeeded"})
+    triplets = (await admin.get("/admin/v1/triplets", params={"rollout_id": rid})).json()["items"]
+    assert [(t["attempt_id"], t["reward"]) for t in triplets] == [(second["attempt"]["attempt_id"], 0.5)]
 
 
 async def test_runner_that_stops_heartbeating_gets_its_rollout_requeued(admin: httpx.AsyncClient) -> None:
@@ -250,12 +255,22 @@ async def test_full_loop_with_runner_processes(
         assert view["complete"] is True and view["size"] == 4
     workers = {a["worker_id"] for r in ids for a in (await admin.get(f"/admin/v1/rollouts/{r}")).json()["attempts"]}
     assert len(workers) >= 2
-    for rollout_id in ids[:8]:
-        spans = (await admin.get(f"/admin/v1/rollouts/{rollout_id}/spans")).json()["items"]
-        calls = [s for s in spans if s["attributes"].get("gen_ai.operation.name") == "chat"]
-        rewards = [s for s in spans if s["name"] == "rollway.reward"]
-        assert len(calls) == 2 and len(rewards) == 1
-        assert rewards[0]["sequence_id"] > calls[-1]["sequence_id"]
-        for call in calls:
-            assert call["attributes"]["rollway.trainable"] is True
-            assert call["attributes"]["rollway.response_token_ids"]
+    triplets = (await admin.get("/admin/v1/triplets", params={"limit": 1000})).json()["items"]
+    assert {t["group_id"] for t in triplets} == groups  # 16 complete groups
+    by_rollout: dict[str, list[dict[str, Any]]] = {}
+    for triplet in triplets:
+        by_rollout.setdefault(triplet["rollout_id"], []).append(triplet)
+    assert set(by_rollout) == set(ids)
+    async with AsyncOpenAI(base_url=mock.base_url, api_key="unused", max_retries=0) as direct:
+        for rollout_id, calls in by_rollout.items():
+            assert len(calls) == 2
+            # The reward goes to the last call; the first stays unrewarded (null, never 0).
+            spans = (await admin.get(f"/admin/v1/rollouts/{rollout_id}/spans")).json()["items"]
+            [reward] = [s["attributes"]["rollway.reward.value"] for s in spans if s["name"] == "rollway.reward"]
+            assert [c["reward"] for c in calls] == [None, reward]
+            for call in calls:  # the backend's own token ids, asked of it directly
+                truth = await direct.chat.completions.create(
+                    model="mock-model", messages=call["messages"], max_tokens=16, extra_body={"return_token_ids": True}
+                )
+                assert call["prompt_token_ids"] == truth.model_extra["prompt_token_ids"]
+                assert call["response_token_ids"] == truth.choices[0].model_extra["token_ids"]
