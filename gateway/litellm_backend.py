@@ -93,6 +93,11 @@ class LiteLLMResponse:
             task.add_done_callback(_closing.discard)
 
 
+def _error(status: int, message: str, type_: str, code: str | None = None) -> LiteLLMResponse:
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return LiteLLMResponse(status, orjson.dumps(body))
+
+
 def _plain(obj: Any) -> Any:
     dump = getattr(obj, "model_dump", None)
     return dump() if dump is not None else obj
@@ -101,20 +106,14 @@ def _plain(obj: Any) -> Any:
 async def call(backend: Backend, path: str, body: dict[str, Any], timeout: float | None) -> LiteLLMResponse:
     """Run the call through LiteLLM; provider errors come back as responses with their status and an
     OpenAI-style error body, so the proxy's retry rules apply unchanged."""
-    litellm = await _load()
     function_name = CALLS.get(path)
     if function_name is None:
-        body_bytes = orjson.dumps(
-            {
-                "error": {
-                    "message": f"/v1/{path} is not available for litellm backends",
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": None,
-                }
-            }
-        )
-        return LiteLLMResponse(400, body_bytes)
+        return _error(400, f"/v1/{path} is not available for litellm backends", "invalid_request_error")
+    try:
+        litellm = await _load()
+    except ModuleNotFoundError:
+        message = "backend kind 'litellm' needs LiteLLM, which is not installed: pip install 'rollway[litellm]'"
+        return _error(501, message, "server_error", "litellm_not_installed")
     params = {k: v for k, v in body.items() if k not in ("model", "rollout_id")}
     params.update(model=backend.model, api_base=backend.base_url, timeout=timeout)
     if backend.api_key is not None:

@@ -4,16 +4,10 @@ helpers for the control plane (``add_faults``, ``reset``, ``stats``, ``requests`
 
 from __future__ import annotations
 
-import os
-import re
 import socket
-import subprocess
-import sys
 import threading
-from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from types import TracebackType
 from typing import Any
 
 import httpx
@@ -22,8 +16,7 @@ from starlette.applications import Starlette
 
 from gateway.mock.app import MockState, create_mock_app
 from gateway.mock.config import MockConfig
-
-RUNNING_RE = re.compile(r"Uvicorn running on (https?://\S+)")
+from gateway.process import ServerProcess
 
 
 class _Server(uvicorn.Server):
@@ -163,11 +156,13 @@ def run_in_thread(
         sock.close()
 
 
-class MockBackendProcess(_Control):
+class MockBackendProcess(ServerProcess, _Control):
     """``rollway mock-backend`` in a subprocess on a free loopback port; ready once uvicorn says it runs.
 
     Use as a context manager (or ``start()`` / ``stop()``); ``output`` holds the server's recent log lines.
     """
+
+    name = "mock backend"
 
     def __init__(
         self,
@@ -182,7 +177,7 @@ class MockBackendProcess(_Control):
         startup_timeout: float = 30.0,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.args = [
+        args = [
             "mock-backend",
             "--host",
             host,
@@ -197,64 +192,4 @@ class MockBackendProcess(_Control):
             *(arg for model in models for arg in ("--model", model)),
             *extra_args,
         ]
-        self.startup_timeout = startup_timeout
-        self.env = env
-        self.url = ""
-        self.output: deque[str] = deque(maxlen=500)
-        self._ready = threading.Event()
-        self._proc: subprocess.Popen[str] | None = None
-        self._reader: threading.Thread | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    def start(self) -> MockBackendProcess:
-        env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
-        command = [sys.executable, "-c", "from gateway.cli import main; main()", *self.args]
-        self._proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env=env
-        )
-        self._reader = threading.Thread(target=self._read, name="rollway-mock-output", daemon=True)
-        self._reader.start()
-        if not self._ready.wait(self.startup_timeout) or not self.url:
-            output = "\n".join(self.output)
-            self.stop()
-            raise RuntimeError(f"the mock backend did not start:\n{output}")
-        return self
-
-    def _read(self) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
-        for line in self._proc.stdout:
-            self.output.append(line.rstrip("\n"))
-            if not self.url:
-                match = RUNNING_RE.search(line)
-                if match:
-                    self.url = match.group(1)
-                    self._ready.set()
-        self._ready.set()  # the process ended: wake start()
-
-    def stop(self) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if self._reader is not None:
-            self._reader.join(timeout=5)
-        if proc.stdout is not None:
-            proc.stdout.close()
-        self._proc = None
-
-    def __enter__(self) -> MockBackendProcess:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+        ServerProcess.__init__(self, args, env=env, startup_timeout=startup_timeout)
