@@ -23,14 +23,18 @@ from store.schemas import Span
 S = models.spans
 _COLUMNS = [c.name for c in S.columns if c.name != "pk"]
 _JSON_COLUMNS = frozenset(c.name for c in S.columns if isinstance(c.type, JSON))
+_JSON_POSITIONS = [i for i, name in enumerate(_COLUMNS) if name in _JSON_COLUMNS]
 _SQLITE_INSERT = f"INSERT INTO spans ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
 
 
 def _json_text(value: Any) -> str | None:
     if value is None:
         return None
-    if not value and isinstance(value, list | dict):
-        return "[]" if isinstance(value, list) else "{}"
+    if not value:
+        if value == []:
+            return "[]"
+        if value == {}:
+            return "{}"
     return dumps(value)
 
 
@@ -40,7 +44,13 @@ def insert_rows(conn: Connection, rows: list[dict[str, Any]]) -> None:
     if conn.dialect.name != "sqlite":
         conn.execute(S.insert(), rows)
         return
-    values = [tuple(_json_text(row[name]) if name in _JSON_COLUMNS else row[name] for name in _COLUMNS) for row in rows]
+    json_at = _JSON_POSITIONS
+    values = []
+    for row in rows:
+        value = [row[name] for name in _COLUMNS]
+        for i in json_at:
+            value[i] = _json_text(value[i])
+        values.append(tuple(value))
     conn.exec_driver_sql(_SQLITE_INSERT, values)
 
 
