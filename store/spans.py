@@ -39,16 +39,16 @@ def _json_text(value: Any) -> str | None:
 
 
 def insert_rows(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    """Insert span rows. On SQLite straight through the driver (JSON encoded once here): per-row parameter
-    processing in SQLAlchemy costs more than SQLite's own insert. A reused sequence id fails the write."""
+    """Insert span rows (``convert.span_row``). On SQLite straight through the driver, JSON encoded once here:
+    per-row parameter processing in SQLAlchemy costs more than SQLite's own insert. A reused sequence id
+    fails the write."""
     if conn.dialect.name != "sqlite":
         conn.execute(S.insert(), rows)
         return
-    json_at = _JSON_POSITIONS
     values = []
     for row in rows:
         value = [row[name] for name in _COLUMNS]
-        for i in json_at:
+        for i in _JSON_POSITIONS:
             value[i] = _json_text(value[i])
         values.append(tuple(value))
     conn.exec_driver_sql(_SQLITE_INSERT, values)
@@ -151,7 +151,8 @@ def _add_group(conn: Connection, rollout_id: str, attempt_id: str | None, group:
             seq = next_id
             next_id += 1
         rows.append(convert.span_row(span, rollout_id, aid, seq, now))
-        span.rollout_id, span.attempt_id, span.sequence_id = rollout_id or None, aid or None, seq
+        # Plain attribute writes: the values are already valid, and pydantic's __setattr__ costs more.
+        span.__dict__.update(rollout_id=rollout_id or None, attempt_id=aid or None, sequence_id=seq)
         out.append(span)
     insert_rows(conn, rows)  # a sequence id already taken fails the write: a conflict
     if target is not None:
