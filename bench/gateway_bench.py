@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gateway.mock import MockBackendProcess  # noqa: E402
+from gateway.process import GatewayProcess  # noqa: E402
 from store import Store  # noqa: E402
 
 CHAT = {
@@ -150,11 +151,12 @@ async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp, MockBackendProcess() as mock:
         db = f"sqlite:///{tmp}/bench.db"
         prefix = await prepare_store(db, mock.base_url)
-        bare_port, rollway_port = free_port(), free_port()
+        bare_port = free_port()
         forwarder = [sys.executable, str(ROOT / "bench" / "bare_forwarder.py")]
         bare = start([*forwarder, "--port", str(bare_port), "--upstream", mock.url, "--announce"], "forwarding")
-        serve = [sys.executable, "-c", "from gateway.cli import main; main()", "serve"]
-        rollway = start([*serve, "--port", str(rollway_port), "--db", db], "Uvicorn running on")
+        # Access log off, as for the bare forwarder: both proxies are measured doing their own work only.
+        rollway = GatewayProcess(db, env={"ROLLWAY_ACCESS_LOG": "false"}).start()
+        rollway_port = int(rollway.url.rsplit(":", 1)[1])
         try:
             urls = {
                 "direct": f"{mock.url}/v1/chat/completions",
@@ -162,11 +164,12 @@ async def run(args: argparse.Namespace) -> None:
                 "bare": f"http://127.0.0.1:{bare_port}/v1/chat/completions",
                 "rollway": f"http://127.0.0.1:{rollway_port}{prefix}/v1/chat/completions",
             }
+            assert rollway.pid is not None
             results = await measure(args, urls, {"bare": bare.pid, "rollway": rollway.pid})
         finally:
-            for proc in (bare, rollway):
-                proc.terminate()
-                proc.wait(timeout=15)
+            rollway.stop()
+            bare.terminate()
+            bare.wait(timeout=15)
     report(results, args)
 
 

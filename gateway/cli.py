@@ -84,6 +84,7 @@ def serve(host: str | None, port: int | None, database_url: str | None, config_f
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        access_log=settings.access_log,
         loop="uvloop",
         http="httptools",
         timeout_graceful_shutdown=10,

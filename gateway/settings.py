@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     )
     watchdog_interval: float = Field(default=1.0, gt=0, description="seconds between watchdog sweeps")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(default="info")
+    access_log: bool = Field(
+        default=True, description="log one line per HTTP request (every LLM call is recorded as a span anyway)"
+    )
     gateway_auth: Literal["none", "keys"] = Field(
         default="none", description="'keys': data-plane calls need a gateway key (sk-rw-...) or a rollout key (rk-...)"
     )
