@@ -274,3 +274,32 @@ async def test_full_loop_with_runner_processes(
                 )
                 assert call["prompt_token_ids"] == truth.model_extra["prompt_token_ids"]
                 assert call["response_token_ids"] == truth.choices[0].model_extra["token_ids"]
+
+
+async def test_no_secret_reaches_a_log_line_a_response_or_a_span(
+    gw: RunningGateway, admin: httpx.AsyncClient, mock: MockBackendProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")
+    secret = "sk-backend-secret"
+    dead = {"backend_id": "dead", "base_url": "http://127.0.0.1:9/v1", "kind": "vllm", "model": "m", "api_key": secret}
+    live = {"backend_id": "live", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model", "api_key": secret}
+    responses = [await admin.put("/admin/v1/models/policy", json={"backends": [dead, live]})]
+    minted = await admin.post("/admin/v1/keys", json={"scope": "gateway"})
+    [rollout] = (await admin.post("/admin/v1/rollouts", json={"tasks": [{"input": 1}]})).json()["rollouts"]
+    [claim] = (await admin.post("/admin/v1/claims", json={"worker_id": "w"})).json()["claims"]
+    client = gw.client(base_url=claim["base_url"], api_key=claim["api_key"])
+    for _ in range(3):  # some of these go to the dead backend first: errors, retries, failover get logged
+        await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
+    responses += [
+        await admin.get("/admin/v1/models"),
+        await admin.get(f"/admin/v1/rollouts/{rollout['rollout_id']}/spans"),
+        await admin.get("/admin/v1/triplets", params={"rollout_id": rollout["rollout_id"], "partial": True}),
+    ]
+    async with httpx.AsyncClient(base_url=gw.url) as anonymous:
+        responses.append(await anonymous.get("/admin/v1/stats", headers={"Authorization": "Bearer wrong-token"}))
+    logged = "\n".join(record.getMessage() + str(record.exc_info or "") for record in caplog.records)
+    for secret_text in (secret, TOKEN, claim["api_key"], minted.json()["key"]):
+        assert secret_text not in logged
+    for response in responses:
+        assert secret not in response.text and TOKEN not in response.text
+    assert "wrong-token" not in responses[-1].text
