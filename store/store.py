@@ -13,19 +13,14 @@ from typing import Any, Literal, TypeVar
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import IntegrityError
 
-from store import calls, catalog, convert, exports, migrate, queries, queue, resources, spans, watchdog
+from store import calls, convert, exports, migrate, queries, queue, spans, watchdog
 from store.engine import Engines, create_engines, migration_engine
 from store.errors import ConflictError, NotFoundError, StoreValidationError
 from store.lifecycle import apply_attempt_status, load_attempt, load_rollout, record_heartbeat, require_latest
 from store.schemas import (
-    ApiKey,
     Attempt,
     AttemptedRollout,
-    Backend,
-    KeyScope,
-    ModelAlias,
     Page,
-    ResourcesUpdate,
     Rollout,
     Span,
     StoreStats,
@@ -34,6 +29,7 @@ from store.schemas import (
 )
 from store.signals import Signal
 from store.states import FINISHED, AttemptStatus, RolloutStatus
+from store.store_catalog import CatalogMixin
 from store.writer import BatchWriter, PgWriter, Writer
 
 log = logging.getLogger("rollway.store")
@@ -52,7 +48,7 @@ MAX_WAIT_SECONDS = 60.0
 CHECKPOINT_INTERVAL = 1.0
 
 
-class Store:
+class Store(CatalogMixin):
     """The embedded store over SQLite or PostgreSQL (see the package docstring)."""
 
     def __init__(
@@ -436,82 +432,6 @@ class Store:
             if not pending or remaining <= 0:
                 return done, pending
             await Signal.wait(generation, min(remaining, self.poll_interval))
-
-    # -- resources --------------------------------------------------------------------------------------
-
-    async def add_resources(self, named: dict[str, Any]) -> ResourcesUpdate:
-        now = self.clock()
-        return await self._write(lambda conn: resources.add(conn, named, now))
-
-    async def update_resources(self, resources_id: str, named: dict[str, Any]) -> ResourcesUpdate:
-        now = self.clock()
-        return await self._write(lambda conn: resources.update(conn, resources_id, named, now))
-
-    async def get_resources(self, resources_id: str) -> ResourcesUpdate:
-        return await self._read(lambda conn: resources.get(conn, resources_id))
-
-    async def latest_resources(self) -> ResourcesUpdate | None:
-        return await self._read(resources.latest)
-
-    async def list_resources(self, limit: int = 100, cursor: str | None = None) -> Page[ResourcesUpdate]:
-        return await self._read(lambda conn: resources.page(conn, limit, cursor))
-
-    # -- models and keys --------------------------------------------------------------------------------
-
-    async def put_model(
-        self,
-        alias: str,
-        backends: Sequence[Backend | Mapping[str, Any]],
-        *,
-        version: str | None = None,
-        sampling: dict[str, Any] | None = None,
-    ) -> ModelAlias:
-        parsed = [b if isinstance(b, Backend) else Backend.model_validate(b) for b in backends]
-        now = self.clock()
-        return await self._write(lambda conn: catalog.put_model(conn, alias, parsed, version, sampling, now))
-
-    async def get_model(self, alias: str) -> ModelAlias:
-        return await self._read(lambda conn: catalog.get_model(conn, alias))
-
-    async def list_models(self) -> list[ModelAlias]:
-        return await self._read(catalog.list_models)
-
-    async def delete_model(self, alias: str) -> None:
-        await self._write(lambda conn: catalog.delete_model(conn, alias))
-
-    async def set_model_paused(self, alias: str, paused: bool) -> ModelAlias:
-        now = self.clock()
-        return await self._write(lambda conn: catalog.set_paused(conn, alias, paused, now))
-
-    async def mint_key(
-        self,
-        scope: KeyScope = "gateway",
-        *,
-        name: str | None = None,
-        rollout_id: str | None = None,
-        attempt_id: str | None = None,
-        expires_time: float | None = None,
-    ) -> tuple[ApiKey, str]:
-        now = self.clock()
-        return await self._write(
-            lambda conn: catalog.mint_key(
-                conn,
-                scope,
-                now,
-                name=name,
-                rollout_id=rollout_id,
-                attempt_id=attempt_id,
-                expires_time=expires_time,
-            )
-        )
-
-    async def find_key(self, plain: str) -> ApiKey | None:
-        now = self.clock()
-        return await self._read(lambda conn: catalog.find_key(conn, plain, now))
-
-    async def revoke_key(self, key_id: str) -> ApiKey:
-        now = self.clock()
-        return await self._write(lambda conn: catalog.revoke_key(conn, key_id, now))
 
 
 AttemptRef = str | Literal["latest"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import itertools
 import sqlite3
 import time
 from typing import TYPE_CHECKING, Any
@@ -28,28 +27,10 @@ from store import (
     TaskSpec,
 )
 from store.signals import Signal
+from tests.store_helpers import enqueue_one, span
 
 if TYPE_CHECKING:
     from tests.conftest import FakeClock
-
-_span_ids = itertools.count(1)
-
-
-def span(rollout_id: str | None, attempt_id: str | None = None, **fields: Any) -> dict[str, Any]:
-    n = next(_span_ids)
-    return {
-        "rollout_id": rollout_id,
-        "attempt_id": attempt_id,
-        "trace_id": f"trace-{n:08d}",
-        "span_id": f"span-{n:08d}",
-        "name": "llm.call",
-        **fields,
-    }
-
-
-async def enqueue_one(store: Store, **task: Any) -> str:
-    [rollout] = await store.enqueue([TaskSpec(**task)])
-    return rollout.rollout_id
 
 
 async def claim_ids(store: Store, limit: int = 100) -> list[str]:

@@ -1,0 +1,100 @@
+"""The resources, model-alias and API-key part of ``Store``: a mixin over the same plumbing (each method is
+one read or one write operation)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection
+
+from store import catalog, resources
+from store.schemas import ApiKey, Backend, KeyScope, ModelAlias, Page, ResourcesUpdate
+
+T = TypeVar("T")
+
+
+class CatalogMixin:
+    clock: Callable[[], float]
+
+    async def _write(self, op: Callable[[Connection], T]) -> T:
+        raise NotImplementedError  # provided by Store
+
+    async def _read(self, op: Callable[[Connection], T]) -> T:
+        raise NotImplementedError  # provided by Store
+
+    # -- resources --------------------------------------------------------------------------------------
+
+    async def add_resources(self, named: dict[str, Any]) -> ResourcesUpdate:
+        now = self.clock()
+        return await self._write(lambda conn: resources.add(conn, named, now))
+
+    async def update_resources(self, resources_id: str, named: dict[str, Any]) -> ResourcesUpdate:
+        now = self.clock()
+        return await self._write(lambda conn: resources.update(conn, resources_id, named, now))
+
+    async def get_resources(self, resources_id: str) -> ResourcesUpdate:
+        return await self._read(lambda conn: resources.get(conn, resources_id))
+
+    async def latest_resources(self) -> ResourcesUpdate | None:
+        return await self._read(resources.latest)
+
+    async def list_resources(self, limit: int = 100, cursor: str | None = None) -> Page[ResourcesUpdate]:
+        return await self._read(lambda conn: resources.page(conn, limit, cursor))
+
+    # -- models and keys --------------------------------------------------------------------------------
+
+    async def put_model(
+        self,
+        alias: str,
+        backends: Sequence[Backend | Mapping[str, Any]],
+        *,
+        version: str | None = None,
+        sampling: dict[str, Any] | None = None,
+    ) -> ModelAlias:
+        parsed = [b if isinstance(b, Backend) else Backend.model_validate(b) for b in backends]
+        now = self.clock()
+        return await self._write(lambda conn: catalog.put_model(conn, alias, parsed, version, sampling, now))
+
+    async def get_model(self, alias: str) -> ModelAlias:
+        return await self._read(lambda conn: catalog.get_model(conn, alias))
+
+    async def list_models(self) -> list[ModelAlias]:
+        return await self._read(catalog.list_models)
+
+    async def delete_model(self, alias: str) -> None:
+        await self._write(lambda conn: catalog.delete_model(conn, alias))
+
+    async def set_model_paused(self, alias: str, paused: bool) -> ModelAlias:
+        now = self.clock()
+        return await self._write(lambda conn: catalog.set_paused(conn, alias, paused, now))
+
+    async def mint_key(
+        self,
+        scope: KeyScope = "gateway",
+        *,
+        name: str | None = None,
+        rollout_id: str | None = None,
+        attempt_id: str | None = None,
+        expires_time: float | None = None,
+    ) -> tuple[ApiKey, str]:
+        now = self.clock()
+        return await self._write(
+            lambda conn: catalog.mint_key(
+                conn,
+                scope,
+                now,
+                name=name,
+                rollout_id=rollout_id,
+                attempt_id=attempt_id,
+                expires_time=expires_time,
+            )
+        )
+
+    async def find_key(self, plain: str) -> ApiKey | None:
+        now = self.clock()
+        return await self._read(lambda conn: catalog.find_key(conn, plain, now))
+
+    async def revoke_key(self, key_id: str) -> ApiKey:
+        now = self.clock()
+        return await self._write(lambda conn: catalog.revoke_key(conn, key_id, now))
