@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -314,6 +313,3 @@ def _passthrough_headers(response: aiohttp.ClientResponse) -> list[tuple[bytes, 
     if "Retry-After" in response.headers:
         out.append((b"retry-after", response.headers["Retry-After"].encode()))
     return out
-
-
-Handler = Callable[[], Awaitable[None]]

@@ -12,7 +12,7 @@ from store.dialect import check_limit, decode_cursor, encode_cursor
 from store.errors import NotFoundError, StoreValidationError
 from store.lifecycle import load_attempt, load_rollout
 from store.schemas import Attempt, Page, Rollout, StoreStats, Worker
-from store.states import FINISHED, QUEUED, RolloutStatus
+from store.states import QUEUED, RolloutStatus
 
 R = models.rollouts
 A = models.attempts
@@ -130,7 +130,3 @@ def stats(conn: Connection) -> StoreStats:
         input_tokens=int(spans[1]),
         output_tokens=int(spans[2]),
     )
-
-
-def is_finished(status: str) -> bool:
-    return status in FINISHED

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import IntegrityError
@@ -432,6 +432,3 @@ class Store(CatalogMixin):
             if not pending or remaining <= 0:
                 return done, pending
             await Signal.wait(generation, min(remaining, self.poll_interval))
-
-
-AttemptRef = str | Literal["latest"]
