@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, bindparam, update
 
-from store import convert, models, spans
+from store import models, spans
 from store.errors import ConflictError
 from store.lifecycle import load_attempt, load_rollout, record_heartbeat, require_latest
 from store.schemas import RolloutConfig, Span
@@ -61,8 +61,7 @@ def record(conn: Connection, span: Span, now: float) -> None:
     heartbeat. The call was admitted while its attempt was live, so its span is kept even if a newer attempt
     replaced that one meanwhile (it happened on the old attempt); only the latest attempt is revived."""
     assert span.sequence_id is not None
-    row = convert.span_row(span, span.rollout_id or "", span.attempt_id or "", span.sequence_id, now)
-    spans.insert_rows(conn, [row])
+    spans.write_spans(conn, [(span, span.rollout_id or "", span.attempt_id or "", span.sequence_id)], now)
     if not span.rollout_id or not span.attempt_id:
         return
     if conn.execute(_TOUCH_RUNNING, {"aid": span.attempt_id, "now": now}).rowcount == 1:

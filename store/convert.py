@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import RowMapping
@@ -56,31 +57,63 @@ def resources(row: RowMapping) -> ResourcesUpdate:
 SPAN_FIELDS = frozenset(Span.model_fields)
 
 
-def span_row(span: Span, rollout_id: str, attempt_id: str, sequence_id: int, now: float) -> dict[str, Any]:
-    """The row for a span; fields the schema does not know are kept in ``extra``."""
+# The spans table's columns (all but ``pk``) in insert order; ``span_values`` returns a tuple in this order.
+SPAN_COLUMNS = (
+    "rollout_id",
+    "attempt_id",
+    "sequence_id",
+    "trace_id",
+    "span_id",
+    "parent_id",
+    "name",
+    "status_code",
+    "status_description",
+    "start_time",
+    "end_time",
+    "attributes",
+    "events",
+    "links",
+    "resource",
+    "extra",
+    "input_tokens",
+    "output_tokens",
+    "created_time",
+)
+
+
+def span_values(
+    span: Span,
+    rollout_id: str,
+    attempt_id: str,
+    sequence_id: int,
+    now: float,
+    encode: Callable[[Any], Any],
+) -> tuple[Any, ...]:
+    """The row for a span as a tuple in ``SPAN_COLUMNS`` order, JSON columns passed through ``encode``; fields
+    the schema does not know are kept in ``extra``. A tuple, not a dict: this runs once per span written."""
     attributes = span.attributes
-    extra = span.model_extra or None
-    return {
-        "rollout_id": rollout_id,
-        "attempt_id": attempt_id,
-        "sequence_id": sequence_id,
-        "trace_id": span.trace_id,
-        "span_id": span.span_id,
-        "parent_id": span.parent_id,
-        "name": span.name,
-        "status_code": span.status.status_code,
-        "status_description": span.status.description,
-        "start_time": span.start_time,
-        "end_time": span.end_time,
-        "attributes": attributes,
-        "events": span.events,
-        "links": span.links,
-        "resource": span.resource,
-        "extra": extra,
-        "input_tokens": _int_or_none(attributes.get("gen_ai.usage.input_tokens")),
-        "output_tokens": _int_or_none(attributes.get("gen_ai.usage.output_tokens")),
-        "created_time": now,
-    }
+    status = span.status
+    return (
+        rollout_id,
+        attempt_id,
+        sequence_id,
+        span.trace_id,
+        span.span_id,
+        span.parent_id,
+        span.name,
+        status.status_code,
+        status.description,
+        span.start_time,
+        span.end_time,
+        encode(attributes),
+        encode(span.events),
+        encode(span.links),
+        encode(span.resource),
+        encode(span.model_extra or None),
+        _int_or_none(attributes.get("gen_ai.usage.input_tokens")),
+        _int_or_none(attributes.get("gen_ai.usage.output_tokens")),
+        now,
+    )
 
 
 def span(row: RowMapping) -> Span:
@@ -105,6 +138,9 @@ def span(row: RowMapping) -> Span:
 
 
 def _int_or_none(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return int(value)
+    kind = type(value)  # exact types: a bool is not a token count
+    if kind is int:
+        return int(value)
+    if kind is float:
+        return int(value)
+    return None

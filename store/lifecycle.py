@@ -130,17 +130,20 @@ def apply_attempt_status(
     set_rollout_status(conn, rollout, target, now)
 
 
+# Built once: a heartbeat runs with every span batch and gateway call, and building the statement costs more
+# than running it.
+_HEARTBEAT = update(A).where(A.c.pk == bindparam("apk")).values(last_heartbeat_time=bindparam("now"))
+_REVIVE = _HEARTBEAT.values(status=AttemptStatus.RUNNING.value)
+
+
 def record_heartbeat(conn: Connection, rollout: RowMapping, attempt: RowMapping, now: float) -> None:
     """A span or heartbeat: refresh liveness, revive ``preparing``/``unresponsive`` to ``running``.
 
     A heartbeat never revives ``timeout``, ``failed`` or ``succeeded``. The rollout follows to ``running``
     only from ``preparing``/``queuing``/``requeuing`` and only for its latest attempt.
     """
-    values: dict[str, Any] = {"last_heartbeat_time": now}
     revived = AttemptStatus(attempt["status"]) in REVIVED_BY_SPAN
-    if revived:
-        values["status"] = AttemptStatus.RUNNING.value
-    conn.execute(update(A).where(A.c.pk == attempt["pk"]).values(**values))
+    conn.execute(_REVIVE if revived else _HEARTBEAT, {"apk": attempt["pk"], "now": now})
     if not revived or rollout["latest_attempt_id"] != attempt["attempt_id"]:
         return
     sync_worker(conn, attempt["worker_id"], rollout["rollout_id"], attempt["attempt_id"], AttemptStatus.RUNNING, now)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Literal
 
-from sqlalchemy import JSON, Connection, Integer, RowMapping, bindparam, case, select
+from sqlalchemy import Connection, Integer, RowMapping, bindparam, case, select
 
 from store import convert, models
 from store.dialect import upsert
@@ -21,10 +21,9 @@ from store.lifecycle import load_attempt, load_rollout, record_heartbeat, requir
 from store.schemas import Span
 
 S = models.spans
-_COLUMNS = [c.name for c in S.columns if c.name != "pk"]
-_JSON_COLUMNS = frozenset(c.name for c in S.columns if isinstance(c.type, JSON))
-_JSON_POSITIONS = [i for i, name in enumerate(_COLUMNS) if name in _JSON_COLUMNS]
-_SQLITE_INSERT = f"INSERT INTO spans ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
+_SQLITE_INSERT = (
+    f"INSERT INTO spans ({', '.join(convert.SPAN_COLUMNS)}) VALUES ({', '.join('?' for _ in convert.SPAN_COLUMNS)})"
+)
 
 
 def _json_text(value: Any) -> str | None:
@@ -38,20 +37,20 @@ def _json_text(value: Any) -> str | None:
     return dumps(value)
 
 
-def insert_rows(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    """Insert span rows (``convert.span_row``). On SQLite straight through the driver, JSON encoded once here:
-    per-row parameter processing in SQLAlchemy costs more than SQLite's own insert. A reused sequence id
-    fails the write."""
-    if conn.dialect.name != "sqlite":
-        conn.execute(S.insert(), rows)
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def write_spans(conn: Connection, rows: list[tuple[Span, str, str, int]], now: float) -> None:
+    """Insert spans given as (span, rollout_id, attempt_id, sequence_id). On SQLite straight through the
+    driver with the JSON encoded here: SQLAlchemy's per-row parameter processing costs more than SQLite's own
+    insert. A reused sequence id fails the write."""
+    if conn.dialect.name == "sqlite":
+        values = [convert.span_values(span, rid, aid, seq, now, _json_text) for span, rid, aid, seq in rows]
+        conn.exec_driver_sql(_SQLITE_INSERT, values)
         return
-    values = []
-    for row in rows:
-        value = [row[name] for name in _COLUMNS]
-        for i in _JSON_POSITIONS:
-            value[i] = _json_text(value[i])
-        values.append(tuple(value))
-    conn.exec_driver_sql(_SQLITE_INSERT, values)
+    columns = convert.SPAN_COLUMNS
+    conn.execute(S.insert(), [dict(zip(columns, convert.span_values(*row, now, _as_is), strict=True)) for row in rows])
 
 
 Q = models.span_sequences
@@ -124,15 +123,26 @@ def add(conn: Connection, spans: list[Span], now: float) -> list[Span]:
     return written
 
 
+# Span ids of a batch already stored for the attempt (an expanding parameter: no per-value coercion).
+_KNOWN = select(S.c.span_id).where(
+    S.c.rollout_id == bindparam("rid"),
+    S.c.attempt_id == bindparam("aid"),
+    S.c.span_id.in_(bindparam("ids", expanding=True)),
+)
+_KNOWN_SQLITE = (
+    "SELECT span_id FROM spans WHERE rollout_id = ? AND attempt_id = ? AND span_id IN (SELECT value FROM json_each(?))"
+)
+
+
 def _add_group(conn: Connection, rollout_id: str, attempt_id: str | None, group: list[Span], now: float) -> list[Span]:
     target = _target(conn, rollout_id, attempt_id)
     aid = UNATTRIBUTED if target is None else target[1]["attempt_id"]
-    known = conn.execute(
-        select(S.c.span_id).where(
-            S.c.rollout_id == rollout_id, S.c.attempt_id == aid, S.c.span_id.in_({s.span_id for s in group})
-        )
-    )
-    skip = {r.span_id for r in known}
+    ids = list({s.span_id for s in group})
+    if conn.dialect.name == "sqlite":  # one JSON parameter instead of one bound parameter per id
+        known = conn.exec_driver_sql(_KNOWN_SQLITE, (rollout_id, aid, dumps(ids)))
+    else:
+        known = conn.execute(_KNOWN, {"rid": rollout_id, "aid": aid, "ids": ids})
+    skip = {r[0] for r in known}
     fresh: list[Span] = []
     for span in group:
         if span.span_id not in skip:
@@ -143,21 +153,20 @@ def _add_group(conn: Connection, rollout_id: str, attempt_id: str | None, group:
     missing = sum(1 for s in fresh if s.sequence_id is None)
     given = max((s.sequence_id for s in fresh if s.sequence_id is not None), default=0)
     next_id = advance(conn, rollout_id, aid, missing, floor=given) - missing + 1
-    rows: list[dict[str, Any]] = []
-    out: list[Span] = []
+    rows: list[tuple[Span, str, str, int]] = []
     for span in fresh:
         seq = span.sequence_id
         if seq is None:
             seq = next_id
             next_id += 1
-        rows.append(convert.span_row(span, rollout_id, aid, seq, now))
+        rows.append((span, rollout_id, aid, seq))
+    write_spans(conn, rows, now)  # a sequence id already taken fails the write: a conflict
+    for span, _, _, seq in rows:
         # Plain attribute writes: the values are already valid, and pydantic's __setattr__ costs more.
         span.__dict__.update(rollout_id=rollout_id or None, attempt_id=aid or None, sequence_id=seq)
-        out.append(span)
-    insert_rows(conn, rows)  # a sequence id already taken fails the write: a conflict
     if target is not None:
         record_heartbeat(conn, target[0], target[1], now)
-    return out
+    return fresh
 
 
 def query(

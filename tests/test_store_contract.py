@@ -974,3 +974,11 @@ async def test_rollout_key_is_bound_to_an_attempt(store: Store) -> None:
     assert found is not None
     assert (found.scope, found.rollout_id, found.attempt_id) == ("rollout", rollout_id, claimed.attempt.attempt_id)
     assert record.key_id == found.key_id
+
+
+def test_span_values_follow_the_spans_table_columns() -> None:
+    # span_values builds insert tuples positionally: its column list must be the table's, pk aside.
+    from store import convert, models
+
+    assert set(convert.SPAN_COLUMNS) == {c.name for c in models.spans.columns if c.name != "pk"}
+    assert len(convert.SPAN_COLUMNS) == len(set(convert.SPAN_COLUMNS))
