@@ -3,13 +3,15 @@ and by when must the call end (the rollout's deadline)."""
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Connection, bindparam, update
 
 from store import models, spans
-from store.errors import ConflictError
-from store.lifecycle import load_attempt, load_rollout, record_heartbeat, require_latest
+from store.errors import ConflictError, NotFoundError
+from store.lifecycle import load_attempt, load_rollout, record_heartbeat
 from store.schemas import RolloutConfig, Span
 from store.states import ATTEMPT_TERMINAL, FINISHED, AttemptStatus, RolloutStatus
 
@@ -31,6 +33,61 @@ class CallTicket:
     deadline: float | None = None
 
 
+@dataclass(frozen=True)
+class _Target:
+    """What ``begin`` needs of a rollout and one of its attempts (``attempt_*`` None: no such attempt)."""
+
+    rollout_status: str
+    latest_attempt_id: str | None
+    config: RolloutConfig
+    attempt_id: str | None
+    attempt_status: str | None
+    attempt_start: float | None
+
+
+# SQLite: one statement for the rollout and the attempt, straight through the driver (a call's hot path;
+# the single writer's transaction is the lock).
+_TARGET_SQLITE = (
+    "SELECT r.status, r.latest_attempt_id, r.config, a.attempt_id, a.status, a.start_time FROM rollouts r "
+    "LEFT JOIN attempts a ON a.rollout_id = r.rollout_id AND a.attempt_id = COALESCE(?, r.latest_attempt_id) "
+    "WHERE r.rollout_id = ?"
+)
+_NEXT_SEQUENCE_SQLITE = (
+    "INSERT INTO span_sequences (rollout_id, attempt_id, last_value) VALUES (?, ?, 1) "
+    "ON CONFLICT (rollout_id, attempt_id) DO UPDATE SET last_value = last_value + 1 RETURNING last_value"
+)
+_TOUCH_RUNNING_SQLITE = "UPDATE attempts SET last_heartbeat_time = ? WHERE attempt_id = ? AND status = 'running'"
+
+
+def _sqlite(conn: Connection) -> sqlite3.Connection | None:
+    if conn.dialect.name != "sqlite":
+        return None
+    raw: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
+    return raw
+
+
+def _load_target(conn: Connection, rollout_id: str, attempt_id: str | None) -> _Target:
+    raw = _sqlite(conn)
+    if raw is None:
+        rollout = load_rollout(conn, rollout_id)
+        try:
+            attempt: Any = load_attempt(conn, rollout, attempt_id or "latest")
+        except NotFoundError:
+            attempt = {"attempt_id": None, "status": None, "start_time": None}
+        return _Target(
+            rollout["status"],
+            rollout["latest_attempt_id"],
+            RolloutConfig.model_validate(rollout["config"]),
+            attempt["attempt_id"],
+            attempt["status"],
+            attempt["start_time"],
+        )
+    row = raw.execute(_TARGET_SQLITE, (attempt_id, rollout_id)).fetchone()
+    if row is None:
+        raise NotFoundError(f"rollout '{rollout_id}' not found")
+    return _Target(row[0], row[1], RolloutConfig.model_validate_json(row[2]), row[3], row[4], row[5])
+
+
 def begin(conn: Connection, rollout_id: str | None, attempt_id: str | None) -> CallTicket:
     """Check the attempt can take calls and allocate the call's sequence id.
 
@@ -40,20 +97,31 @@ def begin(conn: Connection, rollout_id: str | None, attempt_id: str | None) -> C
     if not rollout_id:
         _, first = spans.allocate(conn, None, None)
         return CallTicket(None, None, first)
-    rollout = load_rollout(conn, rollout_id)
-    attempt = load_attempt(conn, rollout, attempt_id or "latest")
-    require_latest(rollout, attempt)
-    if rollout["status"] in FINISHED:
-        raise ConflictError(f"rollout '{rollout_id}' is {RolloutStatus(rollout['status'])}: it takes no more calls")
-    if attempt["status"] in ATTEMPT_TERMINAL:
+    target = _load_target(conn, rollout_id, attempt_id)
+    if target.attempt_id is None:
+        if attempt_id is None and target.latest_attempt_id is None:
+            raise NotFoundError(f"rollout '{rollout_id}' has no attempts")
+        raise NotFoundError(f"attempt '{attempt_id}' of rollout '{rollout_id}' not found")
+    if target.latest_attempt_id != target.attempt_id:
         raise ConflictError(
-            f"attempt '{attempt['attempt_id']}' of rollout '{rollout_id}' is {AttemptStatus(attempt['status'])}: "
+            f"attempt '{target.attempt_id}' of rollout '{rollout_id}' is stale: "
+            f"the latest attempt is '{target.latest_attempt_id}'"
+        )
+    if target.rollout_status in FINISHED:
+        raise ConflictError(f"rollout '{rollout_id}' is {RolloutStatus(target.rollout_status)}: it takes no more calls")
+    if target.attempt_status in ATTEMPT_TERMINAL:
+        raise ConflictError(
+            f"attempt '{target.attempt_id}' of rollout '{rollout_id}' is {AttemptStatus(target.attempt_status)}: "
             "it takes no more calls"
         )
-    first = spans.advance(conn, rollout_id, attempt["attempt_id"], 1)
-    config = RolloutConfig.model_validate(rollout["config"])
-    deadline = None if config.timeout_seconds is None else attempt["start_time"] + config.timeout_seconds
-    return CallTicket(rollout_id, attempt["attempt_id"], first, deadline)
+    raw = _sqlite(conn)
+    if raw is None:
+        first = spans.advance(conn, rollout_id, target.attempt_id, 1)
+    else:
+        first = raw.execute(_NEXT_SEQUENCE_SQLITE, (rollout_id, target.attempt_id)).fetchone()[0]
+    timeout = target.config.timeout_seconds
+    deadline = None if timeout is None or target.attempt_start is None else target.attempt_start + timeout
+    return CallTicket(rollout_id, target.attempt_id, first, deadline)
 
 
 def record(conn: Connection, span: Span, now: float) -> None:
@@ -64,7 +132,12 @@ def record(conn: Connection, span: Span, now: float) -> None:
     spans.write_spans(conn, [(span, span.rollout_id or "", span.attempt_id or "", span.sequence_id)], now)
     if not span.rollout_id or not span.attempt_id:
         return
-    if conn.execute(_TOUCH_RUNNING, {"aid": span.attempt_id, "now": now}).rowcount == 1:
+    raw = _sqlite(conn)
+    if raw is not None:
+        touched = raw.execute(_TOUCH_RUNNING_SQLITE, (now, span.attempt_id)).rowcount
+    else:
+        touched = conn.execute(_TOUCH_RUNNING, {"aid": span.attempt_id, "now": now}).rowcount
+    if touched == 1:
         return  # the common case: a running attempt, one statement
     rollout = load_rollout(conn, span.rollout_id)
     attempt = load_attempt(conn, rollout, span.attempt_id)

@@ -74,6 +74,14 @@ def _is_locked(exc: BaseException) -> bool:
     return "locked" in text or "busy" in text
 
 
+_LOCKED = object()  # the write lock was taken by another process
+
+
+def _unavailable(exc: BaseException) -> UnavailableError:
+    log.exception("store write transaction failed")
+    return UnavailableError(f"database write failed: {getattr(exc, 'orig', exc)}")
+
+
 class BatchWriter:
     """The single SQLite writer with group commit (see module docstring)."""
 
@@ -84,6 +92,7 @@ class BatchWriter:
         self._task: asyncio.Task[None] | None = None
         self._conn: Connection | None = None
         self._closing = False
+        self._busy = False  # a batch is in flight (possibly waiting for the lock)
         self.stats = WriteStats()
 
     async def start(self) -> None:
@@ -110,6 +119,12 @@ class BatchWriter:
     async def submit(self, op: Operation[T]) -> T:
         if self._task is None or self._task.done() or self._closing:
             raise UnavailableError("the store is closed")
+        if not self._busy and self._queue.empty():
+            # Nothing queued and no batch in flight: run the transaction now, without two hops through the
+            # writer task. Only when the write lock is free at once; otherwise the queue (and back-off).
+            inline = self._run_inline(op)
+            if inline is not _LOCKED:
+                return inline  # type: ignore[return-value]
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((op, fut))
         # The write goes on even if the caller stops waiting: it may already be in a transaction.
@@ -128,9 +143,37 @@ class BatchWriter:
                     stop = True
                     break
                 batch.append(item)
-            await self._commit(batch)
+            self._busy = True
+            try:
+                await self._commit(batch)
+            finally:
+                self._busy = False
             if stop:
                 return
+
+    def _run_inline(self, op: Operation[T]) -> T | object:
+        """One operation in its own transaction, synchronously; ``_LOCKED`` when another process writes."""
+        conn = self._conn
+        assert conn is not None
+        raw: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
+        started = time.perf_counter()
+        try:
+            raw.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if _is_locked(exc):
+                return _LOCKED
+            raise _unavailable(exc) from exc
+        try:
+            result = op(conn)
+            raw.execute("COMMIT")
+        except BaseException as exc:
+            if raw.in_transaction:
+                raw.execute("ROLLBACK")
+            if isinstance(exc, OperationalError | sqlite3.OperationalError):
+                raise _unavailable(exc) from exc
+            raise
+        self.stats.record(1, time.perf_counter() - started)
+        return result
 
     async def _begin(self, raw: sqlite3.Connection) -> None:
         """``BEGIN IMMEDIATE`` without blocking the loop: back off while another process writes."""
@@ -179,8 +222,7 @@ class BatchWriter:
         except Exception as exc:  # nothing in the transaction was written
             failure: BaseException = exc
             if isinstance(exc, OperationalError | sqlite3.OperationalError):
-                log.exception("store write transaction failed")
-                failure = UnavailableError(f"database write failed: {getattr(exc, 'orig', exc)}")
+                failure = _unavailable(exc)
             for _, fut in batch:
                 if not fut.done():
                     fut.set_exception(failure)
