@@ -113,6 +113,7 @@ class SpanExporter:
     async def _send(self, batch: list[Span]) -> None:
         assert self._session is not None
         payload = encode(batch).SerializeToString()
+        ok = False
         try:
             async with self._session.post(
                 self.endpoint, data=payload, headers={"Content-Type": "application/x-protobuf"}
@@ -123,8 +124,8 @@ class SpanExporter:
                     log.warning("OTLP collector answered %s; %d spans not exported", response.status, len(batch))
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("OTLP export failed (%s); %d spans not exported", type(exc).__name__, len(batch))
-            ok = False
-        (self.metrics.exported if ok else self.metrics.export_failed).inc(len(batch))
+        finally:  # also when cancelled at shutdown: every span offered is counted once
+            (self.metrics.exported if ok else self.metrics.export_failed).inc(len(batch))
 
 
 def encode(spans: Sequence[Span]) -> ExportTraceServiceRequest:

@@ -10,7 +10,7 @@ import json
 import re
 import shutil
 import socket
-import subprocess
+from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -175,9 +175,12 @@ async def test_promtool_accepts_the_metrics_after_a_mixed_load(tmp_path: Path, m
         await mixed_load(gw, mock)
         text = await scrape(gw)
     assert "rollway_requests_total" in text
-    checked = subprocess.run(["promtool", "check", "metrics"], input=text.encode(), capture_output=True, timeout=60)
-    assert checked.returncode == 0, checked.stdout.decode() + checked.stderr.decode()
-    assert not checked.stdout.strip() and not checked.stderr.strip()  # no lint warnings either
+    promtool = await asyncio.create_subprocess_exec(
+        "promtool", "check", "metrics", stdin=PIPE, stdout=PIPE, stderr=PIPE
+    )
+    out, err = await asyncio.wait_for(promtool.communicate(text.encode()), 60)
+    assert promtool.returncode == 0, out.decode() + err.decode()
+    assert not out.strip() and not err.strip()  # no lint warnings either
 
 
 async def test_label_cardinality_stays_bounded_after_1000_rollouts(tmp_path: Path, mock: MockBackendProcess) -> None:
