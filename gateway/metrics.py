@@ -69,6 +69,7 @@ class Metrics:
 
     def __init__(self, multiprocess_dir: str | None = None) -> None:
         self.multiprocess_dir = multiprocess_dir if multiprocess_dir is not None else _multiproc_dir()
+        self.store_timeout = SCRAPE_STORE_TIMEOUT
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         call = ["alias", "backend", "route", "status"]
@@ -240,10 +241,10 @@ class Metrics:
 
     # -- scrape -----------------------------------------------------------------------------------------
 
-    async def refresh(self, store: Store, timeout: float = SCRAPE_STORE_TIMEOUT) -> None:
+    async def refresh(self, store: Store) -> None:
         """Read the store-derived gauges for this scrape; on timeout or error keep the last snapshot."""
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(self.store_timeout):
                 (rollouts, attempts), models = await asyncio.gather(store.status_counts(), store.list_models())
         except Exception:
             self.scrape_errors.inc()

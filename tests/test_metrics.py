@@ -22,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.mock import MockBackendProcess
+from store import Store
 from tests.gateway_harness import RunningGateway, register, running_gateway
 
 MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
@@ -237,3 +238,42 @@ async def test_grafana_dashboard_names_only_metrics_that_exist(tmp_path: Path, m
         await mixed_load(gw, mock)
         exposed = {name for name, _ in samples(await scrape(gw))}
     assert referenced <= exposed, referenced - exposed
+
+
+async def test_a_stuck_store_does_not_hang_the_scrape(tmp_path: Path, mock: MockBackendProcess) -> None:
+    async with gateway(tmp_path, mock) as gw:
+        await gw.store.enqueue([{"input": {}}])
+        first = samples(await scrape(gw))
+        assert value(first, "rollway_queue_depth") == 1 and value(first, "rollway_store_up") == 1
+        never = asyncio.Event()
+
+        async def stuck() -> tuple[dict[str, int], dict[str, int]]:
+            await never.wait()
+            raise AssertionError("unreachable")
+
+        gw.store.status_counts = stuck  # type: ignore[method-assign]  # a store that stopped answering
+        gw.state.metrics.store_timeout = 0.2
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        second = samples(await scrape(gw))
+        assert loop.time() - started < 2.0
+        assert value(second, "rollway_store_up") == 0
+        assert value(second, "rollway_queue_depth") == 1  # the last values read
+        assert value(second, "rollway_metrics_store_errors_total") == 1
+
+
+async def test_status_counts_cover_every_status(store: Store) -> None:
+    await store.enqueue([{"input": {"n": i}} for i in range(3)])
+    await store.claim("worker-1")
+    rollouts, attempts = await store.status_counts()
+    assert rollouts == {
+        "queuing": 2,
+        "preparing": 1,
+        "running": 0,
+        "succeeded": 0,
+        "failed": 0,
+        "requeuing": 0,
+        "cancelled": 0,
+    }
+    assert attempts["preparing"] == 1 and sum(attempts.values()) == 1
+    assert set(attempts) == {"preparing", "running", "succeeded", "failed", "timeout", "unresponsive"}
