@@ -3,7 +3,8 @@
 Every HTTP request gets an id: the caller's ``X-Request-Id`` when it is a sane token (≤128 characters of
 ``[A-Za-z0-9._:-]``), else a fresh random one. It is echoed in the response's ``X-Request-Id`` and carried in
 a context variable, so every log line written while serving the request (the gateway's, the store's,
-uvicorn's access line) names it. Lines are JSON objects (``log_format: json``) or ``key=value`` text.
+uvicorn's access line) names it. Access lines go to stdout, the rest to stderr, as with uvicorn's defaults.
+Lines are JSON objects (``log_format: json``) or ``key=value`` text.
 Nothing logged here includes headers or bodies: no token or API key reaches a log line through this module.
 """
 
@@ -79,23 +80,26 @@ class KeyValueFormatter(logging.Formatter):
 def log_config(log_format: str, level: str) -> dict[str, Any]:
     """A ``logging.config.dictConfig`` for uvicorn and Rollway's own loggers."""
     formatter = JsonFormatter if log_format == "json" else KeyValueFormatter
-    handler = {
-        "class": "logging.StreamHandler",
-        "formatter": "structured",
-        "filters": ["request_id"],
-        "stream": "ext://sys.stderr",
-    }
+
+    def handler(stream: str) -> dict[str, Any]:
+        return {
+            "class": "logging.StreamHandler",
+            "formatter": "structured",
+            "filters": ["request_id"],
+            "stream": f"ext://sys.{stream}",
+        }
+
     upper = level.upper()
     return {
         "version": 1,
         "disable_existing_loggers": False,
         "filters": {"request_id": {"()": RequestIdFilter}},
         "formatters": {"structured": {"()": formatter}},
-        "handlers": {"default": handler},
+        "handlers": {"default": handler("stderr"), "access": handler("stdout")},  # where uvicorn puts them
         "loggers": {
             "uvicorn": {"handlers": ["default"], "level": upper, "propagate": False},
             "uvicorn.error": {"level": upper},
-            "uvicorn.access": {"handlers": ["default"], "level": upper, "propagate": False},
+            "uvicorn.access": {"handlers": ["access"], "level": upper, "propagate": False},
             "rollway": {"handlers": ["default"], "level": upper, "propagate": False},
         },
     }
