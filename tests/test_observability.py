@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 import socket
+from asyncio.subprocess import PIPE
 from pathlib import Path
 from typing import Any
 
@@ -120,12 +122,12 @@ async def test_metrics_add_up_across_server_processes(tmp_path: Path, mock: Mock
             for process, count in ((first, 3), (second, 2)):
                 for _ in range(count):
                     assert (await http.post(f"{process.url}/v1/chat/completions", json=BODY)).status_code == 200
-            totals = []
-            for process in (first, second):
-                text = (await http.get(f"{process.url}/metrics")).text
-                totals.append(_requests_total(text))
-        await asyncio.sleep(0)
-    assert totals == [5, 5]  # either process's scrape sees the calls of both
+            texts = [(await http.get(f"{process.url}/metrics")).text for process in (first, second)]
+    assert [_requests_total(text) for text in texts] == [5, 5]  # either process's scrape sees both's calls
+    if shutil.which("promtool") is not None:
+        promtool = await asyncio.create_subprocess_exec("promtool", "check", "metrics", stdin=PIPE, stdout=PIPE)
+        out, _ = await asyncio.wait_for(promtool.communicate(texts[0].encode()), 60)
+        assert promtool.returncode == 0, out.decode()
 
 
 def _requests_total(text: str) -> float:
