@@ -8,21 +8,24 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse
 
 from admin.api import build_router as admin_router
 from admin.context import AdminContext
-from gateway import errors
+from gateway import errors, probes
 from gateway.attribution import KeyCache
 from gateway.dataplane import DataPlane
+from gateway.metrics import Metrics
 from gateway.proxy import Gateway
 from gateway.registry import ModelRegistry
 from gateway.routing import Router
 from gateway.settings import Settings
 from store import Store
+
+if TYPE_CHECKING:
+    from gateway.otlp_export import SpanExporter
 
 
 @dataclass
@@ -33,6 +36,7 @@ class AppState:
     router: Router
     gateway: Gateway
     keys: KeyCache
+    metrics: Metrics
 
 
 def get_state(request: Request) -> AppState:
@@ -53,11 +57,32 @@ def create_app(settings: Settings) -> FastAPI:
         )
         registry = ModelRegistry(store)
         router = Router()
-        gateway = Gateway(settings, store, registry, router)
+        metrics = Metrics()
+        metrics.attach(store, router)
+        exporter: SpanExporter | None = None
+        if settings.otlp_export_endpoint:
+            from gateway.otlp_export import SpanExporter  # protobuf only when exporting
+
+            exporter = SpanExporter(
+                settings.otlp_export_endpoint,
+                metrics,
+                queue_size=settings.otlp_export_queue,
+                batch_size=settings.otlp_export_batch,
+                interval=settings.otlp_export_interval,
+                timeout=settings.otlp_export_timeout,
+            )
+            await exporter.start()
+        gateway = Gateway(settings, store, registry, router, metrics, exporter)
         await gateway.start()
         keys = KeyCache(store)
         app.state.rollway = AppState(
-            settings=settings, store=store, registry=registry, router=router, gateway=gateway, keys=keys
+            settings=settings,
+            store=store,
+            registry=registry,
+            router=router,
+            gateway=gateway,
+            keys=keys,
+            metrics=metrics,
         )
         app.state.admin = AdminContext(
             store=store, models=registry, keys=keys, admin_token=settings.admin_token, public_url=settings.public_url
@@ -66,30 +91,16 @@ def create_app(settings: Settings) -> FastAPI:
             yield
         finally:
             await gateway.close()
+            if exporter is not None:
+                await exporter.close()
             await store.close()
+            metrics.close()
 
     app = FastAPI(title="Rollway", version=_version(), lifespan=lifespan)
     errors.install(app)
     app.include_router(admin_router())
+    app.include_router(probes.build_router())
     app.add_middleware(DataPlane)
-
-    @app.get("/healthz", tags=["health"])
-    async def healthz() -> dict[str, str]:
-        """The process is alive."""
-        return {"status": "ok"}
-
-    @app.get("/readyz", tags=["health"], response_model=None)
-    async def readyz(state: State) -> Any:
-        """The store answers."""
-        try:
-            await state.store.ping()
-        except Exception as exc:
-            return JSONResponse(
-                errors.envelope(f"store unreachable: {type(exc).__name__}", "service_unavailable"),
-                status_code=503,
-            )
-        return {"status": "ready", "store": "ok"}
-
     return app
 
 

@@ -125,6 +125,7 @@ class CallRecord:
     error: str | None = None
     error_type: str | None = None
     retry_count: int = 0
+    failovers: int = 0  # retries that went to another backend than the try before
     ttft_seconds: float | None = None
     end_time: float | None = None
     cancelled: bool = False

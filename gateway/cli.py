@@ -76,6 +76,7 @@ def serve(host: str | None, port: int | None, database_url: str | None, config_f
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.logs import log_config
 
     tune_gc()
 
@@ -85,6 +86,7 @@ def serve(host: str | None, port: int | None, database_url: str | None, config_f
         port=settings.port,
         log_level=settings.log_level,
         access_log=settings.access_log,
+        log_config=log_config(settings.log_format, settings.log_level),
         loop="uvloop",
         http="httptools",
         timeout_graceful_shutdown=10,

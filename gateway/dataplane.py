@@ -18,7 +18,7 @@ from urllib.parse import unquote
 
 import orjson
 
-from gateway import capture
+from gateway import capture, logs
 from gateway.attribution import AuthError, KeyCache, attribute
 from gateway.proxy import CallError, Gateway, envelope
 from gateway.registry import UnknownAlias
@@ -70,19 +70,30 @@ class DataPlane:
         if scope["type"] != "http":
             await self.fallback(scope, receive, send)
             return
-        match = PATH.match(scope["path"])
-        if match is None:
-            await self.fallback(scope, receive, send)
-            return
-        reply = AsgiReply(send)
+        rid = logs.request_id(scope["headers"])
+        token = logs.REQUEST_ID.set(rid)
+        rid_header = (logs.HEADER, rid.encode())
         try:
-            await self._serve(scope, receive, reply, match)
-        except CallError as err:
-            if not reply.started:
-                await reply.start(err.status, [(b"content-type", b"application/json"), *err.headers])
-                await reply.body(err.body, more=False)
+            match = PATH.match(scope["path"])
+            if match is None:
+                await self.fallback(scope, receive, _with_header(send, rid_header))
+                return
+            reply = AsgiReply(send)
+            try:
+                await self._serve(scope, receive, reply, match, rid_header)
+            except CallError as err:
+                if not err.counted:
+                    scope["app"].state.rollway.gateway.metrics.observe_rejected(match["op"], err.status)
+                if not reply.started:
+                    headers = [(b"content-type", b"application/json"), rid_header, *err.headers]
+                    await reply.start(err.status, headers)
+                    await reply.body(err.body, more=False)
+        finally:
+            logs.REQUEST_ID.reset(token)
 
-    async def _serve(self, scope: Scope, receive: Receive, reply: AsgiReply, match: re.Match[str]) -> None:
+    async def _serve(
+        self, scope: Scope, receive: Receive, reply: AsgiReply, match: re.Match[str], rid_header: tuple[bytes, bytes]
+    ) -> None:
         state = scope["app"].state.rollway
         gateway: Gateway = state.gateway
         keys: KeyCache = state.keys
@@ -91,7 +102,7 @@ class DataPlane:
         if op_path == "models":
             if method != "GET":
                 raise envelope(405, "use GET for /v1/models", "invalid_request_error")
-            await self._models(gateway, reply)
+            await self._models(gateway, reply, rid_header)
             return
         if method != "POST":
             raise envelope(405, f"use POST for /v1/{op_path}", "invalid_request_error")
@@ -131,18 +142,18 @@ class DataPlane:
             status, type_ = next((v for k, v in STORE_STATUS.items() if isinstance(exc, k)), (500, "server_error"))
             raise envelope(status, exc.message, type_) from None
         record = prepared.record
-        out_headers = [(b"x-rollway-sequence-id", str(record.sequence_id).encode())]
+        out_headers = [rid_header, (b"x-rollway-sequence-id", str(record.sequence_id).encode())]
         if record.rollout_id:
             out_headers.append((b"x-rollway-rollout-id", record.rollout_id.encode()))
             out_headers.append((b"x-rollway-attempt-id", (record.attempt_id or "").encode()))
         await self._run_watched(gateway, prepared, parsed, receive, reply, out_headers)
 
-    async def _models(self, gateway: Gateway, reply: AsgiReply) -> None:
+    async def _models(self, gateway: Gateway, reply: AsgiReply, rid_header: tuple[bytes, bytes]) -> None:
         models = await gateway.store.list_models()
         data = [
             {"id": m.alias, "object": "model", "created": int(m.created_time), "owned_by": "rollway"} for m in models
         ]
-        await reply.start(200, [(b"content-type", b"application/json")])
+        await reply.start(200, [(b"content-type", b"application/json"), rid_header])
         await reply.body(orjson.dumps({"object": "list", "data": data}), more=False)
 
     async def _run_watched(
@@ -172,6 +183,7 @@ class DataPlane:
                     record.error = exc.body[:2000].decode(errors="replace")
                     record.error_type = f"http_{exc.status}"
                     await gateway.finish(record)
+                exc.counted = True
                 raise exc
             call.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -187,7 +199,18 @@ class DataPlane:
             watcher.cancel()
             if not call.done():  # this handler itself was cancelled (server shutdown): take the call down too
                 call.cancel()
-            prepared.lease.release()
+            prepared.release()
+
+
+def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
+    """``send`` that adds ``header`` to the response start."""
+
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), header]
+        await send(message)
+
+    return wrapped
 
 
 def _span_written(record: capture.CallRecord) -> bool:

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 import orjson
@@ -19,12 +19,16 @@ import orjson
 from gateway import capture
 from gateway.attribution import Attribution
 from gateway.capture import CallRecord, Injected
+from gateway.metrics import Metrics
 from gateway.registry import AliasPaused, Lease, ModelRegistry
 from gateway.routing import Router
 from gateway.settings import Settings
 from gateway.streaming import DONE, SSEDecoder, StreamAccumulator, encode_event
 from gateway.upstream import Upstream, UpstreamFailure, backoff, retry_after, wait
 from store import Backend, Store, StoreError
+
+if TYPE_CHECKING:
+    from gateway.otlp_export import SpanExporter
 
 log = logging.getLogger("rollway.gateway")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -44,6 +48,7 @@ class CallError(Exception):
         self.status = status
         self.body = body
         self.headers = headers or []
+        self.counted = False  # True once the call's span (and metrics) are recorded
 
 
 def envelope(status: int, message: str, type_: str, code: str | None = None, param: str | None = None) -> CallError:
@@ -56,14 +61,30 @@ class Prepared:
     record: CallRecord
     lease: Lease
     path: str
+    in_flight: Any  # the in-flight gauge child of the alias
+
+    def release(self) -> None:
+        """The call is over (answered, failed or cancelled): give back the alias lease."""
+        self.lease.release()
+        self.in_flight.dec()
 
 
 class Gateway:
-    def __init__(self, settings: Settings, store: Store, registry: ModelRegistry, router: Router) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        registry: ModelRegistry,
+        router: Router,
+        metrics: Metrics,
+        exporter: SpanExporter | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.registry = registry
         self.router = router
+        self.metrics = metrics
+        self.exporter = exporter
         self.upstream = Upstream(connect_timeout=settings.connect_timeout, read_timeout=settings.read_timeout)
 
     async def start(self) -> None:
@@ -101,19 +122,26 @@ class Gateway:
             err.headers.append((b"x-rollway-sequence-id", str(record.sequence_id).encode()))
             record.status_code, record.error, record.error_type = 429, str(exc), "model_paused"
             await self.finish(record)
+            err.counted = True
             raise err from None
         record.model_version = lease.version
-        return Prepared(record=record, lease=lease, path=path)
+        return Prepared(record=record, lease=lease, path=path, in_flight=self.metrics.call_started(alias))
 
     async def finish(self, record: CallRecord) -> None:
         """Write the call's span (durably, before the client is told the call ended)."""
         record.end_time = record.end_time or time.time()
+        written = True
+        span = record.span()
         try:
-            await self.store.record_call(record.span())
+            await self.store.record_call(span)
         except StoreError:
+            written = False
             log.exception(
                 "span of call %s/%s seq %s not written", record.rollout_id, record.attempt_id, record.sequence_id
             )
+        self.metrics.observe_call(record, written)
+        if self.exporter is not None:
+            self.exporter.offer(span)
 
     # -- the call itself ---------------------------------------------------------------------------------
 
@@ -133,6 +161,8 @@ class Gateway:
                 exclude.clear()
                 backend = self.router.choose(config.backends, record.rollout_id, exclude)
                 assert backend is not None
+            if record.backend is not None and backend.backend_id != record.backend.backend_id:
+                record.failovers += 1
             upstream_body, injected = capture.prepare(record.operation, body, backend, config.sampling)
             record.backend = backend
             self.router.started(backend.backend_id)

@@ -55,6 +55,22 @@ class Settings(BaseSettings):
     public_url: str | None = Field(
         default=None, description="the URL agents reach this server at (for claim base_urls); default: as requested"
     )
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="'text': key=value lines; 'json': one JSON object per line (both with request_id)"
+    )
+    metrics_token: SecretStr | None = Field(
+        default=None, description="when set, GET /metrics needs 'Authorization: Bearer <this token>'; else open"
+    )
+    otlp_export_endpoint: str | None = Field(
+        default=None,
+        description="send the gateway's spans to this OTLP/HTTP collector (e.g. http://collector:4318/v1/traces)",
+    )
+    otlp_export_queue: int = Field(
+        default=10_000, ge=1, description="spans waiting for export beyond this are dropped (and counted)"
+    )
+    otlp_export_batch: int = Field(default=512, ge=1, le=10_000, description="most spans sent in one export request")
+    otlp_export_interval: float = Field(default=1.0, gt=0, description="seconds between exports of a partial batch")
+    otlp_export_timeout: float = Field(default=5.0, gt=0, description="seconds one export request may take")
     config_file: Path | None = Field(default=None, description="optional YAML file with these settings")
 
     @classmethod

@@ -12,7 +12,7 @@ from store.dialect import check_limit, decode_cursor, encode_cursor
 from store.errors import NotFoundError, StoreValidationError
 from store.lifecycle import load_attempt, load_rollout
 from store.schemas import Attempt, Page, Rollout, StoreStats, Worker
-from store.states import QUEUED, RolloutStatus
+from store.states import QUEUED, AttemptStatus, RolloutStatus
 
 R = models.rollouts
 A = models.attempts
@@ -102,6 +102,16 @@ def get_worker(conn: Connection, worker_id: str) -> Worker:
     if row is None:
         raise NotFoundError(f"worker '{worker_id}' not found")
     return Worker.model_validate(dict(row))
+
+
+def status_counts(conn: Connection) -> tuple[dict[str, int], dict[str, int]]:
+    """(rollouts by status, attempts by status), every status present: two grouped counts, nothing more."""
+    rollouts = {r.status: r.n for r in conn.execute(select(R.c.status, func.count().label("n")).group_by(R.c.status))}
+    attempts = {r.status: r.n for r in conn.execute(select(A.c.status, func.count().label("n")).group_by(A.c.status))}
+    return (
+        {s.value: rollouts.get(s.value, 0) for s in RolloutStatus},
+        {s.value: attempts.get(s.value, 0) for s in AttemptStatus},
+    )
 
 
 def stats(conn: Connection) -> StoreStats:

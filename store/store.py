@@ -70,6 +70,7 @@ class Store(CatalogMixin):
         self._watchdog_task: asyncio.Task[None] | None = None
         self._checkpoint_task: asyncio.Task[None] | None = None
         self._checkpointed_at = 0
+        self.span_observer: Callable[[int], None] | None = None  # told how many spans each add_spans wrote
 
     @classmethod
     async def open(
@@ -338,6 +339,8 @@ class Store(CatalogMixin):
             return []
         now = self.clock()
         written = await self._write(lambda conn: spans.add(conn, batch, now))
+        if self.span_observer is not None:
+            self.span_observer(len(written))
         return written
 
     async def add_span(self, span: Span | Mapping[str, Any]) -> Span | None:
@@ -386,6 +389,10 @@ class Store(CatalogMixin):
 
     async def get_worker(self, worker_id: str) -> Worker:
         return await self._read(lambda conn: queries.get_worker(conn, worker_id))
+
+    async def status_counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(rollouts by status, attempts by status): cheap enough for every metrics scrape."""
+        return await self._read(queries.status_counts)
 
     async def stats(self) -> StoreStats:
         return await self._read(queries.stats)

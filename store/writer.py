@@ -49,8 +49,11 @@ class WriteStats:
     commit_seconds_total: float = 0.0
     lock_waits: int = 0
     batch_sizes: list[int] = field(default_factory=list)
+    observer: Callable[[int, float], None] | None = None  # told (batch size, seconds) of each commit
 
     def record(self, size: int, seconds: float) -> None:
+        if self.observer is not None:
+            self.observer(size, seconds)
         self.transactions += 1
         self.operations += size
         self.last_batch_size = size
