@@ -96,6 +96,7 @@ class BatchWriter:
         self._conn: Connection | None = None
         self._closing = False
         self._busy = False  # a batch is in flight (possibly waiting for the lock)
+        self._inline_used = False  # this turn of the event loop already ran a write inline
         self.stats = WriteStats()
 
     async def start(self) -> None:
@@ -122,9 +123,13 @@ class BatchWriter:
     async def submit(self, op: Operation[T]) -> T:
         if self._task is None or self._task.done() or self._closing:
             raise UnavailableError("the store is closed")
-        if not self._busy and self._queue.empty():
+        if not self._busy and not self._inline_used and self._queue.empty():
             # Nothing queued and no batch in flight: run the transaction now, without two hops through the
-            # writer task. Only when the write lock is free at once; otherwise the queue (and back-off).
+            # writer task. Only when the write lock is free at once (otherwise the queue and its back-off), and
+            # once per turn of the event loop: writes submitted in the same turn (a burst) queue up behind it
+            # and share one commit.
+            self._inline_used = True
+            asyncio.get_running_loop().call_soon(self._allow_inline)
             inline = self._run_inline(op)
             if inline is not _LOCKED:
                 return inline  # type: ignore[return-value]
@@ -153,6 +158,9 @@ class BatchWriter:
                 self._busy = False
             if stop:
                 return
+
+    def _allow_inline(self) -> None:
+        self._inline_used = False
 
     def _run_inline(self, op: Operation[T]) -> T | object:
         """One operation in its own transaction, synchronously; ``_LOCKED`` when another process writes."""
