@@ -15,6 +15,9 @@ from fastapi.responses import JSONResponse
 
 from admin.api import build_router as admin_router
 from admin.context import AdminContext
+from agl.access import PathToken
+from agl.routes import build_router as agl_router
+from agl.routes import build_traces_router
 from gateway import errors
 from gateway.attribution import KeyCache
 from gateway.dataplane import DataPlane
@@ -71,7 +74,10 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="Rollway", version=_version(), lifespan=lifespan)
     errors.install(app)
     app.include_router(admin_router())
+    app.include_router(agl_router())
+    app.include_router(build_traces_router())
     app.add_middleware(DataPlane)
+    app.add_middleware(PathToken)  # outermost: /t/<admin token>/v1/agl/... and /t/<admin token>/v1/traces
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
