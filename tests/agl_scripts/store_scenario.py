@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from agentlightning import LightningStoreClient
-from agentlightning.types import EnqueueRolloutRequest, LLM, PromptTemplate, ProxyLLM, RolloutConfig, Span
+from agentlightning.types import LLM, EnqueueRolloutRequest, PromptTemplate, ProxyLLM, RolloutConfig, Span
 from common import agl_server, dump
 
 
