@@ -23,6 +23,22 @@ VENV = CACHE / f"agl-{AGL_VERSION}-venv"
 READY = VENV / ".rollway-ready"
 SCRIPTS = Path(__file__).resolve().parent / "agl_scripts"
 CHECK = "import agentlightning.store.client_server, agentlightning.runner, agentlightning.adapter"
+# agentlightning 0.3.0 asks for opentelemetry >= 1.35 but redirects its OTLP exporter through a private field
+# (``_endpoint``) that OpenTelemetry 1.40 stopped reading: with a newer SDK its agent-side spans go to
+# localhost:4318 instead of the store. Pin the line it was released against.
+REQUIREMENTS = (
+    f"agentlightning=={AGL_VERSION}",
+    "opentelemetry-api==1.39.1",
+    "opentelemetry-sdk==1.39.1",
+    "opentelemetry-exporter-otlp==1.39.1",
+    "opentelemetry-exporter-otlp-proto-http==1.39.1",
+    "opentelemetry-exporter-otlp-proto-grpc==1.39.1",
+    "opentelemetry-exporter-otlp-proto-common==1.39.1",
+    "opentelemetry-proto==1.39.1",
+    "opentelemetry-semantic-conventions==0.60b1",
+    "opentelemetry-instrumentation==0.60b1",
+)
+SPEC = " ".join(REQUIREMENTS)
 
 
 def script_env(**extra: str) -> dict[str, str]:
@@ -41,7 +57,7 @@ def _build() -> str | None:
         python = str(build / "bin" / "python")
         started = time.monotonic()
         proc = subprocess.run(
-            [python, "-m", "pip", "install", "--disable-pip-version-check", "-q", f"agentlightning=={AGL_VERSION}"],
+            [python, "-m", "pip", "install", "--disable-pip-version-check", "-q", *REQUIREMENTS],
             capture_output=True,
             text=True,
             timeout=INSTALL_TIMEOUT,
@@ -51,7 +67,7 @@ def _build() -> str | None:
         check = subprocess.run([python, "-c", CHECK], capture_output=True, text=True, env=script_env(), timeout=300)
         if check.returncode != 0:
             return f"agentlightning=={AGL_VERSION} installed but does not import: {check.stderr.strip()[-1500:]}"
-        (build / READY.name).write_text(json.dumps({"seconds": round(time.monotonic() - started, 1)}))
+        (build / READY.name).write_text(json.dumps({"spec": SPEC, "seconds": round(time.monotonic() - started, 1)}))
         shutil.rmtree(VENV, ignore_errors=True)
         build.rename(VENV)  # the interpreter is a symlink and pyvenv.cfg sits beside it: a venv survives a move
         return None
@@ -63,11 +79,18 @@ def _build() -> str | None:
         shutil.rmtree(build, ignore_errors=True)
 
 
+def _ready() -> bool:
+    try:
+        return bool(json.loads(READY.read_text()).get("spec") == SPEC)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def agl_python() -> str:
     """The environment's interpreter (built on first use); skips the calling test when it cannot be had."""
     CACHE.mkdir(parents=True, exist_ok=True)
     with FileLock(str(CACHE / f"agl-{AGL_VERSION}-venv.lock"), timeout=INSTALL_TIMEOUT + 600):
-        if not READY.exists():
+        if not _ready():
             reason = _build()
             if reason is not None:
                 pytest.skip(f"Agent-lightning {AGL_VERSION} is not available here: {reason}")
