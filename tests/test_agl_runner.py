@@ -109,7 +109,7 @@ def test_rollway_killed_mid_batch_restarts_on_its_file_and_the_runner_carries_on
         # The outage lasts long enough for the runner's client to give up on the attempt it was reporting.
         time.sleep(2.0)
         server = serve(db, port=port)
-        out, err = runner.communicate(timeout=120)
+        _, err = runner.communicate(timeout=120)
         assert runner.returncode == 0, err[-4000:]
         results = run_script(agl_py, "runner_batch.py", "collect", address, json.dumps(ids))
     finally:
