@@ -32,7 +32,7 @@ def agl_py() -> str:
 
 
 def serve(db: Path, port: int = 0) -> GatewayProcess:
-    return GatewayProcess(f"sqlite:///{db}", admin_token=TOKEN, port=port).start()
+    return GatewayProcess(f"sqlite:///{db}", admin_token=TOKEN, port=port)
 
 
 def register_model(server: GatewayProcess, mock: MockBackendProcess) -> None:
@@ -80,7 +80,7 @@ def test_rollway_killed_mid_batch_restarts_on_its_file_and_the_runner_carries_on
 ) -> None:
     db = tmp_path / "rollway.db"
     n = 10
-    server = serve(db)
+    server = serve(db).start()
     port = int(server.url.rsplit(":", 1)[1])
     runner: subprocess.Popen[str] | None = None
     try:
@@ -108,7 +108,7 @@ def test_rollway_killed_mid_batch_restarts_on_its_file_and_the_runner_carries_on
         server.stop()
         # The outage lasts long enough for the runner's client to give up on the attempt it was reporting.
         time.sleep(2.0)
-        server = serve(db, port=port)
+        server = serve(db, port=port).start()
         _, err = runner.communicate(timeout=120)
         assert runner.returncode == 0, err[-4000:]
         results = run_script(agl_py, "runner_batch.py", "collect", address, json.dumps(ids))
