@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from store import Attempt, AttemptedRollout, ResourcesUpdate, Rollout, Span, Worker
+from store import Attempt, AttemptedRollout, ResourcesUpdate, Rollout, Span, TaskSpec, Worker
 
 PROXY_SPAN_NAME = "raw_gen_ai_request"
 LLM_TYPES = frozenset({"llm", "proxy_llm"})
@@ -24,6 +24,20 @@ TEMPLATE_ENGINES = frozenset({"jinja", "f-string", "poml"})
 
 class ShapeError(ValueError):
     """A body that is not in Agent-lightning's shape."""
+
+
+TASK_FIELDS = ("input", "mode", "resources_id", "config", "metadata")
+
+
+def tasks(body: Any) -> list[TaskSpec]:
+    """An enqueue body ``{"rollouts": [{input, mode?, resources_id?, config?, metadata?}, ...]}``."""
+    items = body.get("rollouts") if isinstance(body, dict) else None
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise ShapeError('the body must be {"rollouts": [objects]}')
+    try:
+        return [TaskSpec.model_validate({k: i[k] for k in TASK_FIELDS if k in i}) for i in items]
+    except ValueError as exc:
+        raise ShapeError(f"invalid rollout: {exc}") from None
 
 
 def attempt(value: Attempt) -> dict[str, Any]:
