@@ -8,7 +8,10 @@ Run from the repository root (the Agent-lightning environment is the one the tes
     python bench/agl_bench.py
     python bench/agl_bench.py --spans 1000 --rollouts 500 --concurrency 8 --agl-python PATH
 
-Each server runs in its own process; the client runs in a third. Rollway's database is a fresh temporary file.
+Each server runs in its own process; the client runs in a third. Rollway's database is a fresh temporary file
+each repetition; its access log is off, as Agent-lightning's server has it by default. The two servers are
+measured alternately, ``--repeat`` times each, and the medians are reported (the machine is shared: single
+runs vary a lot).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,7 +58,8 @@ def free_port() -> int:
 
 
 def run_rollway(agl_python: str, args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp, GatewayProcess(f"sqlite:///{tmp}/bench.db") as server:
+    quiet = {"ROLLWAY_ACCESS_LOG": "false"}
+    with tempfile.TemporaryDirectory() as tmp, GatewayProcess(f"sqlite:///{tmp}/bench.db", env=quiet) as server:
         return measure(agl_python, server.url, args)
 
 
@@ -85,21 +90,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spans", type=int, default=2000)
     parser.add_argument("--rollouts", type=int, default=1000)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=8, help="concurrent callers (32: see docs/benchmarks.md)")
+    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--agl-python", default=str(DEFAULT_AGL), help="python of an agentlightning==0.3.0 env")
     args = parser.parse_args()
     if not Path(args.agl_python).exists():
         raise SystemExit(
             f"no Agent-lightning environment at {args.agl_python}: run tests/test_agl_store_client.py once"
         )
-    results = {"agent-lightning 0.3.0 (in memory)": run_agl(args.agl_python, args)}
-    results["rollway (SQLite file)"] = run_rollway(args.agl_python, args)
-    print(f"# {platform.node()} {platform.python_version()} cores={os.cpu_count()} args={vars(args)}")
+    runs: dict[str, list[dict[str, Any]]] = {"agent-lightning 0.3.0 (in memory)": [], "rollway (SQLite file)": []}
+    for _ in range(args.repeat):
+        runs["agent-lightning 0.3.0 (in memory)"].append(run_agl(args.agl_python, args))
+        runs["rollway (SQLite file)"].append(run_rollway(args.agl_python, args))
     keys = ["span_writes_per_s", "enqueues_per_s", "dequeues_per_s", "enqueue_dequeue_per_s"]
+    medians = {name: {k: statistics.median(r[k] for r in rs) for k in keys} for name, rs in runs.items()}
+    print(f"# {platform.python_version()} cores={os.cpu_count()} args={vars(args)} (medians of {args.repeat})")
     print(f"{'server':36}" + "".join(f"{k:>24}" for k in keys))
-    for name, result in results.items():
+    for name, result in medians.items():
         print(f"{name:36}" + "".join(f"{result[k]:>24.0f}" for k in keys))
-    print(json.dumps(results))
+    print(json.dumps(runs))
 
 
 if __name__ == "__main__":
