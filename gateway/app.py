@@ -14,6 +14,9 @@ from fastapi import Depends, FastAPI, Request
 
 from admin.api import build_router as admin_router
 from admin.context import AdminContext
+from agl.access import PathToken
+from agl.routes import build_router as agl_router
+from agl.routes import build_traces_router
 from gateway import errors, probes
 from gateway.attribution import KeyCache
 from gateway.dataplane import DataPlane
@@ -100,7 +103,10 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
     app.include_router(admin_router())
     app.include_router(probes.build_router())
+    app.include_router(agl_router())
+    app.include_router(build_traces_router())
     app.add_middleware(DataPlane)
+    app.add_middleware(PathToken)  # outermost: /t/<admin token>/v1/agl/... and /t/<admin token>/v1/traces
     return app
 
 

@@ -27,7 +27,8 @@ def _imports(package: str) -> dict[str, set[str]]:
     ("package", "forbidden"),
     [
         ("store", {"fastapi", "starlette", "uvicorn", "httpx", "aiohttp", "gateway", "admin", "litellm"}),
-        ("admin", {"gateway"}),
+        ("admin", {"gateway", "agl"}),
+        ("agl", {"gateway"}),
     ],
 )
 def test_package_does_not_import_forbidden_layers(package: str, forbidden: set[str]) -> None:

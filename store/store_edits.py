@@ -1,0 +1,47 @@
+"""The edit part of ``Store`` (``store.edits``): rollout and worker edits, latest attempts of many rollouts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection
+
+from store import edits
+from store.schemas import Attempt, Rollout, Worker
+
+T = TypeVar("T")
+
+
+class EditsMixin:
+    clock: Callable[[], float]
+
+    async def _write(self, op: Callable[[Connection], T]) -> T:
+        raise NotImplementedError  # provided by Store
+
+    async def _read(self, op: Callable[[Connection], T]) -> T:
+        raise NotImplementedError  # provided by Store
+
+    def _notify_all(self) -> None:
+        raise NotImplementedError  # provided by Store
+
+    async def update_rollout(self, rollout_id: str, changes: Mapping[str, Any]) -> Rollout:
+        """Change a rollout's input, mode, resources_id, config, metadata or status (absent keys: unchanged)."""
+        now = self.clock()
+        wanted = dict(changes)
+        result = await self._write(lambda conn: edits.update_rollout(conn, rollout_id, wanted, now))
+        if "status" in wanted:
+            self._notify_all()
+        return result
+
+    async def worker_heartbeat(self, worker_id: str, heartbeat_stats: Any = None, *, set_stats: bool = True) -> Worker:
+        """Record a worker's heartbeat (and its stats when ``set_stats``); the worker is created when new."""
+        now = self.clock()
+        return await self._write(
+            lambda conn: edits.update_worker(conn, worker_id, heartbeat_stats, now, set_stats=set_stats)
+        )
+
+    async def latest_attempts(self, rollout_ids: Sequence[str]) -> dict[str, Attempt]:
+        """The latest attempt of each rollout that has one."""
+        ids = list(rollout_ids)
+        return await self._read(lambda conn: edits.latest_attempts(conn, ids))

@@ -1,0 +1,109 @@
+"""The ``/v1/agl`` routes in-process (no Agent-lightning install needed): null-vs-absent, ``200 null`` for missing
+objects, validation, paging, and a gateway call read back in the LLM proxy's span form."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.mock import MockBackendProcess
+from tests.gateway_harness import RunningGateway, register, running_gateway
+
+
+@pytest.fixture
+async def gw(tmp_path: Path) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(tmp_path) as gateway:
+        yield gateway
+
+
+@pytest.fixture
+async def agl(gw: RunningGateway) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=f"{gw.url}/v1/agl", timeout=30) as client:
+        yield client
+
+
+async def test_missing_objects_are_200_null(agl: httpx.AsyncClient) -> None:
+    for path in ("/rollouts/ro-nope", "/rollouts/ro-nope/attempts/latest", "/resources/rs-nope", "/workers/w-nope"):
+        response = await agl.get(path)
+        assert response.status_code == 200 and response.json() is None, path
+    assert (await agl.get("/resources/latest")).json() is None
+    assert (await agl.post("/rollouts/ro-nope", json={"status": "failed"})).status_code == 404
+
+
+async def test_explicit_null_is_refused_and_absent_leaves_values_unchanged(agl: httpx.AsyncClient) -> None:
+    (rollout,) = (await agl.post("/queues/rollouts/enqueue", json={"rollouts": [{"input": 1}]})).json()
+    rid = rollout["rollout_id"]
+    (claimed,) = (await agl.post("/queues/rollouts/dequeue", json={"limit": 1, "worker_id": "w"})).json()
+    aid = claimed["attempt"]["attempt_id"]
+    for field in ("status", "worker_id", "last_heartbeat_time", "metadata"):
+        response = await agl.post(f"/rollouts/{rid}/attempts/{aid}", json={field: None})
+        assert response.status_code == 400 and field in response.json()["error"]["message"]
+    for field in ("status", "config"):
+        assert (await agl.post(f"/rollouts/{rid}", json={field: None})).status_code == 400
+    updated = (await agl.post(f"/rollouts/{rid}/attempts/latest", json={"metadata": {"k": 1}})).json()
+    assert updated["metadata"] == {"k": 1} and updated["status"] == "preparing" and updated["worker_id"] == "w"
+    changed = (await agl.post(f"/rollouts/{rid}", json={"metadata": {"m": 2}})).json()
+    assert changed["metadata"] == {"m": 2} and changed["input"] == 1 and changed["status"] == "preparing"
+    # An illegal transition is a 409; the rollout is as it was.
+    assert (await agl.post(f"/rollouts/{rid}", json={"status": "queuing"})).status_code == 409
+    assert (await agl.get(f"/rollouts/{rid}")).json()["status"] == "preparing"
+
+
+async def test_bad_bodies_and_queries_are_400s(agl: httpx.AsyncClient) -> None:
+    assert (await agl.post("/resources", json={"x": {"resource_type": "gpu"}})).status_code == 400
+    assert (await agl.post("/resources", content=b"{", headers={"content-type": "application/json"})).status_code == 400
+    assert (await agl.post("/rollouts/search", json={"sort_by": "nope"})).status_code == 400
+    assert (await agl.post("/rollouts/search", json={"limit": 0})).status_code == 400
+    assert (await agl.post("/spans", json={"rollout_id": "ro-x", "name": "s"})).status_code == 400
+    assert (await agl.post("/queues/rollouts/enqueue", json={"rollouts": [{"mode": "bogus"}]})).status_code == 400
+
+
+async def test_queries_filter_sort_and_page_like_agent_lightning(agl: httpx.AsyncClient) -> None:
+    body = {"rollouts": [{"input": i} for i in range(5)]}
+    ids = [r["rollout_id"] for r in (await agl.post("/queues/rollouts/enqueue", json=body)).json()]
+    await agl.post("/queues/rollouts/dequeue", json={"limit": 2})
+    page = (await agl.post("/rollouts/search", json={"limit": 2, "offset": 1})).json()
+    assert [r["rollout_id"] for r in page["items"]] == ids[1:3] and page["total"] == 5
+    assert "attempt" in page["items"][0] and "attempt" not in page["items"][1]
+    queued = (await agl.get("/rollouts", params=[("status_in", "queuing")])).json()
+    assert [r["rollout_id"] for r in queued["items"]] == ids[2:]
+    either = {"status_in": ["preparing"], "rollout_id_in": [ids[4]], "filter_logic": "or", "sort_by": "input"}
+    found = (await agl.post("/rollouts/search", json={**either, "sort_order": "desc"})).json()
+    assert [r["input"] for r in found["items"]] == [4, 1, 0]
+
+
+async def test_a_gateway_call_reads_back_as_an_llm_proxy_span(
+    gw: RunningGateway, agl: httpx.AsyncClient, mock: MockBackendProcess
+) -> None:
+    await register(gw.store, "policy", {"base_url": mock.base_url, "kind": "vllm", "model": "mock-model"})
+    await gw.store.enqueue([{"input": 1}])
+    (claimed,) = await gw.store.claim("w")
+    rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+    client = gw.client(base_url=f"{gw.url}/rollout/{rid}/attempt/{aid}/v1")
+    completion = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "What is 2 + 3?"}], max_tokens=8
+    )
+    seq = (await agl.post("/spans/next", json={"rollout_id": rid, "attempt_id": aid})).json()["sequence_id"]
+    assert seq == 2  # after the call's own sequence id
+    spans = (await agl.post("/spans/search", json={"rollout_id": rid, "attempt_id": "latest"})).json()["items"]
+    (span,) = spans
+    stored = (await gw.store.query_spans(rid, aid))[0]
+    assert span["name"] == "raw_gen_ai_request" and span["sequence_id"] == 1
+    assert span["attributes"]["rollway.span_name"] == stored.name
+    assert (
+        ast.literal_eval(span["attributes"]["llm.hosted_vllm.prompt_token_ids"])
+        == stored.attributes["rollway.prompt_token_ids"]
+    )
+    choices = ast.literal_eval(span["attributes"]["llm.hosted_vllm.choices"])
+    assert choices == [{"token_ids": stored.attributes["rollway.response_token_ids"]}]
+    assert span["attributes"]["llm.hosted_vllm.id"] == completion.id
+    # Attribute values are OpenTelemetry's: no nulls, structured values as JSON text.
+    assert all(v is not None and not isinstance(v, dict) for v in span["attributes"].values())
+    assert isinstance(span["attributes"]["rollway.request"], str)
+    assert span["context"] is None and span["resource"]["schema_url"] == ""
+    by_name = (await agl.get("/spans", params={"rollout_id": rid, "name": "raw_gen_ai_request"})).json()
+    assert by_name["total"] == 1
