@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from store import (
+    AgentServer,
     Attempt,
     AttemptedRollout,
     AttemptStatus,
@@ -211,3 +212,42 @@ class StatsView(BaseModel):
 
 
 __all__ = ["AttemptedRollout", "RolloutConfig"]
+
+
+class AgentPut(Body):
+    """A remote agent server (Osmosis protocol). ``api_key`` is sent to it as ``Authorization: Bearer`` on
+    every init; it is stored and never returned. ``completion_params`` are default sampling parameters sent
+    with every init (e.g. ``{"model": "policy"}``); a task's ``input.completion_params`` override them."""
+
+    url: str = Field(min_length=1, max_length=2048)
+    api_key: SecretStr | None = None
+    max_concurrent: int | None = Field(default=None, ge=1, le=100_000)
+    completion_params: dict[str, Any] | None = None
+
+
+class AgentView(BaseModel):
+    """An agent server as shown: never its ``api_key``, only whether one is set."""
+
+    name: str
+    url: str
+    has_api_key: bool
+    max_concurrent: int | None
+    completion_params: dict[str, Any] | None
+    created_time: float
+    updated_time: float
+
+    @classmethod
+    def of(cls, server: AgentServer) -> AgentView:
+        return cls(
+            name=server.name,
+            url=server.url,
+            has_api_key=server.api_key is not None,
+            max_concurrent=server.max_concurrent,
+            completion_params=server.completion_params,
+            created_time=server.created_time,
+            updated_time=server.updated_time,
+        )
+
+
+class AgentPage(BaseModel):
+    items: list[AgentView]

@@ -15,9 +15,10 @@ from fastapi.responses import JSONResponse
 
 from admin.api import build_router as admin_router
 from admin.context import AdminContext
-from gateway import errors
+from gateway import errors, osmosis
 from gateway.attribution import KeyCache
 from gateway.dataplane import DataPlane
+from gateway.dispatcher import Dispatcher
 from gateway.proxy import Gateway
 from gateway.registry import ModelRegistry
 from gateway.routing import Router
@@ -33,6 +34,7 @@ class AppState:
     router: Router
     gateway: Gateway
     keys: KeyCache
+    dispatcher: Dispatcher
 
 
 def get_state(request: Request) -> AppState:
@@ -56,8 +58,16 @@ def create_app(settings: Settings) -> FastAPI:
         gateway = Gateway(settings, store, registry, router)
         await gateway.start()
         keys = KeyCache(store)
+        dispatcher = Dispatcher(settings, store)
+        await dispatcher.start()
         app.state.rollway = AppState(
-            settings=settings, store=store, registry=registry, router=router, gateway=gateway, keys=keys
+            settings=settings,
+            store=store,
+            registry=registry,
+            router=router,
+            gateway=gateway,
+            keys=keys,
+            dispatcher=dispatcher,
         )
         app.state.admin = AdminContext(
             store=store, models=registry, keys=keys, admin_token=settings.admin_token, public_url=settings.public_url
@@ -65,12 +75,14 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             yield
         finally:
+            await dispatcher.close()
             await gateway.close()
             await store.close()
 
     app = FastAPI(title="Rollway", version=_version(), lifespan=lifespan)
     errors.install(app)
     app.include_router(admin_router())
+    app.include_router(osmosis.router)
     app.add_middleware(DataPlane)
 
     @app.get("/healthz", tags=["health"])

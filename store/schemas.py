@@ -158,6 +158,34 @@ class ModelAlias(BaseModel):
     updated_time: float
 
 
+class AgentServer(BaseModel):
+    """A remote agent server speaking the Osmosis remote-rollout protocol. ``api_key`` (sent to the server as
+    ``Authorization: Bearer``) is a secret: never echoed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128)
+    url: str = Field(min_length=1, max_length=2048)
+    api_key: SecretStr | None = None
+    max_concurrent: int | None = Field(default=None, ge=1)
+    completion_params: dict[str, Any] | None = None
+    created_time: float = 0.0
+    updated_time: float = 0.0
+
+
+class RemoteCompletion(BaseModel):
+    """What a remote agent server reports at ``POST /v1/rollout/completed`` (Osmosis ``RolloutResponse``)."""
+
+    rollout_id: str = Field(min_length=1, max_length=128)
+    status: Literal["COMPLETED", "ERROR"]
+    final_messages: list[Any] = Field(default_factory=list)
+    finish_reason: str | None = None
+    error_message: str | None = None
+    reward: float | None = None
+    metrics: dict[str, Any] | None = None
+    extra_fields: dict[str, Any] = Field(default_factory=dict)
+
+
 class ApiKey(BaseModel):
     """A gateway or rollout-scoped key as stored (the key itself is only ever shown at mint time)."""
 
