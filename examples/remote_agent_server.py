@@ -4,7 +4,7 @@ the background with the official ``openai`` SDK against ``{server_url}/v1`` — 
 ``rollout_id`` in its body — and reports with ``POST {server_url}/v1/rollout/completed``.
 
     python examples/remote_agent_server.py --port 9000
-    rollway agents put math --url http://127.0.0.1:9000 --max-concurrent 8 --param model=policy
+    rollway agents put math http://127.0.0.1:9000 --max-concurrent 8 --param model=policy
 
 The agent asks the task's question, then asks it to check its work; the reward is 1.0 when the last answer
 equals ``metadata.answer`` (0.0 otherwise, ``null`` when the task has no answer). The metrics it reports are
