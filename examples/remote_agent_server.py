@@ -92,9 +92,10 @@ async def run_agent(request: RolloutRequest, state: AgentState, report: bool) ->
     """Ask, ask again to check, and report the outcome with the reward."""
     started = time.monotonic()
     metrics: dict[str, Any] = {"num_llm_calls": 0, "prompt_tokens": 0, "response_tokens": 0, "llm_latency_ms": 0.0}
-    messages = list(request.messages)
+    messages: list[Any] = list(request.messages)
     params = dict(request.completion_params)
     model = params.pop("model", "default")
+    question = next((m.get("content") for m in messages if m.get("role") == "user"), "")
     chat_key = request.api_key if state.chat_auth == "key" and request.api_key else "unused"
     outcome: dict[str, Any]
     try:
@@ -102,7 +103,7 @@ async def run_agent(request: RolloutRequest, state: AgentState, report: bool) ->
             answer = None
             for turn in range(2):
                 if turn == 1:
-                    messages.append({"role": "user", "content": "Check your work and answer again."})
+                    messages.append({"role": "user", "content": f"Check your work: {question}"})
                 began = time.monotonic()
                 completion = await llm.chat.completions.create(
                     model=model, messages=messages, extra_body={"rollout_id": request.rollout_id}, **params

@@ -102,7 +102,7 @@ async def test_32_tasks_for_a_remote_agent_server_are_dispatched_answered_and_re
         health = agent_server.health()
         assert health["completed"] == 32 and health["inits"] == 32  # each dispatched once, each completed once
 
-        intervals = []
+        intervals, rewards_seen = [], []
         expected = {r["rollout_id"]: r["metadata"]["answer"] for r in rollouts}
         question = {r["rollout_id"]: r["input"]["question"] for r in rollouts}
         triplets = (await admin.get("/admin/v1/triplets", params={"rollout_id": ids, "limit": 100})).json()["items"]
@@ -125,6 +125,7 @@ async def test_32_tasks_for_a_remote_agent_server_are_dispatched_answered_and_re
             assert all("rollout_id" not in c.attributes["rollway.request"] for c in calls)  # not forwarded
             rewards = [s.attributes["rollway.reward.value"] for s in spans if s.name == "rollway.reward"]
             assert rewards == [completion["reward"]] and spans[-1].name == "rollway.reward"
+            rewards_seen.append(completion["reward"])
             last_text = calls[-1].attributes["rollway.response"]["choices"][0]["message"]["content"]
             assert completion["reward"] == (1.0 if f"answer is {expected[rollout_id]}." in last_text else 0.0)
             # The agent got TrainGate's token fields: its token counts are the spans'.
@@ -140,6 +141,7 @@ async def test_32_tasks_for_a_remote_agent_server_are_dispatched_answered_and_re
                 assert row["response_token_ids"] == truth["choices"][0]["token_ids"]
                 assert row["response_logprobs"] == [t["logprob"] for t in truth["choices"][0]["logprobs"]["content"]]
         assert 1 < max_overlap(intervals) <= 8  # concurrent, within the server's limit
+        assert set(rewards_seen) == {0.0, 1.0}  # the mock gets some sums right, some wrong
 
 
 async def test_a_body_routed_call_gets_traingate_token_fields(tmp_path: Path, mock: MockBackendProcess) -> None:
