@@ -180,7 +180,8 @@ class Dispatcher:
             else:
                 if status in (200, 201, 202):
                     return _tools(raw), tries
-                problem = f"{url} answered {status}: {raw[:300].decode(errors='replace')}"
+                said = raw[:300].decode(errors="replace").replace(str(payload["api_key"]), "rk-***")  # never echo it
+                problem = f"{url} answered {status}: {said}"
                 if status not in RETRY_STATUSES:
                     raise InitFailed(problem)
             if tries > self.settings.agent_init_retries:

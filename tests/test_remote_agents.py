@@ -218,6 +218,36 @@ async def test_faults_init_retry_timeout_retry_duplicate_and_unknown_completion(
         assert unknown.json()["error"]["type"] == "not_found_error" and "ro-nope" in unknown.json()["error"]["message"]
         bad = await admin.post("/v1/rollout/completed", json={"rollout_id": "ro-init", "status": "DONE"})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "status"
+        listed = await admin.get("/admin/v1/agents")
+        assert listed.json()["items"][0]["has_api_key"] is True and "srv-key" not in listed.text
+
+
+@pytest.mark.agent_args("--api-key", "srv-key")
+async def test_a_repeated_init_starts_one_run(
+    tmp_path: Path, mock: MockBackendProcess, agent_server: AgentServerProcess
+) -> None:
+    """The dispatcher retries an init with the same idempotency key; the server must start the rollout once."""
+    async with running_gateway(tmp_path) as gw, httpx.AsyncClient(timeout=30) as http:
+        await register(gw.store, "policy", {**MOCK_BACKEND, "base_url": mock.base_url})
+        started = await gw.store.start_rollout({"input": "x", "rollout_id": "ro-dup"}, worker_id="agent:manual")
+        _, key = await gw.store.mint_key("rollout", rollout_id="ro-dup", attempt_id=started.attempt.attempt_id)
+        init = {
+            "rollout_id": "ro-dup",
+            "server_url": gw.url,
+            "messages": [{"role": "user", "content": "What is 2 + 3?"}],
+            "completion_params": PARAMS,
+            "metadata": {"answer": 5},
+            "api_key": key,
+            "idempotency_key": started.attempt.attempt_id,
+        }
+        headers = {"Authorization": "Bearer srv-key"}
+        answers = [await http.post(f"{agent_server.url}/v1/rollout/init", json=init, headers=headers) for _ in "ab"]
+        assert [a.status_code for a in answers] == [202, 202] and answers[0].json() == answers[1].json()
+        [rollout] = await finish(gw, ["ro-dup"], timeout=30)
+        assert rollout.status == "succeeded"
+        spans = await gw.store.query_spans("ro-dup", "latest")
+        assert len(llm_spans(spans)) == 2 and [s.name for s in spans].count("rollway.reward") == 1
+        assert agent_server.health()["completed"] == 1
 
 
 async def test_an_init_the_agent_server_refuses_fails_the_attempt_and_retries_per_config(tmp_path: Path) -> None:
