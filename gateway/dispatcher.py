@@ -106,29 +106,32 @@ class Dispatcher:
     async def _run(self) -> None:
         while True:
             generation = self.store.queued.generation()
+            full = False
             try:
-                await self.dispatch_once()
+                full = await self.dispatch_once()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("remote-agent dispatch failed")
-            await Signal.wait(generation, self.settings.agent_poll_interval)
+            if not full:  # a server took a whole batch: more may be waiting, look again at once
+                await Signal.wait(generation, self.settings.agent_poll_interval)
 
-    async def dispatch_once(self) -> int:
-        """Claim what every registered server has room for and start its inits; how many were claimed."""
-        claimed = 0
+    async def dispatch_once(self) -> bool:
+        """Claim what every registered server has room for and start its inits; True when a server without a
+        concurrency limit took a whole batch (so more tasks may be queued)."""
+        full = False
         for server in await self.store.list_agents():
             limit = server.max_concurrent or CLAIM_BATCH
             try:
                 batch = await self.store.claim_for_agent(server.name, limit)
             except NotFoundError:  # unregistered meanwhile
                 continue
-            claimed += len(batch)
+            full = full or (server.max_concurrent is None and len(batch) == limit)
             for attempted in batch:
                 task = asyncio.create_task(self._dispatch(server, attempted), name="rollway-agent-init")
                 self._inits.add(task)
                 task.add_done_callback(self._inits.discard)
-        return claimed
+        return full
 
     async def _dispatch(self, server: AgentServer, attempted: AttemptedRollout) -> None:
         rollout_id, attempt_id = attempted.rollout.rollout_id, attempted.attempt.attempt_id
