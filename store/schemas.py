@@ -50,8 +50,8 @@ class TaskSpec(BaseModel):
     resources_id: str | None = None
     config: RolloutConfig | None = None
     metadata: dict[str, Any] | None = None
-    priority: int = 0
-    agent: str | None = None
+    priority: int = Field(default=0, ge=-(2**31), le=2**31 - 1)  # the column is a 32-bit integer
+    agent: str | None = Field(default=None, min_length=1, max_length=128)
 
 
 class Attempt(BaseModel):

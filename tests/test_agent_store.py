@@ -128,3 +128,14 @@ async def test_dispatch_facts_merge_into_metadata_without_losing_a_completion(st
     assert attempt.metadata is not None
     assert attempt.metadata["dispatch"] == {"tools": [{"type": "function"}]}
     assert attempt.metadata["completion"]["status"] == "COMPLETED"
+
+
+def test_a_task_names_an_agent_of_at_most_128_characters_and_a_32_bit_priority() -> None:
+    from pydantic import ValidationError
+
+    from store import TaskSpec
+
+    assert TaskSpec(agent="a" * 128, priority=2**31 - 1).agent == "a" * 128
+    for bad in ({"agent": "a" * 129}, {"agent": ""}, {"priority": 2**31}, {"priority": 6972138355710955094016}):
+        with pytest.raises(ValidationError):
+            TaskSpec(**bad)
