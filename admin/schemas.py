@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from store import (
     AgentServer,
@@ -22,7 +23,27 @@ from store import (
 )
 
 
-class Body(BaseModel):
+def valid_unicode(data: Any) -> Any:
+    """Refuse strings that are not Unicode text (lone surrogates such as ``"\\ud8f3"``, which JSON parsers
+    accept): they would be stored but could not be sent back as JSON. One orjson pass, no copy kept."""
+    try:
+        orjson.dumps(data)
+    except orjson.JSONEncodeError as exc:
+        if "surrogates" in str(exc):
+            raise ValueError("strings must be valid Unicode text (no lone surrogates)") from None
+    return data
+
+
+class UnicodeChecked(BaseModel):
+    """A request body whose strings must be valid Unicode (see ``valid_unicode``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data: Any) -> Any:
+        return valid_unicode(data)
+
+
+class Body(UnicodeChecked):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -34,7 +55,7 @@ class RolloutsResponse(BaseModel):
     rollouts: list[Rollout]
 
 
-class StartRequest(TaskSpec):
+class StartRequest(TaskSpec, UnicodeChecked):
     worker_id: str | None = None
 
 
