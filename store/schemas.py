@@ -119,7 +119,7 @@ class Span(BaseModel):
 
     rollout_id: str | None = None
     attempt_id: str | None = None
-    sequence_id: int | None = Field(default=None, ge=1)
+    sequence_id: int | None = Field(default=None, ge=1, le=2**31 - 1)  # a 32-bit column
     trace_id: str
     span_id: str
     parent_id: str | None = None
@@ -144,7 +144,7 @@ class Backend(BaseModel):
     model: str = Field(min_length=1)
     api_key: SecretStr | None = None
     weight: float = Field(default=1.0, gt=0)
-    max_concurrency: int | None = Field(default=None, ge=1)
+    max_concurrency: int | None = Field(default=None, ge=1, le=1_000_000)
     version: str | None = None
 
 

@@ -130,12 +130,16 @@ async def test_dispatch_facts_merge_into_metadata_without_losing_a_completion(st
     assert attempt.metadata["completion"]["status"] == "COMPLETED"
 
 
-def test_a_task_names_an_agent_of_at_most_128_characters_and_a_32_bit_priority() -> None:
+def test_values_the_columns_cannot_hold_are_refused_before_they_reach_the_database() -> None:
     from pydantic import ValidationError
 
-    from store import TaskSpec
+    from store import Backend, Span, TaskSpec
 
     assert TaskSpec(agent="a" * 128, priority=2**31 - 1).agent == "a" * 128
     for bad in ({"agent": "a" * 129}, {"agent": ""}, {"priority": 2**31}, {"priority": 6972138355710955094016}):
         with pytest.raises(ValidationError):
             TaskSpec(**bad)
+    with pytest.raises(ValidationError):
+        Span(trace_id="t", span_id="s", name="n", sequence_id=2**31)
+    with pytest.raises(ValidationError):
+        Backend(base_url="http://x", model="m", max_concurrency=55747671734836600504320)
