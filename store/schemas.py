@@ -25,7 +25,7 @@ class RolloutConfig(BaseModel):
 
     timeout_seconds: float | None = Field(default=None, gt=0)
     unresponsive_seconds: float | None = Field(default=None, gt=0)
-    max_attempts: int = Field(default=1, ge=1)
+    max_attempts: int = Field(default=1, ge=1, le=1_000_000)
     retry_condition: list[AttemptStatus] = Field(default_factory=list)
 
     @field_validator("retry_condition")

@@ -140,6 +140,8 @@ def test_values_the_columns_cannot_hold_are_refused_before_they_reach_the_databa
         with pytest.raises(ValidationError):
             TaskSpec(**bad)
     with pytest.raises(ValidationError):
+        TaskSpec(config={"max_attempts": 962729990305581016249532416})  # read back as a float: a 500
+    with pytest.raises(ValidationError):
         Span(trace_id="t", span_id="s", name="n", sequence_id=2**31)
     with pytest.raises(ValidationError):
         Backend(base_url="http://x", model="m", max_concurrency=55747671734836600504320)
