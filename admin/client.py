@@ -34,6 +34,8 @@ from admin.client_types import (
     Unset,
 )
 from admin.schemas import (
+    AgentPage,
+    AgentView,
     Claim,
     ClaimsResponse,
     GroupView,
@@ -272,6 +274,34 @@ class AsyncRollwayClient:
         wait = drain_timeout_seconds or 0.0
         return await self._t.model(ModelView, "POST", f"/models/{path_segment(alias)}/swap", json=body, wait=wait)
 
+    # -- remote agent servers -------------------------------------------------------------------------------
+
+    async def list_agents(self) -> list[AgentView]:
+        return (await self._t.model(AgentPage, "GET", "/agents")).items
+
+    async def get_agent(self, name: str) -> AgentView:
+        return await self._t.model(AgentView, "GET", f"/agents/{path_segment(name)}")
+
+    async def put_agent(
+        self,
+        name: str,
+        url: str,
+        *,
+        api_key: str | None = None,
+        max_concurrent: int | None = None,
+        completion_params: Mapping[str, Any] | None = None,
+    ) -> AgentView:
+        """Register (or replace) a remote agent server (Osmosis protocol); ``api_key`` is sent, never shown."""
+        body = {"url": url} | query(
+            api_key=api_key,
+            max_concurrent=max_concurrent,
+            completion_params=None if completion_params is None else dict(completion_params),
+        )
+        return await self._t.model(AgentView, "PUT", f"/agents/{path_segment(name)}", json=body)
+
+    async def delete_agent(self, name: str) -> None:
+        await self._t.request("DELETE", f"/agents/{path_segment(name)}")
+
     # -- keys, stats -----------------------------------------------------------------------------------------
 
     async def mint_key(
@@ -308,16 +338,45 @@ class AsyncRollwayClient:
         rollouts per call, following ``next_cursor`` (sent back as ``since``). With ``jsonl`` each page is
         streamed as JSON Lines (cursor in the ``x-rollway-next-cursor`` header); an error line the server ends a
         broken stream with is raised as ``RollwayAPIError``."""
+        params = query(group_id=group_id, merge=merge, partial=partial)
+        async for record in self._iter_pages("/triplets", params, rollout_id, since, page_size, jsonl):
+            yield record
+
+    async def iter_export(
+        self,
+        kind: Literal["slime", "verl"],
+        *,
+        rollout_id: str | Sequence[str] | None = None,
+        group_id: str | None = None,
+        since: str | None = None,
+        partial: bool = False,
+        page_size: int = 500,
+        jsonl: bool = False,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Trainer records of finished rollouts (``GET /exports/{kind}``): SLIME ``Sample`` fields (``slime``) or
+        verl-style rows (``verl``), whole complete groups unless ``partial``, following ``next_cursor``."""
+        params = query(group_id=group_id, partial=partial)
+        async for record in self._iter_pages(f"/exports/{kind}", params, rollout_id, since, page_size, jsonl):
+            yield record
+
+    async def _iter_pages(
+        self,
+        path: str,
+        filters: dict[str, Any],
+        rollout_id: str | Sequence[str] | None,
+        since: str | None,
+        page_size: int,
+        jsonl: bool,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The records of an export route, page after page (the cursor sent back as ``since``)."""
         cursor = since
         rollout_ids = [rollout_id] if isinstance(rollout_id, str) else None if rollout_id is None else list(rollout_id)
         while True:
-            params = query(
-                rollout_id=rollout_ids, group_id=group_id, since=cursor, limit=page_size, merge=merge, partial=partial
-            )
+            params = filters | query(rollout_id=rollout_ids, since=cursor, limit=page_size)
             params["format"] = "jsonl" if jsonl else "json"
             count, next_cursor = 0, None
             if jsonl:
-                async for response, record in self._t.json_lines(self._t.build("GET", "/triplets", params=params)):
+                async for response, record in self._t.json_lines(self._t.build("GET", path, params=params)):
                     next_cursor = next_cursor or response.headers.get(CURSOR_HEADER)
                     if isinstance(record, dict) and record.keys() == {"next_cursor"}:
                         next_cursor = record["next_cursor"]
@@ -329,7 +388,7 @@ class AsyncRollwayClient:
                     count += 1
                     yield record
             else:
-                page = (await self._t.request("GET", "/triplets", params=params)).json()
+                page = (await self._t.request("GET", path, params=params)).json()
                 next_cursor = page.get("next_cursor")
                 for record in page.get("items", []):
                     count += 1

@@ -158,6 +158,11 @@ class RollwayClient:
     pause_model = _blocking(AsyncRollwayClient.pause_model)
     resume_model = _blocking(AsyncRollwayClient.resume_model)
     swap_model = _blocking(AsyncRollwayClient.swap_model)
+    # remote agent servers
+    list_agents = _blocking(AsyncRollwayClient.list_agents)
+    get_agent = _blocking(AsyncRollwayClient.get_agent)
+    put_agent = _blocking(AsyncRollwayClient.put_agent)
+    delete_agent = _blocking(AsyncRollwayClient.delete_agent)
     # keys, stats
     mint_key = _blocking(AsyncRollwayClient.mint_key)
     revoke_key = _blocking(AsyncRollwayClient.revoke_key)
@@ -166,6 +171,7 @@ class RollwayClient:
     iter_triplet_records = _iterating(AsyncRollwayClient.iter_triplet_records)
     iter_triplets = _iterating(AsyncRollwayClient.iter_triplets)
     iter_merged_triplets = _iterating(AsyncRollwayClient.iter_merged_triplets)
+    iter_export = _iterating(AsyncRollwayClient.iter_export)
 
 
 __all__ = ["MergedTriplet", "Rollout", "RollwayClient", "Triplet"]

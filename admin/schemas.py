@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from store import (
+    AgentServer,
     Attempt,
     AttemptedRollout,
     AttemptStatus,
@@ -21,7 +23,27 @@ from store import (
 )
 
 
-class Body(BaseModel):
+def valid_unicode(data: Any) -> Any:
+    """Refuse strings that are not Unicode text (lone surrogates such as ``"\\ud8f3"``, which JSON parsers
+    accept): they would be stored but could not be sent back as JSON. One orjson pass, no copy kept."""
+    try:
+        orjson.dumps(data)
+    except orjson.JSONEncodeError as exc:
+        if "surrogates" in str(exc):
+            raise ValueError("strings must be valid Unicode text (no lone surrogates)") from None
+    return data
+
+
+class UnicodeChecked(BaseModel):
+    """A request body whose strings must be valid Unicode (see ``valid_unicode``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data: Any) -> Any:
+        return valid_unicode(data)
+
+
+class Body(UnicodeChecked):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -33,7 +55,7 @@ class RolloutsResponse(BaseModel):
     rollouts: list[Rollout]
 
 
-class StartRequest(TaskSpec):
+class StartRequest(TaskSpec, UnicodeChecked):
     worker_id: str | None = None
 
 
@@ -211,3 +233,42 @@ class StatsView(BaseModel):
 
 
 __all__ = ["AttemptedRollout", "RolloutConfig"]
+
+
+class AgentPut(Body):
+    """A remote agent server (Osmosis protocol). ``api_key`` is sent to it as ``Authorization: Bearer`` on
+    every init; it is stored and never returned. ``completion_params`` are default sampling parameters sent
+    with every init (e.g. ``{"model": "policy"}``); a task's ``input.completion_params`` override them."""
+
+    url: str = Field(min_length=1, max_length=2048)
+    api_key: SecretStr | None = None
+    max_concurrent: int | None = Field(default=None, ge=1, le=100_000)
+    completion_params: dict[str, Any] | None = None
+
+
+class AgentView(BaseModel):
+    """An agent server as shown: never its ``api_key``, only whether one is set."""
+
+    name: str
+    url: str
+    has_api_key: bool
+    max_concurrent: int | None
+    completion_params: dict[str, Any] | None
+    created_time: float
+    updated_time: float
+
+    @classmethod
+    def of(cls, server: AgentServer) -> AgentView:
+        return cls(
+            name=server.name,
+            url=server.url,
+            has_api_key=server.api_key is not None,
+            max_concurrent=server.max_concurrent,
+            completion_params=server.completion_params,
+            created_time=server.created_time,
+            updated_time=server.updated_time,
+        )
+
+
+class AgentPage(BaseModel):
+    items: list[AgentView]

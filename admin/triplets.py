@@ -15,8 +15,9 @@ body ends with an ``{"error": {...}}`` line, and a JSON body closes its items an
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -35,6 +36,8 @@ router = APIRouter(tags=["triplets"])
 #: Rollouts read and rendered per step.
 CHUNK = 500
 CURSOR_HEADER = "x-rollway-next-cursor"
+#: Turns a chunk of exported rollouts into JSON documents (triplets here; trainer records in ``admin.exports``).
+Renderer = Callable[[list[ExportRollout]], list[bytes]]
 JSON = "application/json"
 JSONL = "application/x-ndjson"
 
@@ -49,15 +52,18 @@ def render(rollouts: list[ExportRollout], merge: bool) -> list[bytes]:
     return out
 
 
-async def _rendered(store: Store, page: ExportPage, merge: bool, loaded: bool) -> AsyncIterator[list[bytes]]:
+async def _rendered(store: Store, page: ExportPage, render: Renderer, loaded: bool) -> AsyncIterator[list[bytes]]:
     """The page's rows, ``CHUNK`` rollouts at a time (reading their spans first unless ``loaded``)."""
     for start in range(0, len(page.rollouts), CHUNK):
         chunk = page.rollouts[start : start + CHUNK]
         if not loaded:
             fresh = await store.export_rollouts(rollout_ids=[r.rollout_id for r in chunk], limit=len(chunk))
             by_id = {r.rollout_id: r for r in fresh.rollouts}
-            chunk = [by_id[r.rollout_id] for r in chunk if r.rollout_id in by_id]
-        yield await asyncio.to_thread(render, chunk, merge)
+            for r in chunk:  # keep the page's own fields (its export positions): only the spans are new
+                if r.rollout_id in by_id:
+                    r.spans = by_id[r.rollout_id].spans
+            chunk = [r for r in chunk if r.rollout_id in by_id]
+        yield await asyncio.to_thread(render, chunk)
 
 
 def _failure(exc: Exception) -> bytes:
@@ -66,23 +72,23 @@ def _failure(exc: Exception) -> bytes:
     return orjson.dumps({"message": message, "type": "server_error", "param": None, "code": None})
 
 
-async def _lines(store: Store, page: ExportPage, merge: bool, loaded: bool) -> AsyncIterator[bytes]:
+async def _lines(store: Store, page: ExportPage, render: Renderer, loaded: bool) -> AsyncIterator[bytes]:
     """JSON Lines; a failure once the stream has begun ends it with an ``{"error": …}`` line."""
     try:
-        async for docs in _rendered(store, page, merge, loaded):
+        async for docs in _rendered(store, page, render, loaded):
             if docs:
                 yield b"\n".join(docs) + b"\n"
     except Exception as exc:
         yield b'{"error":' + _failure(exc) + b"}\n"
 
 
-async def _document(store: Store, page: ExportPage, merge: bool, loaded: bool) -> AsyncIterator[bytes]:
+async def _document(store: Store, page: ExportPage, render: Renderer, loaded: bool) -> AsyncIterator[bytes]:
     """``{"items": [...], "next_cursor": …}`` in pieces; a failure once the stream has begun closes the items
     and ends the document with ``"next_cursor": null`` and an ``"error"`` member."""
     yield b'{"items":['
     separator = b""
     try:
-        async for docs in _rendered(store, page, merge, loaded):
+        async for docs in _rendered(store, page, render, loaded):
             if docs:
                 yield separator + b",".join(docs)
                 separator = b","
@@ -108,16 +114,40 @@ async def export_triplets(
     `partial=true`; `since` continues from a previous `next_cursor` (also in the `x-rollway-next-cursor`
     header). `format=jsonl` streams one row per line. Pages of more than 500 rollouts are streamed in either
     format; a failure mid-stream ends the body with an error (see the module docstring)."""
-    store = context.store
+    return await respond(
+        context.store,
+        functools.partial(render, merge=merge),
+        format_,
+        rollout_ids=rollout_id,
+        group_id=group_id,
+        since=since,
+        limit=limit,
+        partial=partial,
+    )
+
+
+async def respond(
+    store: Store,
+    render: Renderer,
+    format_: Literal["json", "jsonl"],
+    *,
+    rollout_ids: list[str] | None,
+    group_id: str | None,
+    since: str | None,
+    limit: int,
+    partial: bool,
+) -> Response:
+    """One export page rendered by ``render``: a JSON document or JSON Lines, streamed when large (the module
+    docstring); shared by the triplet and trainer exports."""
     loaded = limit <= CHUNK
     page = await store.export_rollouts(
-        rollout_ids=rollout_id, group_id=group_id, since=since, limit=limit, partial=partial, with_spans=loaded
+        rollout_ids=rollout_ids, group_id=group_id, since=since, limit=limit, partial=partial, with_spans=loaded
     )
     headers = {CURSOR_HEADER: page.next_cursor} if page.next_cursor else {}
     if format_ == "jsonl":
-        return StreamingResponse(_lines(store, page, merge, loaded), media_type=JSONL, headers=headers)
+        return StreamingResponse(_lines(store, page, render, loaded), media_type=JSONL, headers=headers)
     if len(page.rollouts) > CHUNK:
-        return StreamingResponse(_document(store, page, merge, loaded), media_type=JSON, headers=headers)
-    docs = [doc async for chunk in _rendered(store, page, merge, loaded) for doc in chunk]
+        return StreamingResponse(_document(store, page, render, loaded), media_type=JSON, headers=headers)
+    docs = [doc async for chunk in _rendered(store, page, render, loaded) for doc in chunk]
     body = b'{"items":[' + b",".join(docs) + b'],"next_cursor":' + orjson.dumps(page.next_cursor) + b"}"
     return Response(content=body, media_type=JSON, headers=headers)

@@ -17,9 +17,10 @@ from admin.context import AdminContext
 from agl.access import PathToken
 from agl.routes import build_router as agl_router
 from agl.routes import build_traces_router
-from gateway import errors, probes
+from gateway import errors, osmosis, probes
 from gateway.attribution import KeyCache
 from gateway.dataplane import DataPlane
+from gateway.dispatcher import Dispatcher
 from gateway.metrics import Metrics
 from gateway.proxy import Gateway
 from gateway.registry import ModelRegistry
@@ -40,6 +41,7 @@ class AppState:
     gateway: Gateway
     keys: KeyCache
     metrics: Metrics
+    dispatcher: Dispatcher
 
 
 def get_state(request: Request) -> AppState:
@@ -78,6 +80,8 @@ def create_app(settings: Settings) -> FastAPI:
         gateway = Gateway(settings, store, registry, router, metrics, exporter)
         await gateway.start()
         keys = KeyCache(store)
+        dispatcher = Dispatcher(settings, store)
+        await dispatcher.start()
         app.state.rollway = AppState(
             settings=settings,
             store=store,
@@ -86,6 +90,7 @@ def create_app(settings: Settings) -> FastAPI:
             gateway=gateway,
             keys=keys,
             metrics=metrics,
+            dispatcher=dispatcher,
         )
         app.state.admin = AdminContext(
             store=store, models=registry, keys=keys, admin_token=settings.admin_token, public_url=settings.public_url
@@ -93,6 +98,7 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             yield
         finally:
+            await dispatcher.close()
             await gateway.close()
             if exporter is not None:
                 await exporter.close()
@@ -105,6 +111,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(probes.build_router())
     app.include_router(agl_router())
     app.include_router(build_traces_router())
+    app.include_router(osmosis.router)
     app.add_middleware(DataPlane)
     app.add_middleware(PathToken)  # outermost: /t/<admin token>/v1/agl/... and /t/<admin token>/v1/traces
     return app

@@ -5,6 +5,9 @@
 3. the headers ``X-Rollout-Id`` / ``X-Attempt-Id``;
 4. a ``rollout_id`` field in the JSON body (the Osmosis convention; never forwarded upstream);
 5. none: the call is served and recorded as unattributed.
+
+A call whose body carries ``rollout_id`` speaks the Osmosis protocol (``Attribution.osmosis``), whichever rule
+attributed it: its answer gets TrainGate's top-level ``token_ids``, ``logprobs`` and ``prompt_token_ids``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class Attribution:
     rollout_id: str | None
     attempt_id: str | None
     via: Via
+    osmosis: bool = False
 
 
 def bearer(headers: dict[str, str]) -> str | None:
@@ -91,14 +95,15 @@ async def attribute(
     elif require_key:
         raise AuthError("an API key is required (Authorization: Bearer ...)")
     body_rollout = body.pop("rollout_id", None)
+    osmosis = isinstance(body_rollout, str) and bool(body_rollout)
     if path_rollout is not None:
-        found = Attribution(path_rollout, path_attempt, "path")
+        found = Attribution(path_rollout, path_attempt, "path", osmosis)
     elif key is not None and key.scope == "rollout":
-        found = Attribution(key.rollout_id, key.attempt_id, "key")
+        found = Attribution(key.rollout_id, key.attempt_id, "key", osmosis)
     elif headers.get("x-rollout-id"):
-        found = Attribution(headers["x-rollout-id"], headers.get("x-attempt-id") or None, "header")
-    elif isinstance(body_rollout, str) and body_rollout:
-        found = Attribution(body_rollout, None, "body")
+        found = Attribution(headers["x-rollout-id"], headers.get("x-attempt-id") or None, "header", osmosis)
+    elif osmosis:
+        found = Attribution(str(body_rollout), None, "body", osmosis)
     else:
         found = Attribution(None, None, "none")
     if key is not None and key.scope == "rollout" and found.rollout_id != key.rollout_id:
@@ -106,5 +111,5 @@ async def attribute(
     if key is not None and key.scope == "rollout" and found.attempt_id not in (None, key.attempt_id):
         raise AuthError("this rollout key belongs to another attempt", status=403)
     if key is not None and key.scope == "rollout":
-        return Attribution(found.rollout_id, key.attempt_id, found.via)
+        return Attribution(found.rollout_id, key.attempt_id, found.via, osmosis)
     return found

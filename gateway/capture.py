@@ -88,6 +88,22 @@ def stripped(body: dict[str, Any], injected: Injected) -> dict[str, Any]:
     return out
 
 
+def with_traingate_fields(out: dict[str, Any], full: dict[str, Any], operation: str) -> dict[str, Any]:
+    """``out`` (the answer as the client gets it) plus the top-level ``token_ids``, ``logprobs`` (a flat list of
+    floats) and ``prompt_token_ids`` that Osmosis's TrainGate returns, taken from ``full`` (the backend's
+    answer, with what the gateway asked for). Null when the backend gave none (an OpenAI-kind backend)."""
+    choices = full.get("choices") or []
+    first = choices[0] if choices and isinstance(choices[0], dict) else {}
+    prompt_ids = full.get("prompt_token_ids")
+    if prompt_ids is None:
+        prompt_ids = first.get("prompt_token_ids")
+    return out | {
+        "token_ids": first.get("token_ids"),
+        "logprobs": response_logprobs(operation, first),
+        "prompt_token_ids": prompt_ids,
+    }
+
+
 def is_usage_only_chunk(chunk: dict[str, Any]) -> bool:
     return not chunk.get("choices") and chunk.get("usage") is not None
 
@@ -130,6 +146,7 @@ class CallRecord:
     end_time: float | None = None
     cancelled: bool = False
     deadline: float | None = None
+    osmosis: bool = False  # the body named its rollout (Osmosis): answer with TrainGate's token fields
     accumulator: Any = None  # the stream accumulator while streaming (partial response on abort)
 
     def span(self) -> Span:

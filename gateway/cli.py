@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 from pydantic import ValidationError
@@ -300,6 +301,102 @@ def triplets_export(connection: Connection, out: str, rollout_id: tuple[str, ...
     from gateway.commands import triplets_export as export
 
     export(connection, out, rollout_id=list(rollout_id) or None, **query)
+
+
+@main.group()
+def export() -> None:
+    """Export training data for a trainer (SLIME samples, verl rows)."""
+
+
+def _trainer_export(kind: Literal["slime", "verl"], what: str) -> None:
+    def command(connection: Connection, out: str, rollout_id: tuple[str, ...], **query: Any) -> None:
+        from gateway.commands import trainer_export
+
+        trainer_export(connection, kind, out, rollout_id=list(rollout_id) or None, **query)
+
+    command.__doc__ = f"Write {what} of finished rollouts (whole groups) as JSON Lines to OUT ('-': stdout)."
+    options = [
+        click.argument("out", type=click.Path(dir_okay=False, allow_dash=True)),
+        click.option("--rollout-id", "rollout_id", multiple=True, help="Only this rollout (repeatable)."),
+        click.option("--group-id", default=None, help="Only this group."),
+        click.option("--since", default=None, help="Only what finished after this cursor."),
+        click.option("--partial", is_flag=True, help="Also incomplete groups."),
+        click.option(
+            "--page-size", type=click.IntRange(1, 10_000), default=500, show_default=True, help="Rollouts/call."
+        ),
+        click.option("--stream", "jsonl", is_flag=True, help="Fetch pages as streamed JSON Lines."),
+    ]
+    decorated: Callable[..., None] = command
+    for option in reversed(options):
+        decorated = option(decorated)
+    admin_command(export, kind)(decorated)
+
+
+_trainer_export("slime", "SLIME Sample records (tokens, response_length, loss_mask, reward, log probs)")
+_trainer_export("verl", "verl-style rows (prompt/response ids, response mask, token-level scores)")
+
+
+@main.group()
+def agents() -> None:
+    """Register remote agent servers (Osmosis protocol)."""
+
+
+@admin_command(agents, "put")
+@click.argument("name")
+@click.argument("server_url", metavar="URL")
+@click.option("--api-key", default=None, help="Sent to the server as Authorization: Bearer (stored, never shown).")
+@click.option("--max-concurrent", type=click.IntRange(1, 100_000), default=None, help="Rollouts at once.")
+@click.option("--param", "params", multiple=True, help="A completion parameter KEY=VALUE (JSON value), repeatable.")
+@JSON_OPTION
+def agents_put(
+    connection: Connection,
+    name: str,
+    server_url: str,
+    api_key: str | None,
+    max_concurrent: int | None,
+    params: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Register (or replace) remote agent server NAME at URL (it serves /v1/rollout/init); tasks enqueued
+    with agent: NAME are dispatched to it."""
+    from gateway.commands import agents_put as put
+
+    completion: dict[str, Any] = {}
+    for item in params:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"'{item}' is not KEY=VALUE", param_hint="--param")
+        try:
+            completion[key] = json.loads(value)
+        except json.JSONDecodeError:
+            completion[key] = value
+    put(
+        connection,
+        name,
+        as_json,
+        url=server_url,
+        api_key=api_key,
+        max_concurrent=max_concurrent,
+        completion_params=completion or None,
+    )
+
+
+@admin_command(agents, "list")
+@JSON_OPTION
+def agents_list(connection: Connection, as_json: bool) -> None:
+    """List the registered agent servers (never their api keys)."""
+    from gateway.commands import agents_list as show
+
+    show(connection, as_json)
+
+
+@admin_command(agents, "delete")
+@click.argument("name")
+def agents_delete(connection: Connection, name: str) -> None:
+    """Unregister agent server NAME (its queued tasks wait for a server of that name)."""
+    from gateway.commands import agents_delete as delete
+
+    delete(connection, name)
 
 
 @main.group()

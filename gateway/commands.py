@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from admin.client import AsyncRollwayClient, RollwayAPIError, RollwayError
-from admin.schemas import ModelView
+from admin.schemas import AgentView, ModelView
 from store import Rollout
 
 T = TypeVar("T")
@@ -328,3 +328,52 @@ def triplets_export(connection: Connection, out: str, **query: Any) -> None:
     count = run(connection, work)
     where = "stdout" if out == "-" else out
     err_console().print(f"Wrote [bold]{count}[/] {'merged rows' if query.get('merge') else 'triplets'} to {where}")
+
+
+# -- trainer exports -----------------------------------------------------------------------------------------
+
+
+def trainer_export(connection: Connection, kind: Literal["slime", "verl"], out: str, **query: Any) -> None:
+    """Write SLIME ``Sample`` records or verl rows as JSON Lines to ``out`` ('-': stdout)."""
+
+    async def work(client: AsyncRollwayClient) -> int:
+        count = 0
+        with _output(out) as handle, _bar(counted=False) as progress:
+            task_id = progress.add_task(f"Exporting {kind} records", total=None)
+            async for record in client.iter_export(kind, **query):
+                handle.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+                count += 1
+                progress.advance(task_id)
+        return count
+
+    count = run(connection, work)
+    where = "stdout" if out == "-" else out
+    err_console().print(f"Wrote [bold]{count}[/] {kind} records to {where}")
+
+
+# -- remote agent servers ------------------------------------------------------------------------------------
+
+
+def show_agents(agents: list[AgentView], as_json: bool) -> None:
+    if as_json:
+        print_json([a.model_dump(mode="json") for a in agents])
+        return
+    table = _table("name", "url", "max concurrent", "api key", "completion params")
+    for a in agents:
+        params = json.dumps(a.completion_params) if a.completion_params else ""
+        table.add_row(a.name, a.url, str(a.max_concurrent or "∞"), "set" if a.has_api_key else "", params)
+    Console().print(table)
+
+
+def agents_put(connection: Connection, name: str, as_json: bool, **fields: Any) -> None:
+    agent = run(connection, lambda client: client.put_agent(name, **fields))
+    show_agents([agent], as_json)
+
+
+def agents_list(connection: Connection, as_json: bool) -> None:
+    show_agents(run(connection, lambda client: client.list_agents()), as_json)
+
+
+def agents_delete(connection: Connection, name: str) -> None:
+    run(connection, lambda client: client.delete_agent(name))
+    err_console().print(f"Removed agent server [bold]{name}[/]")

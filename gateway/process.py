@@ -44,10 +44,13 @@ class ServerProcess:
     def child_env(self) -> dict[str, str]:
         return {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
 
+    def command(self) -> list[str]:
+        """The child's argv: ``rollway *args`` (a subclass may run another server)."""
+        return [sys.executable, "-c", "from gateway.cli import main; main()", *self.args]
+
     def start(self) -> Self:
-        command = [sys.executable, "-c", "from gateway.cli import main; main()", *self.args]
         self._proc = subprocess.Popen(
-            command,
+            self.command(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -114,6 +114,7 @@ class Gateway:
         if trace is not None:
             record.trace_id, record.parent_id = trace
         record.deadline = ticket.deadline
+        record.osmosis = who.osmosis
         try:
             lease = await self.registry.admit(alias, self.settings.pause_wait_seconds)
         except AliasPaused as exc:
@@ -253,7 +254,10 @@ class Gateway:
         if response.status < 400:
             parsed = orjson.loads(raw)
             record.response = parsed
-            if injected.any and isinstance(parsed, dict):
+            if record.osmosis and isinstance(parsed, dict):
+                answer = capture.stripped(parsed, injected) if injected.any else parsed
+                out = orjson.dumps(capture.with_traingate_fields(answer, parsed, record.operation))
+            elif injected.any and isinstance(parsed, dict):
                 out = orjson.dumps(capture.stripped(parsed, injected))
         else:
             record.error = raw[:2000].decode(errors="replace")

@@ -71,6 +71,15 @@ class Settings(BaseSettings):
     otlp_export_batch: int = Field(default=512, ge=1, le=10_000, description="most spans sent in one export request")
     otlp_export_interval: float = Field(default=1.0, gt=0, description="seconds between exports of a partial batch")
     otlp_export_timeout: float = Field(default=5.0, gt=0, description="seconds one export request may take")
+    agent_init_retries: int = Field(
+        default=3, ge=0, le=10, description="retries of a remote agent server's /v1/rollout/init (5xx, 429, no answer)"
+    )
+    agent_init_timeout: float = Field(
+        default=10.0, gt=0, description="seconds a remote agent server has to answer init"
+    )
+    agent_poll_interval: float = Field(
+        default=0.5, gt=0, description="longest wait before the dispatcher looks for remote-agent tasks again"
+    )
     config_file: Path | None = Field(default=None, description="optional YAML file with these settings")
 
     @classmethod

@@ -6,12 +6,14 @@ writer (SQLite) and the watchdog; every other public object is a pydantic schema
 
 from store.errors import ConflictError, NotFoundError, StoreError, StoreValidationError, UnavailableError
 from store.schemas import (
+    AgentServer,
     ApiKey,
     Attempt,
     AttemptedRollout,
     Backend,
     ModelAlias,
     Page,
+    RemoteCompletion,
     ResourcesUpdate,
     Rollout,
     RolloutConfig,
@@ -26,6 +28,7 @@ from store.store import UNSET, Store
 
 __all__ = [
     "UNSET",
+    "AgentServer",
     "ApiKey",
     "Attempt",
     "AttemptStatus",
@@ -35,6 +38,7 @@ __all__ = [
     "ModelAlias",
     "NotFoundError",
     "Page",
+    "RemoteCompletion",
     "ResourcesUpdate",
     "Rollout",
     "RolloutConfig",

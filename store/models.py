@@ -15,6 +15,9 @@ from sqlmodel import Field, SQLModel
 BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 QUEUED_SQL = "status IN ('queuing', 'requeuing')"
+#: The runners' queue (tasks for no remote agent server) and the remote agent servers' queue.
+RUNNER_QUEUE_SQL = f"{QUEUED_SQL} AND agent IS NULL"
+AGENT_QUEUE_SQL = f"{QUEUED_SQL} AND agent IS NOT NULL"
 
 
 def _json(nullable: bool = True) -> Any:
@@ -29,8 +32,17 @@ class RolloutRow(SQLModel, table=True):
             text("priority DESC"),
             "queue_time",
             "pk",
-            sqlite_where=text(QUEUED_SQL),
-            postgresql_where=text(QUEUED_SQL),
+            sqlite_where=text(RUNNER_QUEUE_SQL),
+            postgresql_where=text(RUNNER_QUEUE_SQL),
+        ),
+        Index(
+            "ix_rollouts_agent_queue",
+            "agent",
+            text("priority DESC"),
+            "queue_time",
+            "pk",
+            sqlite_where=text(AGENT_QUEUE_SQL),
+            postgresql_where=text(AGENT_QUEUE_SQL),
         ),
         Index("ix_rollouts_finish_seq", "finish_seq"),
     )
@@ -176,6 +188,20 @@ class WorkerRow(SQLModel, table=True):
     current_attempt_id: str | None = Field(default=None, max_length=64)
 
 
+class AgentServerRow(SQLModel, table=True):
+    """A remote agent server (Osmosis protocol). ``api_key`` is what Rollway sends it: stored, never shown."""
+
+    __tablename__ = "agent_servers"
+
+    name: str = Field(primary_key=True, max_length=128)
+    url: str = Field(max_length=2048)
+    api_key: str | None = Field(default=None, max_length=1024)
+    max_concurrent: int | None = None
+    completion_params: Any = _json()
+    created_time: float
+    updated_time: float
+
+
 rollouts = RolloutRow.__table__  # type: ignore[attr-defined]
 attempts = AttemptRow.__table__  # type: ignore[attr-defined]
 spans = SpanRow.__table__  # type: ignore[attr-defined]
@@ -185,3 +211,4 @@ counters = CounterRow.__table__  # type: ignore[attr-defined]
 model_aliases = ModelAliasRow.__table__  # type: ignore[attr-defined]
 api_keys = ApiKeyRow.__table__  # type: ignore[attr-defined]
 workers = WorkerRow.__table__  # type: ignore[attr-defined]
+agent_servers = AgentServerRow.__table__  # type: ignore[attr-defined]

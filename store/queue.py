@@ -153,28 +153,39 @@ def _attempted(conn: Connection, pairs: list[tuple[RowMapping, dict[str, Any]]],
     return out
 
 
-def _queue_head(conn: Connection, limit: int) -> Select[Any] | TextClause:
-    """The first ``limit`` queued rollouts in claim order, read through the partial index ``ix_rollouts_queue``.
+def _queue_head(conn: Connection, limit: int, agent: str | None = None) -> Select[Any] | TextClause:
+    """The first ``limit`` queued rollouts in claim order: the runners' queue (tasks for no agent server),
+    read through the partial index ``ix_rollouts_queue``, or the queue of agent server ``agent``, through
+    ``ix_rollouts_agent_queue``.
 
     The queue predicate is spelled out literally: with bound values (``status IN (?, ?)``) neither engine can
     prove the partial index applies. SQLite is also told to use it: without statistics its planner prefers
     ``ix_rollouts_status`` and sorts every queued row, which makes each claim O(queue depth).
     """
+    where = models.RUNNER_QUEUE_SQL if agent is None else f"{models.AGENT_QUEUE_SQL} AND agent = :agent"
+    index = "ix_rollouts_queue" if agent is None else "ix_rollouts_agent_queue"
+    params: dict[str, Any] = {"limit": limit} if agent is None else {"limit": limit, "agent": agent}
     if conn.dialect.name == "sqlite":
         quote = conn.dialect.identifier_preparer.quote
         columns = ", ".join(quote(c.name) for c in R.c)
         sql = (
-            f"SELECT {columns} FROM rollouts INDEXED BY ix_rollouts_queue WHERE {models.QUEUED_SQL} "
+            f"SELECT {columns} FROM rollouts INDEXED BY {index} WHERE {where} "
             "ORDER BY priority DESC, queue_time, pk LIMIT :limit"
         )
-        return text(sql).bindparams(limit=limit).columns(*R.c)  # type: ignore[return-value]
-    stmt = select(R).where(text(models.QUEUED_SQL)).order_by(R.c.priority.desc(), R.c.queue_time, R.c.pk).limit(limit)
+        return text(sql).bindparams(**params).columns(*R.c)  # type: ignore[return-value]
+    predicate = text(where) if agent is None else text(where).bindparams(agent=agent)
+    stmt = select(R).where(predicate).order_by(R.c.priority.desc(), R.c.queue_time, R.c.pk).limit(limit)
     return lock_rows(stmt, conn, skip_locked=True)
 
 
-def claim(conn: Connection, worker_id: str | None, limit: int, now: float) -> list[AttemptedRollout]:
-    """Hand up to ``limit`` queued rollouts to ``worker_id``, each with a new attempt in ``preparing``."""
-    rows = (conn.execute(_queue_head(conn, limit))).mappings().all()
+def claim(
+    conn: Connection, worker_id: str | None, limit: int, now: float, *, agent: str | None = None
+) -> list[AttemptedRollout]:
+    """Hand up to ``limit`` queued rollouts to ``worker_id``, each with a new attempt in ``preparing``.
+
+    Runners (``agent`` None) only get tasks for no agent server; a remote agent server's dispatcher only the
+    tasks enqueued with ``agent: <its name>`` (``store.agents.claim``)."""
+    rows = (conn.execute(_queue_head(conn, limit, agent))).mappings().all()
     if not rows:
         if worker_id:
             values: dict[str, Any] = {"last_dequeue_time": now}

@@ -25,7 +25,7 @@ class RolloutConfig(BaseModel):
 
     timeout_seconds: float | None = Field(default=None, gt=0)
     unresponsive_seconds: float | None = Field(default=None, gt=0)
-    max_attempts: int = Field(default=1, ge=1)
+    max_attempts: int = Field(default=1, ge=1, le=1_000_000)
     retry_condition: list[AttemptStatus] = Field(default_factory=list)
 
     @field_validator("retry_condition")
@@ -50,8 +50,8 @@ class TaskSpec(BaseModel):
     resources_id: str | None = None
     config: RolloutConfig | None = None
     metadata: dict[str, Any] | None = None
-    priority: int = 0
-    agent: str | None = None
+    priority: int = Field(default=0, ge=-(2**31), le=2**31 - 1)  # the column is a 32-bit integer
+    agent: str | None = Field(default=None, min_length=1, max_length=128)
 
 
 class Attempt(BaseModel):
@@ -119,7 +119,7 @@ class Span(BaseModel):
 
     rollout_id: str | None = None
     attempt_id: str | None = None
-    sequence_id: int | None = Field(default=None, ge=1)
+    sequence_id: int | None = Field(default=None, ge=1, le=2**31 - 1)  # a 32-bit column
     trace_id: str
     span_id: str
     parent_id: str | None = None
@@ -144,7 +144,7 @@ class Backend(BaseModel):
     model: str = Field(min_length=1)
     api_key: SecretStr | None = None
     weight: float = Field(default=1.0, gt=0)
-    max_concurrency: int | None = Field(default=None, ge=1)
+    max_concurrency: int | None = Field(default=None, ge=1, le=1_000_000)
     version: str | None = None
 
 
@@ -156,6 +156,34 @@ class ModelAlias(BaseModel):
     paused: bool = False
     created_time: float
     updated_time: float
+
+
+class AgentServer(BaseModel):
+    """A remote agent server speaking the Osmosis remote-rollout protocol. ``api_key`` (sent to the server as
+    ``Authorization: Bearer``) is a secret: never echoed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128)
+    url: str = Field(min_length=1, max_length=2048)
+    api_key: SecretStr | None = None
+    max_concurrent: int | None = Field(default=None, ge=1)
+    completion_params: dict[str, Any] | None = None
+    created_time: float = 0.0
+    updated_time: float = 0.0
+
+
+class RemoteCompletion(BaseModel):
+    """What a remote agent server reports at ``POST /v1/rollout/completed`` (Osmosis ``RolloutResponse``)."""
+
+    rollout_id: str = Field(min_length=1, max_length=128)
+    status: Literal["COMPLETED", "ERROR"]
+    final_messages: list[Any] = Field(default_factory=list)
+    finish_reason: str | None = None
+    error_message: str | None = None
+    reward: float | None = None
+    metrics: dict[str, Any] | None = None
+    extra_fields: dict[str, Any] = Field(default_factory=dict)
 
 
 class ApiKey(BaseModel):

@@ -29,6 +29,7 @@ from store.schemas import (
 )
 from store.signals import Signal
 from store.states import FINISHED, AttemptStatus, RolloutStatus
+from store.store_agents import AgentsMixin
 from store.store_catalog import CatalogMixin
 from store.store_edits import EditsMixin
 from store.writer import BatchWriter, PgWriter, Writer
@@ -49,7 +50,7 @@ MAX_WAIT_SECONDS = 60.0
 CHECKPOINT_INTERVAL = 1.0
 
 
-class Store(CatalogMixin, EditsMixin):
+class Store(CatalogMixin, EditsMixin, AgentsMixin):
     """The embedded store over SQLite or PostgreSQL (see the package docstring)."""
 
     def __init__(

@@ -303,3 +303,27 @@ async def test_no_secret_reaches_a_log_line_a_response_or_a_span(
     for response in responses:
         assert secret not in response.text and TOKEN not in response.text
     assert "wrong-token" not in responses[-1].text
+
+
+async def test_strings_that_are_not_unicode_are_a_400_not_a_stored_500(tmp_path: Path) -> None:
+    import httpx
+
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'u.db'}"))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://rollway") as client:
+            started = await client.post("/admin/v1/rollouts/start", json={"input": 1, "rollout_id": "ro-1"})
+            assert started.status_code == 201
+            headers = {"content-type": "application/json"}
+            for path, body in [
+                ("/admin/v1/rollouts/ro-1/spans", '{"spans": [{"name": "x", "attributes": {"a": "\\ud8f3"}}]}'),
+                ("/admin/v1/rollouts", '{"tasks": [{"input": "\\udc00"}]}'),
+                ("/admin/v1/rollouts/start", '{"input": {"q": "\\ud800"}}'),
+            ]:
+                answer = await client.post(path, content=body, headers=headers)
+                assert answer.status_code == 400 and "Unicode" in answer.json()["error"]["message"], answer.text
+            assert (await client.get("/admin/v1/rollouts/ro-1/spans")).json()["items"] == []
+            assert len((await client.get("/admin/v1/rollouts")).json()["items"]) == 1

@@ -171,3 +171,20 @@ def test_rollway_demo_runs_the_whole_loop_within_a_minute(tmp_path: Path) -> Non
     assert {row["reward"] for row in rows} <= {0.0, 1.0, None} and any(row["reward"] == 1.0 for row in rows)
     assert all(row["prompt_token_ids"] and row["response_token_ids"] and row["response_logprobs"] for row in rows)
     assert not list(tmp_path.glob("*.db"))  # its database was a temporary one
+
+
+def test_agents_put_list_delete_never_show_the_api_key(gateway: GatewayProcess) -> None:
+    put = rollway(
+        gateway, "agents", "put", "math", "http://127.0.0.1:9", "--api-key", "s3cret-agent-key", "--max-concurrent",
+        "4", "--param", "model=policy", "--param", "max_tokens=32", "--json",
+    )  # fmt: skip
+    [agent] = as_json(put)
+    assert agent["has_api_key"] is True and agent["max_concurrent"] == 4
+    assert agent["completion_params"] == {"model": "policy", "max_tokens": 32}
+    listed = rollway(gateway, "agents", "list", "--json")
+    assert [a["name"] for a in as_json(listed)] == ["math"]
+    assert "s3cret-agent-key" not in put.output + listed.output
+    assert rollway(gateway, "agents", "delete", "math").exit_code == 0
+    assert as_json(rollway(gateway, "agents", "list", "--json")) == []
+    bad = rollway(gateway, "agents", "put", "math", "http://127.0.0.1:9", "--param", "novalue")
+    assert bad.exit_code == 2 and "KEY=VALUE" in bad.output

@@ -25,8 +25,9 @@ HEAD_TABLES = {
     "model_aliases",
     "api_keys",
     "workers",
+    "agent_servers",
 }
-ADDED_AFTER_0001 = {"model_aliases", "api_keys", "workers"}
+ADDED_AFTER_0001 = {"model_aliases", "api_keys", "workers", "agent_servers"}
 
 
 async def _run(engine: AsyncEngine | Engine, fn: Callable[[Connection], Any], *, write: bool = False) -> Any:

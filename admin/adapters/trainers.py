@@ -1,0 +1,202 @@
+"""Exported rollouts → trainer records: SLIME ``Sample``s and verl-style rows. Pure functions, no I/O.
+
+Both are built on the merged rows of ``admin.adapters.triplets`` (one row per rollout segment: calls chained
+by token prefix, ``loss_mask`` 1 on sampled tokens, rewards matched as for triplets), so retries, reward
+matching and prefix breaks follow the same rules as ``GET /admin/v1/triplets?merge=true``. A segment's
+*prompt* is its first call's prompt; everything after it — sampled tokens and the tool/observation tokens
+between turns — is its *response*.
+
+SLIME ``Sample`` (one per segment): ``tokens`` (prompt + response ids), ``response_length``, ``loss_mask`` and
+``rollout_log_probs`` (over the response only, so both have ``response_length`` items; logprobs ``0.0`` on
+unsampled tokens, ``None`` when a call lacks them), ``reward`` (the segment's, ``None`` when none matched),
+``status`` (``completed``; ``truncated`` when the rollout's last call stopped on ``length``; ``aborted`` for a
+failed or cancelled rollout), ``group_index`` (the position of the rollout's export unit, i.e. its group: the
+same for every member, increasing along the export), ``index`` (the member's index within its group, 0
+without a group), ``prompt`` (the first call's messages), ``response`` (the last call's text; no tokenizer
+here) and ``metadata`` (rollout, attempt, group ids, segment numbers, finish reason). A finished rollout
+without a trainable call gives one ``aborted`` sample with empty ``tokens``, so a group always has all its
+members.
+
+verl row (one per segment): ``uid`` (the group id, or the rollout id: what GRPO groups by), ``prompt_ids``,
+``response_ids``, ``response_mask``, ``rollout_log_probs``, ``token_level_scores`` (zeros with the reward on the
+last response token; all zeros when there is no reward) and ``reward``. Rollouts without a trainable call
+give no row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from admin.adapters.triplets import LlmCall, MergedRow, llm_calls, match_rewards, merged_rows
+from store.exports import ExportRollout, RawJson
+
+
+def _list(value: RawJson | None) -> list[Any] | None:
+    return None if value is None else list(orjson.loads(value.text))
+
+
+def _prompt_length(mask: list[int]) -> int:
+    """Leading context tokens: a segment starts with its prompt (mask 0), then its first response (mask 1)."""
+    for position, bit in enumerate(mask):
+        if bit:
+            return position
+    return len(mask)
+
+
+def _messages(call: LlmCall) -> list[Any] | None:
+    request = call.span.attributes.get("rollway.request")
+    messages = request.get("messages") if isinstance(request, Mapping) else None
+    return messages if isinstance(messages, list) else None
+
+
+def _finish_reason(call: LlmCall) -> str | None:
+    reasons = call.span.attributes.get("gen_ai.response.finish_reasons")
+    return reasons[0] if isinstance(reasons, list) and reasons else None
+
+
+def _text(call: LlmCall) -> str:
+    response = call.span.attributes.get("rollway.response")
+    choices = response.get("choices") if isinstance(response, Mapping) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+        return ""
+    choice = choices[0]
+    message = choice.get("message")
+    if isinstance(message, Mapping):
+        return str(message.get("content") or "")
+    return str(choice.get("text") or "")
+
+
+class Segment:
+    """One merged row of a rollout, split at its prompt, with the calls it chains."""
+
+    def __init__(self, rollout: ExportRollout, row: MergedRow, calls: list[LlmCall], number: int, total: int):
+        self.rollout = rollout
+        self.row = row
+        self.calls = calls
+        self.number = number
+        self.total = total
+        self.tokens: list[int] = _list(row["token_ids"]) or []
+        mask: list[int] = _list(row["loss_mask"]) or []
+        logprobs = _list(row["logprobs"])
+        self.prompt_length = _prompt_length(mask)
+        self.response_mask = mask[self.prompt_length :]
+        self.response_logprobs = None if logprobs is None else logprobs[self.prompt_length :]
+
+    @property
+    def response_length(self) -> int:
+        return len(self.tokens) - self.prompt_length
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _finish_reason(self.calls[-1]) if self.calls else None
+
+    def status(self) -> str:
+        if self.rollout.status != "succeeded":
+            return "aborted"
+        last = self.number == self.total - 1
+        return "truncated" if last and self.finish_reason == "length" else "completed"
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "rollout_id": self.rollout.rollout_id,
+            "attempt_id": self.rollout.latest_attempt_id,
+            "group_id": self.rollout.group_id,
+            "rollout_status": self.rollout.status,
+            "segment": self.number,
+            "n_segments": self.total,
+            "n_calls": self.row["n_calls"],
+            "prefix_breaks": self.row["prefix_breaks"],
+            "finish_reason": self.finish_reason,
+        }
+
+
+def segments(rollout: ExportRollout) -> list[Segment]:
+    """The rollout's merged rows with the calls each one chains (in order)."""
+    attempt = rollout.latest_attempt_id
+    rows = merged_rows(rollout.rollout_id, attempt, rollout.spans, group_id=rollout.group_id)
+    calls = match_rewards(llm_calls(rollout.spans, attempt), rollout.spans, attempt)
+    out: list[Segment] = []
+    start = 0
+    for number, row in enumerate(rows):
+        out.append(Segment(rollout, row, calls[start : start + row["n_calls"]], number, len(rows)))
+        start += row["n_calls"]
+    return out
+
+
+def slime_samples(rollout: ExportRollout) -> list[dict[str, Any]]:
+    """SLIME ``Sample`` fields for each segment of ``rollout`` (see the module docstring)."""
+    index = rollout.group_index or 0
+    found = segments(rollout)
+    if not found:
+        return [
+            {
+                "group_index": rollout.export_seq,
+                "index": index,
+                "prompt": None,
+                "tokens": [],
+                "response": "",
+                "response_length": 0,
+                "loss_mask": [],
+                "reward": None,
+                "rollout_log_probs": None,
+                "status": "aborted",
+                "metadata": {
+                    "rollout_id": rollout.rollout_id,
+                    "attempt_id": rollout.latest_attempt_id,
+                    "group_id": rollout.group_id,
+                    "rollout_status": rollout.status,
+                    "segment": 0,
+                    "n_segments": 0,
+                    "n_calls": 0,
+                    "prefix_breaks": 0,
+                    "finish_reason": None,
+                },
+            }
+        ]
+    return [
+        {
+            "group_index": rollout.export_seq,
+            "index": index,
+            "prompt": _messages(s.calls[0]) if s.calls else None,
+            "tokens": s.tokens,
+            "response": _text(s.calls[-1]) if s.calls else "",
+            "response_length": s.response_length,
+            "loss_mask": s.response_mask,
+            "reward": s.row["reward"],
+            "rollout_log_probs": s.response_logprobs,
+            "status": s.status(),
+            "metadata": s.metadata(),
+        }
+        for s in found
+    ]
+
+
+def verl_rows(rollout: ExportRollout) -> list[dict[str, Any]]:
+    """verl-style rows for each segment of ``rollout`` (see the module docstring)."""
+    rows = []
+    for s in segments(rollout):
+        reward = s.row["reward"]
+        scores = [0.0] * s.response_length
+        if reward is not None and scores:
+            scores[-1] = reward
+        rows.append(
+            {
+                "uid": rollout.group_id or rollout.rollout_id,
+                "rollout_id": rollout.rollout_id,
+                "attempt_id": rollout.latest_attempt_id,
+                "group_id": rollout.group_id,
+                "index": rollout.group_index or 0,
+                "segment": s.number,
+                "prompt_ids": s.tokens[: s.prompt_length],
+                "response_ids": s.tokens[s.prompt_length :],
+                "response_mask": s.response_mask,
+                "rollout_log_probs": s.response_logprobs,
+                "token_level_scores": scores,
+                "reward": reward,
+                "status": s.status(),
+            }
+        )
+    return rows

@@ -1,0 +1,59 @@
+"""Trainer exports (``GET /admin/v1/exports/slime``, ``/exports/verl``): finished rollouts as SLIME
+``Sample`` records or verl-style rows (``admin.adapters.trainers``), one JSON page or streamed JSON Lines.
+
+Paging, groups (whole and only once complete unless ``partial=true``), the ``since`` cursor and streaming are
+the triplet export's (``admin.triplets``, ``store.exports``): ``limit`` counts rollouts, ``next_cursor`` (also
+in the ``x-rollway-next-cursor`` header) continues where the page ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+
+from admin.adapters.trainers import slime_samples, verl_rows
+from admin.context import Context
+from admin.triplets import respond
+from store.exports import MAX_EXPORT_LIMIT, ExportRollout
+
+router = APIRouter(tags=["exports"])
+
+Builder = Callable[[ExportRollout], list[dict[str, Any]]]
+FORMATS = {"slime": slime_samples, "verl": verl_rows}
+
+
+def renderer(build: Builder) -> Callable[[list[ExportRollout]], list[bytes]]:
+    def render(rollouts: list[ExportRollout]) -> list[bytes]:
+        return [orjson.dumps(record) for rollout in rollouts for record in build(rollout)]
+
+    return render
+
+
+@router.get("/exports/{kind}", response_model=None)
+async def export(
+    kind: Literal["slime", "verl"],
+    context: Context,
+    rollout_id: Annotated[list[str] | None, Query()] = None,
+    group_id: str | None = None,
+    since: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_EXPORT_LIMIT)] = 100,
+    partial: bool = False,
+    format_: Annotated[Literal["json", "jsonl"], Query(alias="format")] = "json",
+) -> Response:
+    """Finished rollouts as SLIME `Sample` records (`slime`) or verl-style rows (`verl`), one per rollout
+    segment; groups come whole and only once complete unless `partial=true`; `since` continues from a
+    previous `next_cursor`; `format=jsonl` streams one record per line."""
+    return await respond(
+        context.store,
+        renderer(FORMATS[kind]),
+        format_,
+        rollout_ids=rollout_id,
+        group_id=group_id,
+        since=since,
+        limit=limit,
+        partial=partial,
+    )

@@ -1,0 +1,168 @@
+"""A SLIME data source that trains on what Rollway collected: complete GRPO groups of finished rollouts as
+SLIME ``Sample`` lists, in the shape of Agent-lightning's ``AGLDataSource`` (seed 004).
+
+A background thread pulls ``GET /admin/v1/exports/slime`` (JSON Lines) with the export's ``since`` cursor —
+each page holds whole, complete groups only, every finished group exactly once — and puts each group on a
+queue; SLIME's synchronous ``get_samples()`` takes groups off it. Nothing of SLIME is imported unless it is
+installed: without it, samples are this module's ``Sample`` dataclass with the same field names (duck
+typing), so the source runs anywhere, e.g. against ``rollway demo --db demo.db`` and ``rollway serve --db
+demo.db``::
+
+    source = RollwayDataSource("http://127.0.0.1:8080", token=None)
+    groups = source.get_samples(8)   # 8 lists of Samples, each one whole GRPO group
+    source.stop()
+
+``index`` is renumbered as SLIME does (a running sample counter); ``group_index`` is the export's (one value
+per group, increasing). ``rollout_log_probs`` is ``None`` when a call had no logprobs (fine for GRPO).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import httpx
+
+
+class Status(Enum):
+    PENDING = "pending"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    ABORTED = "aborted"
+
+
+@dataclass
+class Sample:
+    """The fields of ``slime.utils.types.Sample`` this source fills (used when SLIME is not installed)."""
+
+    group_index: int | None = None
+    index: int | None = None
+    prompt: Any = ""
+    tokens: list[int] = field(default_factory=list)
+    response: str = ""
+    response_length: int = 0
+    label: str | None = None
+    reward: float | None = None
+    loss_mask: list[int] | None = None
+    rollout_log_probs: list[float] | None = None
+    status: Any = Status.PENDING
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def _sample_type() -> tuple[type[Any], Any]:
+    try:  # the real thing when SLIME is installed
+        from slime.utils.types import Sample as SlimeSample  # type: ignore[import-not-found]
+
+        return SlimeSample, SlimeSample.Status
+    except ImportError:
+        return Sample, Status
+
+
+class RollwayDataSource:
+    """``get_samples(n)`` → ``n`` complete groups (``list[list[Sample]]``), pulled from Rollway in the background."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        since: str | None = None,
+        poll_interval: float = 1.0,
+        page_size: int = 256,
+        partial: bool = False,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.cursor = since
+        self.poll_interval = poll_interval
+        self.page_size = page_size
+        self.partial = partial
+        self.sample_type, self.status_type = _sample_type()
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._groups: queue.Queue[list[Any]] = queue.Queue()
+        self._stop = threading.Event()
+        self._next_index = 0
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="rollway-data-source", daemon=True)
+        self._thread.start()
+
+    # -- SLIME's DataSource interface ------------------------------------------------------------------------
+
+    def get_samples(self, num_samples: int, timeout: float | None = None) -> list[list[Any]]:
+        """Block until ``num_samples`` complete groups are available (``TimeoutError`` after ``timeout``)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out: list[list[Any]] = []
+        while len(out) < num_samples:
+            if self.error is not None:
+                raise RuntimeError("the Rollway data source stopped") from self.error
+            wait = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if wait <= 0:
+                raise TimeoutError(f"{len(out)} of {num_samples} groups arrived in time")
+            try:
+                out.append(self._groups.get(timeout=wait))
+            except queue.Empty:
+                continue
+        return out
+
+    def add_samples(self, samples: list[list[Any]]) -> None:
+        """SLIME may hand back partial samples; a Rollway source has nowhere to put them."""
+
+    def save(self, rollout_id: int) -> None:
+        """Nothing to save: ``self.cursor`` is where a new source continues (``since=``)."""
+
+    def load(self, rollout_id: int | None = None) -> None:
+        """Nothing to load (pass ``since=`` to resume)."""
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def __len__(self) -> int:
+        return self._groups.qsize()
+
+    # -- the background puller -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            with httpx.Client(base_url=self.url, headers=self._headers, timeout=60) as client:
+                while not self._stop.is_set():
+                    if self._pull(client) == 0:
+                        self._stop.wait(self.poll_interval)
+        except BaseException as exc:  # surfaced by get_samples
+            self.error = exc
+
+    def _pull(self, client: httpx.Client) -> int:
+        """One page: its records grouped (a page never splits a group), each group queued; groups queued."""
+        params: dict[str, Any] = {"limit": self.page_size, "format": "jsonl", "partial": self.partial}
+        if self.cursor:
+            params["since"] = self.cursor
+        response = client.get("/admin/v1/exports/slime", params=params)
+        response.raise_for_status()
+        records = [json.loads(line) for line in response.text.splitlines() if line.strip()]
+        if any("error" in r and "tokens" not in r for r in records):
+            raise RuntimeError(f"the export failed mid-stream: {records[-1]}")
+        groups: list[list[dict[str, Any]]] = []
+        for record in records:
+            if groups and groups[-1][0]["group_index"] == record["group_index"]:
+                groups[-1].append(record)
+            else:
+                groups.append([record])
+        for group in groups:
+            self._groups.put([self._sample(r) for r in group])
+        self.cursor = response.headers.get("x-rollway-next-cursor") or self.cursor
+        return len(groups)
+
+    def _sample(self, record: dict[str, Any]) -> Any:
+        sample = self.sample_type()
+        for name in ("group_index", "prompt", "tokens", "response", "response_length", "reward", "loss_mask"):
+            setattr(sample, name, record[name])
+        sample.rollout_log_probs = record["rollout_log_probs"]
+        sample.status = self.status_type(record["status"])
+        sample.metadata = record["metadata"]
+        sample.index = self._next_index
+        self._next_index += 1
+        return sample

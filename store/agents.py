@@ -1,0 +1,167 @@
+"""Remote agent servers (the Osmosis remote-rollout protocol, PRODUCT.md §6): the registry, the claim that
+hands an agent server its tasks within its concurrency limit, and the completion it reports.
+
+A task enqueued with ``agent: <name>`` waits in a queue of its own (``store.queue``: runner claims never see
+it). ``claim`` locks the server's row, so processes sharing one database take turns, and hands out at most
+``max_concurrent`` minus the server's live rollouts (``preparing``/``running``). ``complete`` records the
+outcome in one transaction: the reward span, the completion in the attempt's metadata (``completion``), and
+the attempt's status; a second report for the same attempt changes nothing.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from sqlalchemy import Connection, RowMapping, delete, func, select, update
+
+from store import convert, models, queue, spans
+from store.dialect import lock_rows
+from store.errors import ConflictError, NotFoundError, StoreValidationError
+from store.lifecycle import apply_attempt_status, load_attempt, load_rollout, require_latest
+from store.schemas import AgentServer, Attempt, AttemptedRollout, RemoteCompletion, Span
+from store.states import ACTIVE, ATTEMPT_TERMINAL, AttemptStatus
+
+G = models.agent_servers
+R = models.rollouts
+REWARD_SPAN = "rollway.reward"
+#: The attempt-metadata key holding an agent server's completion report.
+COMPLETION_KEY = "completion"
+
+
+def worker_id(name: str) -> str:
+    """The worker id attempts dispatched to agent server ``name`` carry."""
+    return f"agent:{name}"
+
+
+def _server(row: RowMapping) -> AgentServer:
+    return AgentServer(
+        name=row["name"],
+        url=row["url"],
+        api_key=row["api_key"],
+        max_concurrent=row["max_concurrent"],
+        completion_params=row["completion_params"],
+        created_time=row["created_time"],
+        updated_time=row["updated_time"],
+    )
+
+
+def put(conn: Connection, server: AgentServer, now: float) -> AgentServer:
+    """Register or replace agent server ``server.name``."""
+    if not server.url.startswith(("http://", "https://")):
+        raise StoreValidationError(f"agent server url must start with http:// or https://, got '{server.url}'")
+    values = {
+        "url": server.url.rstrip("/"),
+        "api_key": server.api_key.get_secret_value() if server.api_key else None,
+        "max_concurrent": server.max_concurrent,
+        "completion_params": server.completion_params,
+        "updated_time": now,
+    }
+    found = conn.execute(select(G.c.name).where(G.c.name == server.name)).first()
+    if found is None:
+        conn.execute(G.insert().values(name=server.name, created_time=now, **values))
+    else:
+        conn.execute(update(G).where(G.c.name == server.name).values(**values))
+    return get(conn, server.name)
+
+
+def get(conn: Connection, name: str) -> AgentServer:
+    row = conn.execute(select(G).where(G.c.name == name)).mappings().first()
+    if row is None:
+        raise NotFoundError(f"agent server '{name}' not found")
+    return _server(row)
+
+
+def list_all(conn: Connection) -> list[AgentServer]:
+    return [_server(r) for r in conn.execute(select(G).order_by(G.c.name)).mappings()]
+
+
+def remove(conn: Connection, name: str) -> None:
+    """Unregister a server; its queued tasks stay queued until a server of that name is registered again."""
+    if conn.execute(delete(G).where(G.c.name == name)).rowcount == 0:
+        raise NotFoundError(f"agent server '{name}' not found")
+
+
+def live(conn: Connection, name: str) -> int:
+    """How many of the server's rollouts are being worked on (``preparing``/``running``)."""
+    stmt = select(func.count()).where(R.c.agent == name, R.c.status.in_([s.value for s in ACTIVE]))
+    return int(conn.execute(stmt).scalar_one())
+
+
+def claim(conn: Connection, name: str, limit: int, now: float) -> list[AttemptedRollout]:
+    """Up to ``limit`` queued tasks of agent server ``name``, never more than its free slots."""
+    row = conn.execute(lock_rows(select(G).where(G.c.name == name), conn)).mappings().first()
+    if row is None:
+        raise NotFoundError(f"agent server '{name}' not found")
+    if row["max_concurrent"] is not None:
+        limit = min(limit, row["max_concurrent"] - live(conn, name))
+    if limit <= 0:
+        return []
+    return queue.claim(conn, worker_id(name), limit, now, agent=name)
+
+
+def reward_span(rollout_id: str, attempt_id: str, value: float, now: float) -> Span:
+    return Span(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        trace_id=secrets.token_hex(16),
+        span_id=secrets.token_hex(8),
+        name=REWARD_SPAN,
+        start_time=now,
+        end_time=now,
+        attributes={"rollway.reward.name": "primary", "rollway.reward.value": value},
+    )
+
+
+def complete(conn: Connection, report: RemoteCompletion, attempt_id: str | None, now: float) -> tuple[Attempt, bool]:
+    """Record an agent server's completion for the attempt (the latest when ``attempt_id`` is None):
+    (the attempt, whether this report was a duplicate that changed nothing).
+
+    ``COMPLETED`` → the attempt succeeds, ``ERROR`` → it fails (and the rollout retries per its config). The
+    reward (when not null) is a ``rollway.reward`` span written before the status, so it is the attempt's
+    last span and goes to its last LLM call. A report for an attempt that already ended otherwise (the
+    watchdog timed it out, a newer attempt replaced it) is a conflict.
+    """
+    rollout = load_rollout(conn, report.rollout_id)
+    attempt = load_attempt(conn, rollout, attempt_id or "latest")
+    if isinstance(attempt["metadata"], dict) and attempt["metadata"].get(COMPLETION_KEY) is not None:
+        return convert.attempt(attempt), True
+    require_latest(rollout, attempt)
+    if attempt["status"] in ATTEMPT_TERMINAL:
+        raise ConflictError(
+            f"attempt '{attempt['attempt_id']}' of rollout '{report.rollout_id}' already ended "
+            f"({AttemptStatus(attempt['status'])}): the completion comes too late"
+        )
+    if report.reward is not None:
+        spans.add(conn, [reward_span(report.rollout_id, attempt["attempt_id"], report.reward, now)], now)
+        rollout = load_rollout(conn, report.rollout_id)
+        attempt = load_attempt(conn, rollout, attempt["attempt_id"])
+    completion: dict[str, Any] = {
+        "status": report.status,
+        "finish_reason": report.finish_reason,
+        "error_message": report.error_message,
+        "reward": report.reward,
+        "metrics": report.metrics,
+        "final_messages": report.final_messages,
+        "extra_fields": report.extra_fields or None,
+        "time": now,
+    }
+    metadata = dict(attempt["metadata"] or {}) | {COMPLETION_KEY: completion}
+    conn.execute(update(models.attempts).where(models.attempts.c.pk == attempt["pk"]).values(metadata=metadata))
+    status = AttemptStatus.SUCCEEDED if report.status == "COMPLETED" else AttemptStatus.FAILED
+    apply_attempt_status(conn, rollout, attempt, status, now)
+    return convert.attempt(load_attempt(conn, rollout, attempt["attempt_id"], lock=False)), False
+
+
+def record_dispatch(conn: Connection, rollout_id: str, attempt_id: str, info: dict[str, Any]) -> bool:
+    """Merge what the dispatcher learned (tools, tries, error) into the attempt's metadata under ``dispatch``,
+    keeping whatever else is there (a completion may already have arrived). False when the attempt is gone."""
+    rollout = load_rollout(conn, rollout_id)
+    try:
+        attempt = load_attempt(conn, rollout, attempt_id)
+    except NotFoundError:
+        return False
+    metadata = dict(attempt["metadata"] or {})
+    metadata["dispatch"] = dict(metadata.get("dispatch") or {}) | info
+    conn.execute(update(models.attempts).where(models.attempts.c.pk == attempt["pk"]).values(metadata=metadata))
+    return True

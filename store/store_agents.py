@@ -1,0 +1,57 @@
+"""The remote-agent-server part of ``Store`` (``store.agents``): a mixin over the same plumbing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection
+
+from store import agents
+from store.schemas import AgentServer, Attempt, AttemptedRollout, RemoteCompletion
+
+T = TypeVar("T")
+
+
+class AgentsMixin:
+    clock: Callable[[], float]
+
+    async def _write(self, op: Callable[[Connection], T]) -> T:
+        raise NotImplementedError  # provided by Store
+
+    async def _read(self, op: Callable[[Connection], T]) -> T:
+        raise NotImplementedError  # provided by Store
+
+    def _notify_all(self) -> None:
+        raise NotImplementedError  # provided by Store
+
+    async def put_agent(self, server: AgentServer) -> AgentServer:
+        """Register (or replace) a remote agent server."""
+        now = self.clock()
+        return await self._write(lambda conn: agents.put(conn, server, now))
+
+    async def get_agent(self, name: str) -> AgentServer:
+        return await self._read(lambda conn: agents.get(conn, name))
+
+    async def list_agents(self) -> list[AgentServer]:
+        return await self._read(agents.list_all)
+
+    async def delete_agent(self, name: str) -> None:
+        await self._write(lambda conn: agents.remove(conn, name))
+
+    async def claim_for_agent(self, name: str, limit: int = 1) -> list[AttemptedRollout]:
+        """Queued tasks of agent server ``name``, within its free concurrency slots (never a runner's task)."""
+        now = self.clock()
+        return await self._write(lambda conn: agents.claim(conn, name, limit, now))
+
+    async def record_dispatch(self, rollout_id: str, attempt_id: str, info: dict[str, Any]) -> bool:
+        """Merge dispatch facts (tools, tries, error) into the attempt's metadata under ``dispatch``."""
+        return await self._write(lambda conn: agents.record_dispatch(conn, rollout_id, attempt_id, info))
+
+    async def complete_remote(self, report: RemoteCompletion, attempt_id: str | None = None) -> tuple[Attempt, bool]:
+        """An agent server's completion report: (the attempt, whether it was a duplicate that changed nothing)."""
+        now = self.clock()
+        result = await self._write(lambda conn: agents.complete(conn, report, attempt_id, now))
+        if not result[1]:
+            self._notify_all()
+        return result
