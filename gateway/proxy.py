@@ -280,6 +280,7 @@ class Gateway:
         decoder = SSEDecoder()
         acc = record.accumulator = StreamAccumulator(record.operation)
         done_event: bytes | None = None
+        first_output_sent = False
         try:
             async for data in response.content.iter_any():
                 out: list[bytes] = []
@@ -303,6 +304,12 @@ class Gateway:
                         out.append(raw)
                     elif not (injected.usage and capture.is_usage_only_chunk(chunk)):
                         out.append(encode_event(capture.stripped(chunk, injected)))
+                    if not first_output_sent and out and _carries_output(chunk):
+                        # Until the first token is out, every event goes out as soon as it is read: a read may
+                        # hold many events, and time to first token should not wait for the rest of them.
+                        first_output_sent = True
+                        await reply.body(b"".join(out), more=True)
+                        out = []
                 if out:
                     await reply.body(b"".join(out), more=True)
         except (
@@ -331,6 +338,21 @@ class Gateway:
         record.response = acc.response() if acc.chunks else None
         await self.finish(record)
         await reply.body(done_event or b"", more=False)
+
+
+def _carries_output(chunk: Any) -> bool:
+    """A streamed chunk with generated text or a tool call in it (not just a role or usage)."""
+    if not isinstance(chunk, dict):
+        return False
+    for choice in chunk.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        if choice.get("text"):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls")):
+            return True
+    return False
 
 
 async def _read_quietly(response: aiohttp.ClientResponse) -> bytes:
