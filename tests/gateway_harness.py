@@ -56,7 +56,11 @@ async def running_gateway(tmp_path: Path, **settings: Any) -> AsyncIterator[Runn
     port = sock.getsockname()[1]
     settings.setdefault("database_url", f"sqlite:///{tmp_path / 'gateway.db'}")
     settings.setdefault("public_url", f"http://127.0.0.1:{port}")  # what remote agent servers call back
-    app = create_app(Settings(**settings))
+    try:
+        app = create_app(Settings(**settings))
+    except BaseException:  # settings refused: do not leak the socket
+        sock.close()
+        raise
     server = _QuietServer(uvicorn.Config(app, log_level="warning", lifespan="on", http="httptools"))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     url = f"http://127.0.0.1:{port}"
