@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, FastAPI, Request
+from starlette.types import ASGIApp
 
 from admin.api import build_router as admin_router
 from admin.context import AdminContext
@@ -50,6 +51,15 @@ def get_state(request: Request) -> AppState:
 
 
 State = Annotated[AppState, Depends(get_state)]
+
+
+class _RollwayApp(FastAPI):
+    """FastAPI with the data plane (``DataPlane``) in front of its whole middleware stack: LLM calls do not pass
+    through the framework's error, telemetry and body-limit layers (the data plane has its own), the rest of
+    the API does."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return DataPlane(super().build_middleware_stack())
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -105,15 +115,14 @@ def create_app(settings: Settings) -> FastAPI:
             await store.close()
             metrics.close()
 
-    app = FastAPI(title="Rollway", version=_version(), lifespan=lifespan)
+    app = _RollwayApp(title="Rollway", version=_version(), lifespan=lifespan)
     errors.install(app)
     app.include_router(admin_router())
     app.include_router(probes.build_router())
     app.include_router(agl_router())
     app.include_router(build_traces_router())
     app.include_router(osmosis.router)
-    app.add_middleware(DataPlane)
-    app.add_middleware(PathToken)  # outermost: /t/<admin token>/v1/agl/... and /t/<admin token>/v1/traces
+    app.add_middleware(PathToken)  # /t/<admin token>/v1/agl/... and /t/<admin token>/v1/traces
     return app
 
 
