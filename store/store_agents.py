@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
-
-from sqlalchemy import Connection
+from typing import Any
 
 from store import agents
+from store.plumbing import StorePlumbing
 from store.schemas import AgentServer, Attempt, AttemptedRollout, RemoteCompletion
 
-T = TypeVar("T")
 
-
-class AgentsMixin:
-    clock: Callable[[], float]
-
-    async def _write(self, op: Callable[[Connection], T]) -> T:
-        raise NotImplementedError  # provided by Store
-
-    async def _read(self, op: Callable[[Connection], T]) -> T:
-        raise NotImplementedError  # provided by Store
-
-    def _notify_all(self) -> None:
-        raise NotImplementedError  # provided by Store
-
+class AgentsMixin(StorePlumbing):
     async def put_agent(self, server: AgentServer) -> AgentServer:
         """Register (or replace) a remote agent server."""
         now = self.clock()

@@ -3,26 +3,15 @@ one read or one write operation)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
-
-from sqlalchemy import Connection
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from store import catalog, resources
+from store.plumbing import StorePlumbing
 from store.schemas import ApiKey, Backend, KeyScope, ModelAlias, Page, ResourcesUpdate
 
-T = TypeVar("T")
 
-
-class CatalogMixin:
-    clock: Callable[[], float]
-
-    async def _write(self, op: Callable[[Connection], T]) -> T:
-        raise NotImplementedError  # provided by Store
-
-    async def _read(self, op: Callable[[Connection], T]) -> T:
-        raise NotImplementedError  # provided by Store
-
+class CatalogMixin(StorePlumbing):
     # -- resources --------------------------------------------------------------------------------------
 
     async def add_resources(self, named: dict[str, Any]) -> ResourcesUpdate:

@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
-
-from sqlalchemy import Connection
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from store import edits
+from store.plumbing import StorePlumbing
 from store.schemas import Attempt, Rollout, Worker
 
-T = TypeVar("T")
 
-
-class EditsMixin:
-    clock: Callable[[], float]
-
-    async def _write(self, op: Callable[[Connection], T]) -> T:
-        raise NotImplementedError  # provided by Store
-
-    async def _read(self, op: Callable[[Connection], T]) -> T:
-        raise NotImplementedError  # provided by Store
-
-    def _notify_all(self) -> None:
-        raise NotImplementedError  # provided by Store
-
+class EditsMixin(StorePlumbing):
     async def update_rollout(self, rollout_id: str, changes: Mapping[str, Any]) -> Rollout:
         """Change a rollout's input, mode, resources_id, config, metadata or status (absent keys: unchanged)."""
         now = self.clock()
