@@ -327,27 +327,7 @@ def build_router() -> APIRouter:
         return json(shapes.attempted(started), 201)
 
     @router.get("/rollouts")
-    async def query_rollouts(
-        context: Context,
-        status_in: Annotated[list[str] | None, Query()] = None,
-        rollout_id_in: Annotated[list[str] | None, Query()] = None,
-        rollout_id_contains: str | None = None,
-        limit: int = -1,
-        offset: int = 0,
-        sort_by: str | None = None,
-        sort_order: Order = "asc",
-        filter_logic: Logic = "and",
-    ) -> Response:
-        query = RolloutQuery(
-            status_in=status_in,
-            rollout_id_in=rollout_id_in,
-            rollout_id_contains=rollout_id_contains,
-            limit=limit,
-            offset=offset,
-            sort_by=sort_by,
-            sort_order=sort_order,
-            filter_logic=filter_logic,
-        )
+    async def query_rollouts(context: Context, query: Annotated[RolloutQuery, Query()]) -> Response:
         return await _answer(_rollouts(context.store, query))
 
     @router.post("/rollouts/search")
@@ -382,15 +362,7 @@ def build_router() -> APIRouter:
         return json(shapes.attempted(started), 201)
 
     @router.get("/rollouts/{rollout_id}/attempts")
-    async def query_attempts(
-        rollout_id: str,
-        context: Context,
-        limit: int = -1,
-        offset: int = 0,
-        sort_by: str | None = "sequence_id",
-        sort_order: Order = "asc",
-    ) -> Response:
-        query = AttemptQuery(limit=limit, offset=offset, sort_by=sort_by, sort_order=sort_order)
+    async def query_attempts(rollout_id: str, context: Context, query: Annotated[AttemptQuery, Query()]) -> Response:
         return await _answer(_attempts(context.store, rollout_id, query))
 
     @router.post("/rollouts/{rollout_id}/attempts/search")
@@ -419,25 +391,7 @@ def build_router() -> APIRouter:
         return json(shapes.attempt(updated))
 
     @router.get("/workers")
-    async def query_workers(
-        context: Context,
-        status_in: Annotated[list[str] | None, Query()] = None,
-        worker_id_contains: str | None = None,
-        limit: int = -1,
-        offset: int = 0,
-        sort_by: str | None = None,
-        sort_order: Order = "asc",
-        filter_logic: Logic = "and",
-    ) -> Response:
-        query = WorkerQuery(
-            status_in=status_in,
-            worker_id_contains=worker_id_contains,
-            limit=limit,
-            offset=offset,
-            sort_by=sort_by,
-            sort_order=sort_order,
-            filter_logic=filter_logic,
-        )
+    async def query_workers(context: Context, query: Annotated[WorkerQuery, Query()]) -> Response:
         return await _answer(_workers(context.store, query))
 
     @router.post("/workers/search")
