@@ -16,7 +16,14 @@ from sqlalchemy.exc import IntegrityError
 from store import calls, convert, exports, migrate, queries, queue, spans, watchdog
 from store.engine import Engines, create_engines, migration_engine
 from store.errors import ConflictError, NotFoundError, StoreValidationError
-from store.lifecycle import apply_attempt_status, load_attempt, load_rollout, record_heartbeat, require_latest
+from store.lifecycle import (
+    apply_attempt_status,
+    load_attempt,
+    load_rollout,
+    record_heartbeat,
+    require_latest,
+    set_rollout_status,
+)
 from store.schemas import (
     Attempt,
     AttemptedRollout,
@@ -254,8 +261,6 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin):
         now = self.clock()
 
         def op(conn: Connection) -> Rollout:
-            from store.lifecycle import set_rollout_status
-
             rollout = load_rollout(conn, rollout_id)
             set_rollout_status(conn, rollout, RolloutStatus.CANCELLED, now)
             return convert.rollout(load_rollout(conn, rollout_id, lock=False))
