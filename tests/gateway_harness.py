@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from openai import AsyncOpenAI
 
 from gateway.app import AppState, create_app
+from gateway.mock import MockBackendProcess
 from gateway.settings import Settings
 from store import Store
 
@@ -88,3 +89,16 @@ async def claim_one(store: Store) -> tuple[str, str]:
     await store.enqueue([{"input": {"task": "t"}}])
     [claimed] = await store.claim("worker-1")
     return claimed.rollout.rollout_id, claimed.attempt.attempt_id
+
+
+def closed_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def vllm(mock: MockBackendProcess, backend_id: str = "mock-a", **extra: Any) -> dict[str, Any]:
+    """A ``vllm``-kind backend entry for the mock backend process."""
+    return {"backend_id": backend_id, "base_url": mock.base_url, "kind": "vllm", "model": "mock-model", **extra}

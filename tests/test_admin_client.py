@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,7 +27,7 @@ from admin.client_sync import RollwayClient
 from admin.schemas import Claim, GroupView, MintedKey, ModelView, StatsView, WaitResponse
 from gateway.mock import MockBackendProcess
 from store import Attempt, ResourcesUpdate, Rollout, Span
-from tests.gateway_harness import RunningGateway, running_gateway
+from tests.gateway_harness import RunningGateway, closed_port, running_gateway
 
 TOKEN = "admin-secret-token"
 FAST = RetryPolicy(retries=2, backoff=0.01, max_backoff=0.02)
@@ -83,13 +82,6 @@ async def gw(tmp_path: Path, mock: MockBackendProcess) -> AsyncIterator[RunningG
 async def client(gw: RunningGateway) -> AsyncIterator[AsyncRollwayClient]:
     async with AsyncRollwayClient(gw.url, TOKEN, retry=NO_RETRY) as c:
         yield c
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port  # nothing listens on it any more
 
 
 async def test_a_rollout_round_trip_returns_typed_results(client: AsyncRollwayClient, mock: MockBackendProcess) -> None:

@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from gateway.mock import MockBackendProcess
-from tests.gateway_harness import RunningGateway, claim_one, register, running_gateway
+from tests.gateway_harness import RunningGateway, claim_one, closed_port, register, running_gateway, vllm
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 LONG = {"ignore_eos": True}  # the mock then answers exactly max_tokens tokens
@@ -33,18 +33,6 @@ async def gateway(tmp_path: Path, *backends: dict[str, Any], **settings: Any) ->
     async with running_gateway(tmp_path, **settings) as gw:
         await register(gw.store, "policy", *backends, version="v1")
         yield gw
-
-
-def vllm(mock: MockBackendProcess, backend_id: str = "mock-a") -> dict[str, Any]:
-    return {"backend_id": backend_id, "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
-
-
-def closed_port() -> int:
-    """A loopback port nobody listens on (bound, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 async def stats(mock: MockBackendProcess, **wait: Any) -> dict[str, Any]:

@@ -9,7 +9,6 @@ import asyncio
 import json
 import re
 import shutil
-import socket
 from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.mock import MockBackendProcess
 from store import Store
-from tests.gateway_harness import RunningGateway, register, running_gateway
+from tests.gateway_harness import RunningGateway, closed_port, register, running_gateway, vllm
 
 MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
 CHAT = "/v1/chat/completions"
@@ -31,17 +30,6 @@ COMPLETIONS = "/v1/completions"
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana-dashboard.json"
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def closed_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-def vllm(mock: MockBackendProcess, backend_id: str = "mock-a", **extra: Any) -> dict[str, Any]:
-    return {"backend_id": backend_id, "base_url": mock.base_url, "kind": "vllm", "model": "mock-model", **extra}
 
 
 @asynccontextmanager

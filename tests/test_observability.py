@@ -6,10 +6,8 @@ import asyncio
 import json
 import re
 import shutil
-import socket
 from asyncio.subprocess import PIPE
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -18,21 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.mock import MockBackendProcess
 from gateway.process import GatewayProcess
 from store import Store
-from tests.gateway_harness import register, running_gateway
+from tests.gateway_harness import closed_port, register, running_gateway, vllm
 
 BODY = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 TOKEN = "admin-secret-token-1234"
-
-
-def closed_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-def vllm(mock: MockBackendProcess, backend_id: str = "mock-a", **extra: Any) -> dict[str, Any]:
-    return {"backend_id": backend_id, "base_url": mock.base_url, "kind": "vllm", "model": "mock-model", **extra}
 
 
 async def test_readyz_reports_backends_up_and_down(tmp_path: Path, mock: MockBackendProcess) -> None:

@@ -24,7 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from gateway.mock import MockBackendProcess
-from tests.gateway_harness import RunningGateway, claim_one, register, running_gateway
+from tests.gateway_harness import RunningGateway, claim_one, closed_port, register, running_gateway
 
 BODY = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 CALLS = 12
@@ -83,13 +83,6 @@ async def collector() -> AsyncIterator[Collector]:
         yield receiver
     finally:
         await runner.cleanup()
-
-
-def closed_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 @asynccontextmanager
