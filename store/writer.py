@@ -6,7 +6,9 @@
   one failure does not undo its neighbours — and commits once: a burst of span writes costs one commit.
   Callers get their result only after the commit. The transaction runs on the event loop's thread (it is
   short; thread hops per statement cost more than the work); the write lock is taken without blocking: when
-  another process holds it, the writer backs off and retries asynchronously.
+  another process holds it, the writer backs off and retries asynchronously. An operation submitted while
+  nothing is queued or in flight runs at once in the caller's turn of the loop (at most one per turn, so a
+  burst still shares a commit).
 - PostgreSQL: ``PgWriter`` runs each operation in its own transaction from the pool (``run_sync`` over
   asyncpg) and retries it on deadlock or serialization failure; row locks (``FOR UPDATE [SKIP LOCKED]``) do
   the rest.
