@@ -46,9 +46,15 @@ class AdminContext:
     started: float = field(default_factory=time.time)
 
 
-def get_context(request: Request) -> AdminContext:
+def context_of(request: Request) -> AdminContext:
     context: AdminContext = request.app.state.admin
     return context
+
+
+async def get_context(request: Request) -> AdminContext:
+    """The dependency: ``async`` because FastAPI runs a plain ``def`` dependency in a worker thread, a thread
+    hop on every admin and Agent-lightning request."""
+    return context_of(request)
 
 
 Context = Annotated[AdminContext, Depends(get_context)]

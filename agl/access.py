@@ -19,7 +19,7 @@ import orjson
 from fastapi import HTTPException, Request
 
 from admin.auth import require_admin
-from admin.context import get_context
+from admin.context import context_of
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
@@ -80,7 +80,7 @@ async def require_access(request: Request) -> None:
     """A verified path token, or the admin API's own check; with no admin token, loopback clients only."""
     if request.scope.get(VERIFIED):
         return
-    context = get_context(request)
+    context = context_of(request)
     if context.admin_token is None:
         if not _loopback(request):
             raise HTTPException(403, "without an admin token these routes answer loopback clients only")

@@ -127,7 +127,8 @@ PROXIES = ("bare", "rollway")
 
 async def measure(args: argparse.Namespace, urls: dict[str, str], pids: dict[str, int]) -> dict[str, Any]:
     chat = {name: {**CHAT, **CAPTURE} if name == "direct+capture" else CHAT for name in TARGETS}
-    stream = {name: {**STREAM, **CAPTURE} if name == "direct+capture" else STREAM for name in TARGETS}
+    paced = {**STREAM, "mock": {"token_delay_ms": args.token_delay_ms}} if args.token_delay_ms else STREAM
+    stream = {name: {**paced, **CAPTURE} if name == "direct+capture" else paced for name in TARGETS}
     latency: dict[str, list[tuple[float, float]]] = {name: [] for name in TARGETS}
     cpu: dict[str, list[float]] = {name: [] for name in PROXIES}
     firsts: dict[str, list[float]] = {name: [] for name in ("direct", "direct+capture", "rollway")}
@@ -204,6 +205,12 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=400)
     parser.add_argument("--streams", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--token-delay-ms",
+        type=float,
+        default=0.0,
+        help="the mock backend's pause between streamed tokens (0: as fast as it can write them)",
+    )
     parser.add_argument("--quick", action="store_true", help="100 calls, 10 streams, 1 repetition")
     args = parser.parse_args()
     if args.quick:

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from admin.api import build_router as admin_router
@@ -43,14 +43,6 @@ class AppState:
     keys: KeyCache
     metrics: Metrics
     dispatcher: Dispatcher
-
-
-def get_state(request: Request) -> AppState:
-    state: AppState = request.app.state.rollway
-    return state
-
-
-State = Annotated[AppState, Depends(get_state)]
 
 
 class _RollwayApp(FastAPI):

@@ -106,21 +106,27 @@ class Dispatcher:
     async def _run(self) -> None:
         while True:
             generation = self.store.queued.generation()
-            full = False
+            full, servers = False, 0
             try:
-                full = await self.dispatch_once()
+                full, servers = await self.dispatch_once()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("remote-agent dispatch failed")
-            if not full:  # a server took a whole batch: more may be waiting, look again at once
+            if full:  # a server took a whole batch: more may be waiting, look again at once
+                continue
+            if servers:  # woken by every enqueue, so a remote agent's task is dispatched at once
                 await Signal.wait(generation, self.settings.agent_poll_interval)
+            else:  # no server registered: an enqueue is a runner's task, only look again after the interval
+                await asyncio.sleep(self.settings.agent_poll_interval)
 
-    async def dispatch_once(self) -> bool:
-        """Claim what every registered server has room for and start its inits; True when a server without a
-        concurrency limit took a whole batch (so more tasks may be queued)."""
+    async def dispatch_once(self) -> tuple[bool, int]:
+        """Claim what every registered server has room for and start its inits. Returns whether a server
+        without a concurrency limit took a whole batch (so more tasks may be queued) and how many servers
+        are registered."""
         full = False
-        for server in await self.store.list_agents():
+        servers = await self.store.list_agents()
+        for server in servers:
             limit = server.max_concurrent or CLAIM_BATCH
             try:
                 batch = await self.store.claim_for_agent(server.name, limit)
@@ -131,7 +137,7 @@ class Dispatcher:
                 task = asyncio.create_task(self._dispatch(server, attempted), name="rollway-agent-init")
                 self._inits.add(task)
                 task.add_done_callback(self._inits.discard)
-        return full
+        return full, len(servers)
 
     async def _dispatch(self, server: AgentServer, attempted: AttemptedRollout) -> None:
         rollout_id, attempt_id = attempted.rollout.rollout_id, attempted.attempt.attempt_id

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Connection, Select, Table
@@ -17,6 +18,19 @@ def upsert(conn: Connection, table: Table) -> Any:
     if conn.dialect.name == "postgresql":
         return postgresql.insert(table)
     return sqlite.insert(table)
+
+
+_PREBUILT: dict[tuple[str, str], Any] = {}
+
+
+def prebuilt(conn: Connection, name: str, build: Callable[[Connection], Any]) -> Any:
+    """A statement built once per dialect (values as ``bindparam``s): on hot paths, building a statement and
+    its cache key costs more than running it."""
+    key = (conn.dialect.name, name)
+    stmt = _PREBUILT.get(key)
+    if stmt is None:
+        stmt = _PREBUILT[key] = build(conn)
+    return stmt
 
 
 def lock_rows(stmt: Select[Any], conn: Connection, *, skip_locked: bool = False) -> Select[Any]:

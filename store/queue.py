@@ -8,13 +8,14 @@ them to ``preparing`` in the same transaction that selects them: on SQLite under
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, Select, TextClause, bindparam, select, text, update
+from sqlalchemy import Connection, Integer, RowMapping, Select, TextClause, bindparam, select, text, update
 
 from store import convert, ids, models
 from store import resources as resources_ops
-from store.dialect import lock_rows, upsert
+from store.dialect import lock_rows, prebuilt, upsert
 from store.errors import ConflictError, StoreValidationError
 from store.lifecycle import load_rollout, set_rollout_status, sync_worker
 from store.schemas import AttemptedRollout, RolloutConfig, TaskSpec
@@ -153,18 +154,17 @@ def _attempted(conn: Connection, pairs: list[tuple[RowMapping, dict[str, Any]]],
     return out
 
 
-def _queue_head(conn: Connection, limit: int, agent: str | None = None) -> Select[Any] | TextClause:
-    """The first ``limit`` queued rollouts in claim order: the runners' queue (tasks for no agent server),
-    read through the partial index ``ix_rollouts_queue``, or the queue of agent server ``agent``, through
+def _build_queue_head(conn: Connection, agent: bool) -> Select[Any] | TextClause:
+    """The first ``:limit`` queued rollouts in claim order: the runners' queue (tasks for no agent server),
+    read through the partial index ``ix_rollouts_queue``, or the queue of agent server ``:agent``, through
     ``ix_rollouts_agent_queue``.
 
     The queue predicate is spelled out literally: with bound values (``status IN (?, ?)``) neither engine can
     prove the partial index applies. SQLite is also told to use it: without statistics its planner prefers
     ``ix_rollouts_status`` and sorts every queued row, which makes each claim O(queue depth).
     """
-    where = models.RUNNER_QUEUE_SQL if agent is None else f"{models.AGENT_QUEUE_SQL} AND agent = :agent"
-    index = "ix_rollouts_queue" if agent is None else "ix_rollouts_agent_queue"
-    params: dict[str, Any] = {"limit": limit} if agent is None else {"limit": limit, "agent": agent}
+    where = f"{models.AGENT_QUEUE_SQL} AND agent = :agent" if agent else models.RUNNER_QUEUE_SQL
+    index = "ix_rollouts_agent_queue" if agent else "ix_rollouts_queue"
     if conn.dialect.name == "sqlite":
         quote = conn.dialect.identifier_preparer.quote
         columns = ", ".join(quote(c.name) for c in R.c)
@@ -172,10 +172,37 @@ def _queue_head(conn: Connection, limit: int, agent: str | None = None) -> Selec
             f"SELECT {columns} FROM rollouts INDEXED BY {index} WHERE {where} "
             "ORDER BY priority DESC, queue_time, pk LIMIT :limit"
         )
-        return text(sql).bindparams(**params).columns(*R.c)  # type: ignore[return-value]
-    predicate = text(where) if agent is None else text(where).bindparams(agent=agent)
-    stmt = select(R).where(predicate).order_by(R.c.priority.desc(), R.c.queue_time, R.c.pk).limit(limit)
-    return lock_rows(stmt, conn, skip_locked=True)
+        return text(sql).columns(*R.c)  # type: ignore[return-value]
+    stmt = select(R).where(text(where)).order_by(R.c.priority.desc(), R.c.queue_time, R.c.pk)
+    return lock_rows(stmt.limit(bindparam("limit", type_=Integer)), conn, skip_locked=True)
+
+
+def _build_claimed(conn: Connection) -> Any:
+    """A claimed rollout: ``preparing`` with its new attempt."""
+    return (
+        update(R)
+        .where(R.c.pk == bindparam("b_pk"))
+        .values(
+            status=RolloutStatus.PREPARING.value,
+            attempt_count=bindparam("b_count"),
+            latest_attempt_id=bindparam("b_attempt"),
+            queue_time=None,
+            updated_time=bindparam("b_now"),
+        )
+    )
+
+
+def _build_worker(conn: Connection, busy: bool) -> Any:
+    """The claiming worker's row. Empty-handed: its dequeue time (a new worker starts ``idle``). With work:
+    also what ``sync_worker`` does for ``preparing`` (busy, current ids)."""
+    names = ["last_dequeue_time", "status", "last_busy_time", "current_rollout_id", "current_attempt_id"]
+    values: dict[str, Any] = {name: bindparam(f"w_{name}") for name in (names if busy else names[:2])}
+    changed = values if busy else {"last_dequeue_time": values["last_dequeue_time"]}
+    return (
+        upsert(conn, models.workers)
+        .values(worker_id=bindparam("w_worker_id"), **values)
+        .on_conflict_do_update(index_elements=["worker_id"], set_=changed)
+    )
 
 
 def claim(
@@ -185,15 +212,14 @@ def claim(
 
     Runners (``agent`` None) only get tasks for no agent server; a remote agent server's dispatcher only the
     tasks enqueued with ``agent: <its name>`` (``store.agents.claim``)."""
-    rows = (conn.execute(_queue_head(conn, limit, agent))).mappings().all()
+    name = "queue_head" if agent is None else "agent_queue_head"
+    head = prebuilt(conn, name, partial(_build_queue_head, agent=agent is not None))
+    params: dict[str, Any] = {"limit": limit} if agent is None else {"limit": limit, "agent": agent}
+    rows = (conn.execute(head, params)).mappings().all()
     if not rows:
         if worker_id:
-            values: dict[str, Any] = {"last_dequeue_time": now}
-            conn.execute(
-                upsert(conn, models.workers)
-                .values(worker_id=worker_id, status="idle", **values)
-                .on_conflict_do_update(index_elements=["worker_id"], set_=values)
-            )
+            idle = {"w_worker_id": worker_id, "w_last_dequeue_time": now, "w_status": "idle"}
+            conn.execute(prebuilt(conn, "worker_idle", partial(_build_worker, busy=False)), idle)
         return []
     attempts = [
         {
@@ -211,35 +237,23 @@ def claim(
     ]
     conn.execute(A.insert(), attempts)
     conn.execute(
-        update(R)
-        .where(R.c.pk == bindparam("b_pk"))
-        .values(
-            status=RolloutStatus.PREPARING.value,
-            attempt_count=bindparam("b_count"),
-            latest_attempt_id=bindparam("b_attempt"),
-            queue_time=None,
-            updated_time=now,
-        ),
+        prebuilt(conn, "claimed", _build_claimed),
         [
-            {"b_pk": r["pk"], "b_count": a["sequence_id"], "b_attempt": a["attempt_id"]}
+            {"b_pk": r["pk"], "b_count": a["sequence_id"], "b_attempt": a["attempt_id"], "b_now": now}
             for r, a in zip(rows, attempts, strict=True)
         ],
     )
     if worker_id:
-        # One upsert for the dequeue time and what ``sync_worker`` does for ``preparing`` (busy, current ids).
         last = attempts[-1]
-        values = {
-            "last_dequeue_time": now,
-            "status": "busy",
-            "last_busy_time": now,
-            "current_rollout_id": last["rollout_id"],
-            "current_attempt_id": last["attempt_id"],
+        busy = {
+            "w_worker_id": worker_id,
+            "w_last_dequeue_time": now,
+            "w_status": "busy",
+            "w_last_busy_time": now,
+            "w_current_rollout_id": last["rollout_id"],
+            "w_current_attempt_id": last["attempt_id"],
         }
-        conn.execute(
-            upsert(conn, models.workers)
-            .values(worker_id=worker_id, **values)
-            .on_conflict_do_update(index_elements=["worker_id"], set_=values)
-        )
+        conn.execute(prebuilt(conn, "worker_busy", partial(_build_worker, busy=True)), busy)
     return _attempted(conn, list(zip(rows, attempts, strict=True)), now)
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Integer, RowMapping, bindparam, case, select
 
 from store import convert, models
-from store.dialect import upsert
+from store.dialect import prebuilt, upsert
 from store.engine import dumps
 from store.errors import StoreValidationError
 from store.lifecycle import load_attempt, load_rollout, record_heartbeat, require_latest
@@ -58,32 +58,25 @@ A = models.attempts
 UNATTRIBUTED = ""
 
 
-_ADVANCE: dict[str, Any] = {}
-
-
-def _advance_statement(conn: Connection) -> Any:
-    """The counter upsert, built once per dialect."""
-    stmt = _ADVANCE.get(conn.dialect.name)
-    if stmt is None:
-        floor = bindparam("floor", type_=Integer)
-        current = case((Q.c.last_value >= floor, Q.c.last_value), else_=floor)
-        stmt = (
-            upsert(conn, Q)
-            .values(rollout_id=bindparam("rid"), attempt_id=bindparam("aid"), last_value=bindparam("initial"))
-            .on_conflict_do_update(
-                index_elements=["rollout_id", "attempt_id"],
-                set_={"last_value": current + bindparam("count", type_=Integer)},
-            )
-            .returning(Q.c.last_value)
+def _build_advance(conn: Connection) -> Any:
+    """The counter upsert."""
+    floor = bindparam("floor", type_=Integer)
+    current = case((Q.c.last_value >= floor, Q.c.last_value), else_=floor)
+    return (
+        upsert(conn, Q)
+        .values(rollout_id=bindparam("rid"), attempt_id=bindparam("aid"), last_value=bindparam("initial"))
+        .on_conflict_do_update(
+            index_elements=["rollout_id", "attempt_id"],
+            set_={"last_value": current + bindparam("count", type_=Integer)},
         )
-        _ADVANCE[conn.dialect.name] = stmt
-    return stmt
+        .returning(Q.c.last_value)
+    )
 
 
 def advance(conn: Connection, rollout_id: str, attempt_id: str, count: int, floor: int = 0) -> int:
     """Raise the counter to at least ``floor``, reserve ``count`` ids after it; return the counter's new value."""
     params = {"rid": rollout_id, "aid": attempt_id, "initial": floor + count, "floor": floor, "count": count}
-    return int(conn.execute(_advance_statement(conn), params).scalar_one())
+    return int(conn.execute(prebuilt(conn, "advance", _build_advance), params).scalar_one())
 
 
 def _target(conn: Connection, rollout_id: str | None, attempt_id: str | None) -> tuple[RowMapping, RowMapping] | None:

@@ -8,6 +8,8 @@ still sweep about once per interval. A sweep is a single transaction; the rows i
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Connection, select, update
 
 from store import models
@@ -38,6 +40,12 @@ def verdict(config: RolloutConfig, start: float, heartbeat: float | None, now: f
     return None
 
 
+def _has_limits(config: Any) -> bool:
+    return isinstance(config, dict) and (
+        config.get("timeout_seconds") is not None or config.get("unresponsive_seconds") is not None
+    )
+
+
 def sweep(conn: Connection, now: float) -> int:
     """Check every live rollout's latest attempt; return how many attempts changed."""
     live = select(R.c.rollout_id).where(R.c.status.in_([s.value for s in ACTIVE])).order_by(R.c.pk)
@@ -50,7 +58,8 @@ def sweep(conn: Connection, now: float) -> int:
             conn,
             skip_locked=True,
         )
-        rollouts = (conn.execute(stmt)).mappings().all()
+        # Only rollouts whose config can time out: most live rollouts have no limits (nothing to check).
+        rollouts = [r for r in (conn.execute(stmt)).mappings() if _has_limits(r["config"])]
         if not rollouts:
             continue
         latest_ids = [r["latest_attempt_id"] for r in rollouts if r["latest_attempt_id"]]

@@ -667,6 +667,23 @@ async def test_unknown_catalog_ids_are_not_found(store: Store) -> None:
         await store.get_worker("missing")
 
 
+async def test_dequeue_records_the_worker_busy_then_keeps_it_busy_on_an_empty_queue(
+    store: Store, clock: FakeClock
+) -> None:
+    rollout_id = await enqueue_one(store)
+    [claimed] = await store.claim("w1")
+    worker = await store.get_worker("w1")
+    assert (worker.status, worker.current_rollout_id) == ("busy", rollout_id)
+    assert worker.current_attempt_id == claimed.attempt.attempt_id
+    clock.advance(5)
+    assert await store.claim("w1") == []  # nothing queued: only the dequeue time moves
+    after = await store.get_worker("w1")
+    assert after.status == "busy" and after.current_attempt_id == claimed.attempt.attempt_id
+    assert after.last_dequeue_time == worker.last_dequeue_time + 5
+    assert await store.claim("w2") == []  # a worker first seen on an empty queue starts idle
+    assert (await store.get_worker("w2")).status == "idle"
+
+
 # -- bad input: invalid transitions (and nothing half-written) ------------------------------------------------
 
 
