@@ -8,7 +8,6 @@ Routes: ``POST /v1/{chat/completions,completions,responses,embeddings}`` and ``G
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -165,29 +164,30 @@ class DataPlane:
         reply: AsgiReply,
         headers: list[tuple[bytes, bytes]],
     ) -> None:
-        """Run the call; a client disconnect cancels it at once (and with it the upstream request)."""
+        """Run the call in this task; a client disconnect cancels it at once (and with it the upstream request).
+
+        The call is not a task of its own: starting one costs a turn of the event loop before the request
+        goes upstream. A watcher task cancels this one when the client goes away."""
         record = prepared.record
-        call = asyncio.ensure_future(gateway.run(prepared, body, reply, headers))
+        task = asyncio.current_task()
+        assert task is not None
+        state = {"over": False, "disconnected": False}
+
+        def client_gone(watcher: asyncio.Future[None]) -> None:
+            if state["over"] or watcher.cancelled() or watcher.exception() is not None:
+                return
+            state["disconnected"] = True
+            task.cancel()
+
         watcher = asyncio.ensure_future(_disconnected(receive))
+        watcher.add_done_callback(client_gone)
         try:
-            await asyncio.wait({call, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if call.done():
-                exc = call.exception()
-                if exc is None:
-                    return
-                if not isinstance(exc, CallError):
-                    log.error("call failed", exc_info=exc)
-                    exc = envelope(500, f"internal error: {type(exc).__name__}", "server_error")
-                if not _span_written(record):
-                    record.status_code = exc.status
-                    record.error = exc.body[:2000].decode(errors="replace")
-                    record.error_type = f"http_{exc.status}"
-                    await gateway.finish(record)
-                exc.counted = True
-                raise exc
-            call.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await call
+            await gateway.run(prepared, body, reply, headers)
+        except asyncio.CancelledError:
+            if not state["disconnected"]:
+                raise  # this handler itself was cancelled (server shutdown)
+            task.uncancel()
+            state["over"] = True
             if not _span_written(record):
                 record.cancelled = True
                 record.error_type = "cancelled"
@@ -195,10 +195,22 @@ class DataPlane:
                     record.response = record.accumulator.response()
                 record.end_time = time.time()
                 await gateway.finish(record)
+        except Exception as exc:
+            state["over"] = True
+            err = exc
+            if not isinstance(err, CallError):
+                log.error("call failed", exc_info=err)
+                err = envelope(500, f"internal error: {type(err).__name__}", "server_error")
+            if not _span_written(record):
+                record.status_code = err.status
+                record.error = err.body[:2000].decode(errors="replace")
+                record.error_type = f"http_{err.status}"
+                await gateway.finish(record)
+            err.counted = True
+            raise err from None
         finally:
+            state["over"] = True
             watcher.cancel()
-            if not call.done():  # this handler itself was cancelled (server shutdown): take the call down too
-                call.cancel()
             prepared.release()
 
 
