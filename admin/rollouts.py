@@ -35,11 +35,15 @@ router = APIRouter(tags=["rollouts"])
 REWARD_SPAN = "rollway.reward"
 
 
-async def to_claim(context: AdminContext, request: Request, attempted: AttemptedRollout) -> Claim:
-    """The claim a worker gets: the attempt's gateway URL and a key that only works for that attempt."""
+async def to_claim(
+    context: AdminContext, request: Request, attempted: AttemptedRollout, key: str | None = None
+) -> Claim:
+    """The claim a worker gets: the attempt's gateway URL and a key that only works for that attempt (minted
+    here unless the claim already came with one)."""
     rollout_id, attempt_id = attempted.rollout.rollout_id, attempted.attempt.attempt_id
     base = (context.public_url or str(request.base_url)).rstrip("/")
-    _, key = await context.store.mint_key("rollout", rollout_id=rollout_id, attempt_id=attempt_id)
+    if key is None:
+        _, key = await context.store.mint_key("rollout", rollout_id=rollout_id, attempt_id=attempt_id)
     return Claim(
         rollout=attempted.rollout,
         attempt=attempted.attempt,
@@ -65,8 +69,8 @@ async def start(body: StartRequest, context: Context, request: Request) -> Claim
 @router.post("/claims", response_model=ClaimsResponse)
 async def claim(body: ClaimRequest, context: Context, request: Request) -> ClaimsResponse:
     """Take up to `limit` queued rollouts, waiting up to `wait_seconds` (≤ 60) for work to arrive."""
-    claimed = await context.store.claim(body.worker_id, body.limit, body.wait_seconds)
-    return ClaimsResponse(claims=[await to_claim(context, request, c) for c in claimed])
+    claimed = await context.store.claim_with_keys(body.worker_id, body.limit, body.wait_seconds)
+    return ClaimsResponse(claims=[await to_claim(context, request, c, key) for c, key in claimed])
 
 
 @router.get("/rollouts", response_model=RolloutPage)

@@ -14,7 +14,7 @@ from pydantic import TypeAdapter
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import IntegrityError
 
-from store import calls, convert, exports, migrate, queries, queue, spans, watchdog
+from store import calls, catalog, convert, exports, migrate, queries, queue, spans, watchdog
 from store.engine import Engines, create_engines, migration_engine
 from store.errors import ConflictError, NotFoundError, StoreValidationError
 from store.lifecycle import (
@@ -186,6 +186,28 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin):
         self, worker_id: str | None = None, limit: int = 1, wait_seconds: float = 0.0
     ) -> list[AttemptedRollout]:
         """Take up to ``limit`` queued rollouts, waiting up to ``wait_seconds`` (≤ 60) for one to appear."""
+        return await self._claim_waiting(
+            limit, wait_seconds, lambda conn: queue.claim(conn, worker_id, limit, self.clock())
+        )
+
+    async def claim_with_keys(
+        self, worker_id: str | None = None, limit: int = 1, wait_seconds: float = 0.0
+    ) -> list[tuple[AttemptedRollout, str]]:
+        """``claim``, and in the same transaction a rollout-scoped gateway key for each attempt (the key itself,
+        returned only here: the store keeps its hash)."""
+
+        def op(conn: Connection) -> list[tuple[AttemptedRollout, str]]:
+            now = self.clock()
+            out = []
+            for claimed in queue.claim(conn, worker_id, limit, now):
+                rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+                _, key = catalog.mint_key(conn, "rollout", now, rollout_id=rollout_id, attempt_id=attempt_id)
+                out.append((claimed, key))
+            return out
+
+        return await self._claim_waiting(limit, wait_seconds, op)
+
+    async def _claim_waiting(self, limit: int, wait_seconds: float, op: Callable[[Connection], list[T]]) -> list[T]:
         if limit < 1 or limit > 1000:
             raise StoreValidationError(f"limit must be between 1 and 1000, got {limit}")
         if wait_seconds < 0:
@@ -193,7 +215,7 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin):
         deadline = time.monotonic() + min(wait_seconds, MAX_WAIT_SECONDS)
         while True:
             generation = self.queued.generation()
-            claimed = await self._write(lambda conn: queue.claim(conn, worker_id, limit, self.clock()))
+            claimed = await self._write(op)
             remaining = deadline - time.monotonic()
             if claimed or remaining <= 0:
                 return claimed

@@ -993,6 +993,17 @@ async def test_rollout_key_is_bound_to_an_attempt(store: Store) -> None:
     assert record.key_id == found.key_id
 
 
+async def test_claim_with_keys_mints_one_key_per_claimed_attempt(store: Store) -> None:
+    await store.enqueue([{"input": {"i": i}} for i in range(3)])
+    claimed = await store.claim_with_keys("w1", limit=5)
+    assert len(claimed) == 3 and len({key for _, key in claimed}) == 3
+    for attempted, key in claimed:
+        found = await store.find_key(key)
+        assert found is not None and found.scope == "rollout"
+        assert (found.rollout_id, found.attempt_id) == (attempted.rollout.rollout_id, attempted.attempt.attempt_id)
+    assert await store.claim_with_keys("w1") == []  # an empty queue mints nothing
+
+
 def test_span_values_follow_the_spans_table_columns() -> None:
     # span_values builds insert tuples positionally: its column list must be the table's, pk aside.
     from store import convert, models
