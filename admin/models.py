@@ -25,38 +25,18 @@ async def list_models(context: Context) -> ModelPage:
     return ModelPage(items=[view(context, m) for m in await context.store.list_models()])
 
 
-@router.get("/models/{alias}", response_model=ModelView)
-async def get_model(alias: str, context: Context) -> ModelView:
-    return view(context, await context.store.get_model(alias))
-
-
-@router.put("/models/{alias}", response_model=ModelView)
-async def put_model(alias: str, body: ModelPut, context: Context) -> ModelView:
-    """Create or replace an alias (a replaced alias gets version + 1 unless one is given)."""
-    model = await context.store.put_model(alias, body.backends, version=body.version, sampling=body.sampling)
-    await context.models.swap(alias, model)
-    return view(context, model)
-
-
-@router.delete("/models/{alias}", status_code=204)
-async def delete_model(alias: str, context: Context) -> Response:
-    await context.store.delete_model(alias)
-    context.models.invalidate(alias)
-    return Response(status_code=204)
-
-
-@router.post("/models/{alias}/pause", response_model=ModelView)
+@router.post("/models/{alias:path}/pause", response_model=ModelView)
 async def pause(alias: str, context: Context) -> ModelView:
     """New calls wait (up to the pause bound, then 429 + Retry-After); calls in flight go on."""
     return view(context, await context.models.pause(alias))
 
 
-@router.post("/models/{alias}/resume", response_model=ModelView)
+@router.post("/models/{alias:path}/resume", response_model=ModelView)
 async def resume(alias: str, context: Context) -> ModelView:
     return view(context, await context.models.resume(alias))
 
 
-@router.post("/models/{alias}/swap", response_model=ModelView)
+@router.post("/models/{alias:path}/swap", response_model=ModelView)
 async def swap(alias: str, body: SwapRequest, context: Context) -> ModelView:
     """Install new backends and/or a new version for new calls; with `drain_timeout_seconds`, also wait until
     the calls still running on the old configuration have finished."""
@@ -67,3 +47,25 @@ async def swap(alias: str, body: SwapRequest, context: Context) -> ModelView:
     if body.drain_timeout_seconds is not None:
         await context.models.drain(alias, body.drain_timeout_seconds)
     return view(context, model)
+
+
+# After the routes with a suffix: an alias may contain '/' ("Qwen/Qwen2.5-7B"), so these match any rest of the
+# path, and a POST to .../pause must not be read as a model named "<alias>/pause".
+@router.get("/models/{alias:path}", response_model=ModelView)
+async def get_model(alias: str, context: Context) -> ModelView:
+    return view(context, await context.store.get_model(alias))
+
+
+@router.put("/models/{alias:path}", response_model=ModelView)
+async def put_model(alias: str, body: ModelPut, context: Context) -> ModelView:
+    """Create or replace an alias (a replaced alias gets version + 1 unless one is given)."""
+    model = await context.store.put_model(alias, body.backends, version=body.version, sampling=body.sampling)
+    await context.models.swap(alias, model)
+    return view(context, model)
+
+
+@router.delete("/models/{alias:path}", status_code=204)
+async def delete_model(alias: str, context: Context) -> Response:
+    await context.store.delete_model(alias)
+    context.models.invalidate(alias)
+    return Response(status_code=204)

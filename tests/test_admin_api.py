@@ -327,3 +327,24 @@ async def test_strings_that_are_not_unicode_are_a_400_not_a_stored_500(tmp_path:
                 assert answer.status_code == 400 and "Unicode" in answer.json()["error"]["message"], answer.text
             assert (await client.get("/admin/v1/rollouts/ro-1/spans")).json()["items"] == []
             assert len((await client.get("/admin/v1/rollouts")).json()["items"]) == 1
+
+
+async def test_an_alias_with_a_slash_is_managed_and_served(
+    gw: RunningGateway, admin: httpx.AsyncClient, mock: MockBackendProcess
+) -> None:
+    # Hugging Face style names are the usual aliases; the admin client percent-encodes the '/'.
+    alias, encoded = "Qwen/Qwen2.5-7B-Instruct", "Qwen%2FQwen2.5-7B-Instruct"
+    backend = {"backend_id": "b1", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
+    put = await admin.put(f"/admin/v1/models/{encoded}", json={"backends": [backend], "version": "v1"})
+    assert put.status_code == 200, put.text
+    assert put.json()["alias"] == alias
+    assert (await admin.get(f"/admin/v1/models/{alias}")).json()["version"] == "v1"
+    assert (await admin.post(f"/admin/v1/models/{alias}/pause")).json()["state"]["paused"] is True
+    assert (await admin.post(f"/admin/v1/models/{encoded}/resume")).json()["state"]["paused"] is False
+    swapped = await admin.post(f"/admin/v1/models/{alias}/swap", json={"version": "v2"})
+    assert swapped.json()["version"] == "v2"
+    async with AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused") as client:
+        answer = await client.chat.completions.create(model=alias, messages=[{"role": "user", "content": "hi"}])
+    assert answer.choices[0].message.content
+    assert (await admin.delete(f"/admin/v1/models/{alias}")).status_code == 204
+    assert (await admin.get(f"/admin/v1/models/{encoded}")).status_code == 404
