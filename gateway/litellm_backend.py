@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from gateway.upstream import UpstreamFailure
 from store import Backend
 
 CALLS = {"chat/completions": "acompletion", "completions": "atext_completion", "embeddings": "aembedding"}
@@ -120,6 +121,8 @@ async def call(backend: Backend, path: str, body: dict[str, Any], timeout: float
         params["api_key"] = backend.api_key.get_secret_value()
     try:
         result = await getattr(litellm, function_name)(**params)
+    except litellm.Timeout as exc:  # no answer within the timeout: a 504, like an aiohttp backend's
+        raise UpstreamFailure("timeout", f"backend '{backend.backend_id}' timed out") from exc
     except Exception as exc:
         status = int(getattr(exc, "status_code", 500) or 500)
         message = str(getattr(exc, "message", exc))

@@ -173,7 +173,10 @@ class Gateway:
                 if backend.kind == "litellm":
                     from gateway import litellm_backend  # LiteLLM only when such a backend serves a call
 
-                    timeout = None if deadline is None else max(0.001, deadline - time.time())
+                    # LiteLLM's one timeout bounds each read (httpx), like ``read_timeout`` does for aiohttp.
+                    timeout = self.settings.read_timeout
+                    if deadline is not None:
+                        timeout = max(0.001, min(timeout, deadline - time.time()))
                     response = await litellm_backend.call(backend, prepared.path, upstream_body, timeout)
                 else:
                     response = await self.upstream.send(

@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -55,7 +56,8 @@ class AnthropicStub:
 
 def _stub_app(stub: AnthropicStub) -> Starlette:
     """``/v1/messages``. The last user message picks a behaviour: ``slow`` streams 100 words, 0.1 s apart;
-    ``break`` drops the connection after two words; anything else answers ``WORDS`` at once."""
+    ``break`` drops the connection after two words; ``hang`` answers only after 6 s; anything else answers
+    ``WORDS`` at once."""
 
     async def messages(request: Request) -> Response:
         body = await request.json()
@@ -72,6 +74,8 @@ def _stub_app(stub: AnthropicStub) -> Starlette:
             }
             return JSONResponse(error, status_code=400)
         usage = {"input_tokens": 11, "output_tokens": len(WORDS)}
+        if mode == "hang":  # answers only after 6 s
+            await asyncio.sleep(6)
         if not body.get("stream"):
             return JSONResponse(
                 {
@@ -369,3 +373,21 @@ def test_a_gateway_without_litellm_backends_never_imports_litellm(tmp_path: Path
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report == {"statuses": [200, 200, 200], "spans": 2, "litellm": False}
+
+
+async def test_read_timeout_applies_to_a_litellm_backend(tmp_path: Path, stub: AnthropicStub) -> None:
+    backend = {"backend_id": "anthropic", "kind": "litellm", "model": f"anthropic/{UPSTREAM_MODEL}"}
+    async with running_gateway(tmp_path, read_timeout=1.0) as gateway:
+        await register(gateway.store, "claude", {**backend, "base_url": stub.url, "api_key": SECRET})
+        started = time.monotonic()
+        async with httpx.AsyncClient(timeout=30) as http:
+            response = await http.post(
+                f"{gateway.url}/v1/chat/completions",
+                json={"model": "claude", "messages": [{"role": "user", "content": "hang"}], "max_tokens": 50},
+            )
+        elapsed = time.monotonic() - started
+        assert response.status_code == 504, response.text
+        assert response.json()["error"]["type"] == "timeout"
+        assert elapsed < 5, elapsed  # not the stub's 6 s (nor LiteLLM's own default, 600 s)
+        [span] = await gateway.store.query_spans(None)
+        assert span.status.status_code == "ERROR"
