@@ -3,13 +3,13 @@ and by when must the call end (the rollout's deadline)."""
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, update
 
 from store import models, spans
+from store.dialect import sqlite_driver
 from store.errors import ConflictError, NotFoundError
 from store.lifecycle import load_attempt, load_rollout, record_heartbeat
 from store.schemas import RolloutConfig, Span
@@ -59,15 +59,8 @@ _NEXT_SEQUENCE_SQLITE = (
 _TOUCH_RUNNING_SQLITE = "UPDATE attempts SET last_heartbeat_time = ? WHERE attempt_id = ? AND status = 'running'"
 
 
-def _sqlite(conn: Connection) -> sqlite3.Connection | None:
-    if conn.dialect.name != "sqlite":
-        return None
-    raw: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
-    return raw
-
-
 def _load_target(conn: Connection, rollout_id: str, attempt_id: str | None) -> _Target:
-    raw = _sqlite(conn)
+    raw = sqlite_driver(conn)
     if raw is None:
         rollout = load_rollout(conn, rollout_id)
         try:
@@ -114,7 +107,7 @@ def begin(conn: Connection, rollout_id: str | None, attempt_id: str | None) -> C
             f"attempt '{target.attempt_id}' of rollout '{rollout_id}' is {AttemptStatus(target.attempt_status)}: "
             "it takes no more calls"
         )
-    raw = _sqlite(conn)
+    raw = sqlite_driver(conn)
     if raw is None:
         first = spans.advance(conn, rollout_id, target.attempt_id, 1)
     else:
@@ -132,7 +125,7 @@ def record(conn: Connection, span: Span, now: float) -> None:
     spans.write_spans(conn, [(span, span.rollout_id or "", span.attempt_id or "", span.sequence_id)], now)
     if not span.rollout_id or not span.attempt_id:
         return
-    raw = _sqlite(conn)
+    raw = sqlite_driver(conn)
     if raw is not None:
         touched = raw.execute(_TOUCH_RUNNING_SQLITE, (now, span.attempt_id)).rowcount
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import sqlite3
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,15 @@ def upsert(conn: Connection, table: Table) -> Any:
     if conn.dialect.name == "postgresql":
         return postgresql.insert(table)
     return sqlite.insert(table)
+
+
+def sqlite_driver(conn: Connection) -> sqlite3.Connection | None:
+    """The ``sqlite3`` connection under ``conn`` on SQLite, else None. Hot paths run their statements on it
+    directly: SQLAlchemy's per-statement work costs more than SQLite's."""
+    if conn.dialect.name != "sqlite":
+        return None
+    raw: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
+    return raw
 
 
 _PREBUILT: dict[tuple[str, str], Any] = {}

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Integer, RowMapping, bindparam, case, select
 
 from store import convert, models
-from store.dialect import prebuilt, upsert
+from store.dialect import prebuilt, sqlite_driver, upsert
 from store.engine import dumps
 from store.errors import StoreValidationError
 from store.lifecycle import load_attempt, load_rollout, record_heartbeat, require_latest
@@ -44,10 +44,10 @@ def _as_is(value: Any) -> Any:
 def write_spans(conn: Connection, rows: list[tuple[Span, str, str, int]], now: float) -> None:
     """Insert spans given as (span, rollout_id, attempt_id, sequence_id). On SQLite straight through the
     driver with the JSON encoded here: SQLAlchemy's per-row parameter processing costs more than SQLite's own
-    insert. A reused sequence id fails the write."""
-    if conn.dialect.name == "sqlite":
-        values = [convert.span_values(span, rid, aid, seq, now, _json_text) for span, rid, aid, seq in rows]
-        conn.exec_driver_sql(_SQLITE_INSERT, values)
+    insert. A reused sequence id fails the write (on SQLite with ``sqlite3.IntegrityError``)."""
+    raw = sqlite_driver(conn)
+    if raw is not None:
+        raw.executemany(_SQLITE_INSERT, [convert.span_values(*row, now, _json_text) for row in rows])
         return
     columns = convert.SPAN_COLUMNS
     conn.execute(S.insert(), [dict(zip(columns, convert.span_values(*row, now, _as_is), strict=True)) for row in rows])
@@ -73,8 +73,19 @@ def _build_advance(conn: Connection) -> Any:
     )
 
 
+_ADVANCE_SQLITE = (
+    "INSERT INTO span_sequences (rollout_id, attempt_id, last_value) VALUES (?, ?, ?) "
+    "ON CONFLICT (rollout_id, attempt_id) DO UPDATE SET "
+    "last_value = (CASE WHEN last_value >= ? THEN last_value ELSE ? END) + ? RETURNING last_value"
+)
+
+
 def advance(conn: Connection, rollout_id: str, attempt_id: str, count: int, floor: int = 0) -> int:
     """Raise the counter to at least ``floor``, reserve ``count`` ids after it; return the counter's new value."""
+    raw = sqlite_driver(conn)
+    if raw is not None:
+        row = raw.execute(_ADVANCE_SQLITE, (rollout_id, attempt_id, floor + count, floor, floor, count)).fetchone()
+        return int(row[0])
     params = {"rid": rollout_id, "aid": attempt_id, "initial": floor + count, "floor": floor, "count": count}
     return int(conn.execute(prebuilt(conn, "advance", _build_advance), params).scalar_one())
 
@@ -127,12 +138,30 @@ _KNOWN_SQLITE = (
 )
 
 
+# SQLite, the common case in one statement: the attempt is its rollout's latest and is running (a span is then
+# only a heartbeat). Anything else takes the general path, which also raises the not-found/stale errors.
+_RUNNING_TARGET_SQLITE = (
+    "SELECT a.attempt_id, a.pk FROM rollouts r JOIN attempts a ON a.rollout_id = r.rollout_id "
+    "AND a.attempt_id = COALESCE(?, r.latest_attempt_id) "
+    "WHERE r.rollout_id = ? AND a.attempt_id = r.latest_attempt_id AND a.status = 'running'"
+)
+_HEARTBEAT_SQLITE = "UPDATE attempts SET last_heartbeat_time = ? WHERE pk = ?"
+
+
 def _add_group(conn: Connection, rollout_id: str, attempt_id: str | None, group: list[Span], now: float) -> list[Span]:
-    target = _target(conn, rollout_id, attempt_id)
-    aid = UNATTRIBUTED if target is None else target[1]["attempt_id"]
+    raw = sqlite_driver(conn)
+    running = None
+    if raw is not None and rollout_id:
+        running = raw.execute(_RUNNING_TARGET_SQLITE, (attempt_id, rollout_id)).fetchone()
+    target = None
+    if running is not None:
+        aid = running[0]
+    else:
+        target = _target(conn, rollout_id, attempt_id)
+        aid = UNATTRIBUTED if target is None else target[1]["attempt_id"]
     ids = list({s.span_id for s in group})
-    if conn.dialect.name == "sqlite":  # one JSON parameter instead of one bound parameter per id
-        known = conn.exec_driver_sql(_KNOWN_SQLITE, (rollout_id, aid, dumps(ids)))
+    if raw is not None:  # one JSON parameter instead of one bound parameter per id
+        known: Any = raw.execute(_KNOWN_SQLITE, (rollout_id, aid, dumps(ids)))
     else:
         known = conn.execute(_KNOWN, {"rid": rollout_id, "aid": aid, "ids": ids})
     skip = {r[0] for r in known}
@@ -157,7 +186,9 @@ def _add_group(conn: Connection, rollout_id: str, attempt_id: str | None, group:
     for span, _, _, seq in rows:
         # Plain attribute writes: the values are already valid, and pydantic's __setattr__ costs more.
         span.__dict__.update(rollout_id=rollout_id or None, attempt_id=aid or None, sequence_id=seq)
-    if target is not None:
+    if running is not None:
+        raw.execute(_HEARTBEAT_SQLITE, (now, running[1]))  # type: ignore[union-attr]
+    elif target is not None:
         record_heartbeat(conn, target[0], target[1], now)
     return fresh
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -148,6 +149,8 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin):
             return await self.writer.submit(op)
         except IntegrityError as exc:
             raise ConflictError(f"the write conflicts with stored data: {exc.orig}") from exc
+        except sqlite3.IntegrityError as exc:  # from statements run on the driver connection itself
+            raise ConflictError(f"the write conflicts with stored data: {exc}") from exc
 
     async def _read(self, op: Callable[[Connection], T]) -> T:
         if self.engines.pg is not None:

@@ -221,7 +221,7 @@ class BatchWriter:
                         raw.execute("SAVEPOINT op")
                         try:
                             outcomes.append((fut, op(conn), None))
-                        except (StoreError, DBAPIError) as exc:
+                        except (StoreError, DBAPIError, sqlite3.IntegrityError) as exc:  # this operation only
                             if isinstance(exc, OperationalError):
                                 raise  # the file is in trouble: fail the whole batch
                             raw.execute("ROLLBACK TO op")
