@@ -187,7 +187,8 @@ def _add_group(conn: Connection, rollout_id: str, attempt_id: str | None, group:
         # Plain attribute writes: the values are already valid, and pydantic's __setattr__ costs more.
         span.__dict__.update(rollout_id=rollout_id or None, attempt_id=aid or None, sequence_id=seq)
     if running is not None:
-        raw.execute(_HEARTBEAT_SQLITE, (now, running[1]))  # type: ignore[union-attr]
+        assert raw is not None  # ``running`` is only looked up on SQLite
+        raw.execute(_HEARTBEAT_SQLITE, (now, running[1]))
     elif target is not None:
         record_heartbeat(conn, target[0], target[1], now)
     return fresh
