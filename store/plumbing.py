@@ -1,4 +1,4 @@
-"""What the ``Store`` mixins (catalog, edits, agents) use of ``Store``: its clock, its write and read paths
+"""What the ``Store`` mixins (catalog, edits, agents, spans) use of ``Store``: its clock, its write and read paths
 and its waiter wake-up. Declared once here; ``Store`` provides them."""
 
 from __future__ import annotations

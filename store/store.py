@@ -11,11 +11,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from pydantic import TypeAdapter
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import IntegrityError
 
-from store import calls, catalog, convert, exports, migrate, queries, queue, spans, watchdog
+from store import catalog, convert, exports, migrate, queries, queue, watchdog
 from store.engine import Engines, create_engines, migration_engine
 from store.errors import ConflictError, NotFoundError, StoreValidationError
 from store.lifecycle import (
@@ -31,7 +30,6 @@ from store.schemas import (
     AttemptedRollout,
     Page,
     Rollout,
-    Span,
     StoreStats,
     TaskSpec,
     Worker,
@@ -41,12 +39,12 @@ from store.states import FINISHED, AttemptStatus, RolloutStatus
 from store.store_agents import AgentsMixin
 from store.store_catalog import CatalogMixin
 from store.store_edits import EditsMixin
+from store.store_spans import SpansMixin
 from store.writer import BatchWriter, PgWriter, Writer
 
 log = logging.getLogger("rollway.store")
 
 T = TypeVar("T")
-_SPAN_LIST: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
 
 
 class _Unset:
@@ -60,7 +58,7 @@ MAX_WAIT_SECONDS = 60.0
 CHECKPOINT_INTERVAL = 1.0
 
 
-class Store(CatalogMixin, EditsMixin, AgentsMixin):
+class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin):
     """The embedded store over SQLite or PostgreSQL (see the package docstring)."""
 
     def __init__(
@@ -345,60 +343,6 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin):
     def _notify_all(self) -> None:
         self.finished.notify()
         self.queued.notify()
-
-    # -- spans ------------------------------------------------------------------------------------------
-
-    async def allocate_sequence(
-        self, rollout_id: str | None, attempt_id: str | None = "latest", count: int = 1
-    ) -> tuple[str | None, int]:
-        """Reserve sequence ids when a request arrives: (the attempt id they belong to, the first id)."""
-        return await self._write(lambda conn: spans.allocate(conn, rollout_id, attempt_id, count))
-
-    async def begin_call(self, rollout_id: str | None, attempt_id: str | None = None) -> calls.CallTicket:
-        """An LLM call arrived: check its attempt is live, allocate its sequence id, tell its deadline."""
-        return await self._write(lambda conn: calls.begin(conn, rollout_id, attempt_id))
-
-    async def record_call(self, span: Span) -> None:
-        """Write the span of a call that ``begin_call`` admitted (see ``store.calls.record``)."""
-        now = self.clock()
-        await self._write(lambda conn: calls.record(conn, span, now))
-
-    async def next_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
-        return (await self.allocate_sequence(rollout_id, attempt_id))[1]
-
-    async def add_spans(self, items: Sequence[Span | Mapping[str, Any]]) -> list[Span]:
-        """Write spans (each a heartbeat); returns the ones written, with their sequence ids."""
-        if any(isinstance(s, Span) for s in items):
-            batch = [s.model_copy() if isinstance(s, Span) else Span.model_validate(s) for s in items]
-        else:  # plain payloads: one validator call for the batch (~25 % less than one per span)
-            batch = _SPAN_LIST.validate_python(items)
-        if not batch:
-            return []
-        now = self.clock()
-        written = await self._write(lambda conn: spans.add(conn, batch, now))
-        if self.span_observer is not None:
-            self.span_observer(len(written))
-        return written
-
-    async def add_span(self, span: Span | Mapping[str, Any]) -> Span | None:
-        """Write one span; None when a span with the same ``span_id`` is already stored for its attempt."""
-        written = await self.add_spans([span])
-        return written[0] if written else None
-
-    async def query_spans(
-        self,
-        rollout_id: str | None,
-        attempt_id: str = "all",
-        *,
-        name: str | None = None,
-        after_sequence: int | None = None,
-        limit: int | None = None,
-    ) -> list[Span]:
-        return await self._read(
-            lambda conn: spans.query(
-                conn, rollout_id, attempt_id, name=name, after_sequence=after_sequence, limit=limit
-            )
-        )
 
     # -- reads ------------------------------------------------------------------------------------------
 
