@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from admin.api import build_router as admin_router
 from admin.context import AdminContext
@@ -20,7 +20,7 @@ from agl.routes import build_router as agl_router
 from agl.routes import build_traces_router
 from gateway import errors, osmosis, probes
 from gateway.attribution import KeyCache
-from gateway.dataplane import DataPlane
+from gateway.dataplane import PATH, DataPlane
 from gateway.dispatcher import Dispatcher
 from gateway.metrics import Metrics
 from gateway.proxy import Gateway
@@ -52,6 +52,20 @@ class _RollwayApp(FastAPI):
 
     def build_middleware_stack(self) -> ASGIApp:
         return DataPlane(super().build_middleware_stack())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # A data-plane call goes straight to the stack (whose front is the data plane): FastAPI's own
+        # ``__call__`` asks OpenTelemetry for its providers on every request, which the data plane (with its own
+        # spans) does not need. Everything else, and the first request (the stack is built lazily), takes the
+        # framework's way in.
+        stack = self.middleware_stack
+        if stack is not None and scope["type"] == "http" and PATH.match(scope["path"]):
+            if self.root_path:
+                scope["root_path"] = self.root_path
+            scope["app"] = self
+            await stack(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
 
 def create_app(settings: Settings) -> FastAPI:

@@ -39,16 +39,18 @@ class _Target:
 
     rollout_status: str
     latest_attempt_id: str | None
-    config: RolloutConfig
+    timeout_seconds: float | None  # the rollout config's; all ``begin`` needs of it
     attempt_id: str | None
     attempt_status: str | None
     attempt_start: float | None
 
 
 # SQLite: one statement for the rollout and the attempt, straight through the driver (a call's hot path;
-# the single writer's transaction is the lock).
+# the single writer's transaction is the lock). The timeout is read out of the stored config (validated when
+# the rollout was enqueued) instead of parsing the whole config per call.
 _TARGET_SQLITE = (
-    "SELECT r.status, r.latest_attempt_id, r.config, a.attempt_id, a.status, a.start_time FROM rollouts r "
+    "SELECT r.status, r.latest_attempt_id, json_extract(r.config, '$.timeout_seconds'), a.attempt_id, a.status, "
+    "a.start_time FROM rollouts r "
     "LEFT JOIN attempts a ON a.rollout_id = r.rollout_id AND a.attempt_id = COALESCE(?, r.latest_attempt_id) "
     "WHERE r.rollout_id = ?"
 )
@@ -70,7 +72,7 @@ def _load_target(conn: Connection, rollout_id: str, attempt_id: str | None) -> _
         return _Target(
             rollout["status"],
             rollout["latest_attempt_id"],
-            RolloutConfig.model_validate(rollout["config"]),
+            RolloutConfig.model_validate(rollout["config"]).timeout_seconds,
             attempt["attempt_id"],
             attempt["status"],
             attempt["start_time"],
@@ -78,7 +80,7 @@ def _load_target(conn: Connection, rollout_id: str, attempt_id: str | None) -> _
     row = raw.execute(_TARGET_SQLITE, (attempt_id, rollout_id)).fetchone()
     if row is None:
         raise NotFoundError(f"rollout '{rollout_id}' not found")
-    return _Target(row[0], row[1], RolloutConfig.model_validate_json(row[2]), row[3], row[4], row[5])
+    return _Target(row[0], row[1], row[2], row[3], row[4], row[5])
 
 
 def begin(conn: Connection, rollout_id: str | None, attempt_id: str | None) -> CallTicket:
@@ -112,7 +114,7 @@ def begin(conn: Connection, rollout_id: str | None, attempt_id: str | None) -> C
         first = spans.advance(conn, rollout_id, target.attempt_id, 1)
     else:
         first = raw.execute(_NEXT_SEQUENCE_SQLITE, (rollout_id, target.attempt_id)).fetchone()[0]
-    timeout = target.config.timeout_seconds
+    timeout = target.timeout_seconds
     deadline = None if timeout is None or target.attempt_start is None else target.attempt_start + timeout
     return CallTicket(rollout_id, target.attempt_id, first, deadline)
 

@@ -337,6 +337,24 @@ async def test_allocate_sequence_then_add_span_with_it(store: Store) -> None:
     assert [s.sequence_id for s in await store.query_spans(rollout_id)] == [1, 2, 7]
 
 
+async def test_begin_call_allocates_in_arrival_order_and_tells_the_rollout_deadline(store: Store) -> None:
+    timed = await enqueue_one(store, input=1, config={"timeout_seconds": 30.5})
+    untimed = await enqueue_one(store, input=2)
+    claims = {c.rollout.rollout_id: c.attempt for c in await store.claim("w1", limit=2)}
+    first = await store.begin_call(timed, None)  # the latest attempt
+    assert (first.rollout_id, first.attempt_id, first.sequence_id) == (timed, claims[timed].attempt_id, 1)
+    assert first.deadline == pytest.approx(claims[timed].start_time + 30.5)
+    second = await store.begin_call(timed, claims[timed].attempt_id)
+    assert (second.sequence_id, second.deadline) == (2, first.deadline)
+    other = await store.begin_call(untimed, claims[untimed].attempt_id)
+    assert (other.sequence_id, other.deadline) == (1, None)
+    await store.cancel(untimed)
+    with pytest.raises(ConflictError, match="cancelled"):
+        await store.begin_call(untimed, None)
+    with pytest.raises(NotFoundError):
+        await store.begin_call("ro-missing", None)
+
+
 async def test_reusing_a_stored_sequence_id_is_a_conflict_and_writes_nothing(store: Store) -> None:
     rollout_id = await enqueue_one(store)
     await store.claim("w1")
