@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import socket
 import statistics
@@ -61,6 +62,18 @@ def free_port() -> int:
 
 
 def cpu_seconds(pid: int) -> float:
+    """CPU time of all the process's threads, in nanoseconds from the scheduler (``/proc/<pid>/task/*/schedstat``;
+    utime + stime from ``/proc/<pid>/stat`` count in clock ticks, 10 ms: a quarter of what 400 calls of the
+    bare forwarder cost). Threads that ended are not counted; neither server ends threads while serving."""
+    total_ns = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                total_ns += int((task / "schedstat").read_text().split()[0])
+    except FileNotFoundError:
+        total_ns = 0
+    if total_ns:
+        return total_ns / 1e9
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
