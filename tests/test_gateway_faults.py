@@ -291,6 +291,29 @@ async def test_read_timeout_before_the_answer_is_a_504(tmp_path: Path, mock: Moc
         assert span.attributes["http.response.status_code"] == 504
 
 
+async def test_the_rollouts_deadline_cuts_a_hung_call_short(tmp_path: Path, mock: MockBackendProcess) -> None:
+    """A rollout with ``timeout_seconds``: its calls end at the attempt's start + timeout (504), well before the
+    gateway's own read timeout, and the backend's request is cancelled."""
+    async with gateway(tmp_path, vllm(mock), read_timeout=30) as gw:
+        await gw.store.enqueue([{"input": {"task": "t"}, "config": {"timeout_seconds": 1.0}}])
+        [claimed] = await gw.store.claim("worker-1")
+        rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+        deadline = claimed.attempt.start_time + 1.0
+        mock.add_faults({"kind": "hang"})
+        async with httpx.AsyncClient(timeout=10) as http:
+            response = await http.post(
+                f"{gw.url}/rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions",
+                json={"model": "policy", "messages": MESSAGES},
+            )
+        ended = time.time()
+        error = assert_envelope(response, 504)
+        assert error["type"] == "timeout"
+        assert deadline - 0.05 <= ended < deadline + 2  # at the deadline, not at the 30 s read timeout
+        assert [c["stage"] for c in (await stats(mock, wait_cancelled=1, timeout=2))["cancelled"]] == ["hang"]
+        span = await one_span(gw, rollout_id)
+        assert span.attempt_id == attempt_id and span.attributes["http.response.status_code"] == 504
+
+
 async def test_read_timeout_mid_stream_ends_the_stream_with_an_error_event(
     tmp_path: Path, mock: MockBackendProcess
 ) -> None:
