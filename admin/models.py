@@ -7,11 +7,12 @@ Backend API keys are accepted here and never returned.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, HTTPException, Response
 
 from admin.context import AdminContext, Context
 from admin.schemas import ModelPage, ModelPut, ModelView, SwapRequest
 from store import ModelAlias
+from store.catalog import ACTIONS
 
 router = APIRouter(tags=["models"])
 
@@ -50,15 +51,24 @@ async def swap(alias: str, body: SwapRequest, context: Context) -> ModelView:
 
 
 # After the routes with a suffix: an alias may contain '/' ("Qwen/Qwen2.5-7B"), so these match any rest of the
-# path, and a POST to .../pause must not be read as a model named "<alias>/pause".
+# path, and a POST to .../pause must not be read as a model named "<alias>/pause". Another method on an action
+# path is a 405 (the store refuses such aliases), not a PUT that creates "<alias>/pause".
+def _not_an_action(method: str, alias: str) -> None:
+    head, _, last = alias.rpartition("/")
+    if head and last in ACTIONS:
+        raise HTTPException(405, f"'{last}' is an action on model '{head}': use POST, not {method}", {"Allow": "POST"})
+
+
 @router.get("/models/{alias:path}", response_model=ModelView)
 async def get_model(alias: str, context: Context) -> ModelView:
+    _not_an_action("GET", alias)
     return view(context, await context.store.get_model(alias))
 
 
 @router.put("/models/{alias:path}", response_model=ModelView)
 async def put_model(alias: str, body: ModelPut, context: Context) -> ModelView:
     """Create or replace an alias (a replaced alias gets version + 1 unless one is given)."""
+    _not_an_action("PUT", alias)
     model = await context.store.put_model(alias, body.backends, version=body.version, sampling=body.sampling)
     await context.models.swap(alias, model)
     return view(context, model)
@@ -66,6 +76,7 @@ async def put_model(alias: str, body: ModelPut, context: Context) -> ModelView:
 
 @router.delete("/models/{alias:path}", status_code=204)
 async def delete_model(alias: str, context: Context) -> Response:
+    _not_an_action("DELETE", alias)
     await context.store.delete_model(alias)
     context.models.invalidate(alias)
     return Response(status_code=204)

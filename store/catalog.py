@@ -18,6 +18,9 @@ from store.errors import NotFoundError, StoreValidationError
 from store.schemas import ApiKey, Backend, KeyScope, ModelAlias
 
 M = models.model_aliases
+#: An alias's control routes (``POST /admin/v1/models/{alias}/pause`` ...). Aliases may contain '/'
+#: ("Qwen/Qwen2.5-7B"), so one whose last segment is one of these could not be told apart from its action.
+ACTIONS = frozenset({"pause", "resume", "swap"})
 K = models.api_keys
 KEY_PREFIXES: dict[str, str] = {"gateway": "sk-rw-", "rollout": "rk-", "admin": "ak-"}
 
@@ -62,6 +65,11 @@ def put_model(
     """Create or replace an alias. Without an explicit version, a replaced alias gets its version + 1."""
     if not alias:
         raise StoreValidationError("a model alias must not be empty")
+    head, _, last = alias.rpartition("/")
+    if head and last in ACTIONS:
+        raise StoreValidationError(
+            f"model alias '{alias}' ends in '/{last}', which names an action on the alias '{head}'"
+        )
     if not backends:
         raise StoreValidationError(f"model '{alias}' needs at least one backend")
     if len({b.backend_id for b in backends}) != len(backends):

@@ -348,3 +348,22 @@ async def test_an_alias_with_a_slash_is_managed_and_served(
     assert answer.choices[0].message.content
     assert (await admin.delete(f"/admin/v1/models/{alias}")).status_code == 204
     assert (await admin.get(f"/admin/v1/models/{encoded}")).status_code == 404
+
+
+async def test_another_method_on_an_action_path_is_a_405_not_a_new_alias(
+    admin: httpx.AsyncClient, mock: MockBackendProcess
+) -> None:
+    await put_policy(admin, mock)
+    backend = {"backend_id": "b2", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
+    for method, path in [
+        ("PUT", "/admin/v1/models/policy/pause"),
+        ("PUT", "/admin/v1/models/policy%2Fswap"),
+        ("GET", "/admin/v1/models/policy/resume"),
+        ("DELETE", "/admin/v1/models/policy/pause"),
+    ]:
+        answer = await admin.request(method, path, json={"backends": [backend]} if method == "PUT" else None)
+        assert answer.status_code == 405, (method, path, answer.text)
+        assert answer.headers["allow"] == "POST"
+        assert "use POST" in answer.json()["error"]["message"]
+    [model] = (await admin.get("/admin/v1/models")).json()["items"]
+    assert (model["alias"], model["version"], model["state"]["paused"]) == ("policy", "v1", False)

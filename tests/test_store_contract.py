@@ -928,6 +928,18 @@ async def test_invalid_model_backends_are_refused(store: Store, backends: list[d
     assert await store.list_models() == []
 
 
+async def test_an_alias_ending_in_an_action_name_is_refused(store: Store) -> None:
+    backend = [{"base_url": "http://a", "model": "m"}]
+    for alias in ("policy/pause", "Qwen/Qwen2.5/resume", "a/swap"):
+        with pytest.raises(StoreValidationError, match="names an action"):
+            await store.put_model(alias, backend)
+    assert await store.list_models() == []
+    # The words themselves, and as a part of a longer segment, are plain aliases.
+    for alias in ("pause", "swap", "org/pause-v2", "pause/policy"):
+        await store.put_model(alias, backend)
+    assert sorted(m.alias for m in await store.list_models()) == ["org/pause-v2", "pause", "pause/policy", "swap"]
+
+
 async def test_invalid_backend_is_a_pydantic_error(store: Store) -> None:
     for bad in ({"base_url": "http://a"}, {"base_url": "http://a", "model": "m", "weight": 0}):
         with pytest.raises(pydantic.ValidationError):
