@@ -47,6 +47,16 @@ def _sort_key(field: str) -> Callable[[Item], tuple[int, Any]]:
     return key
 
 
+def check_paging(allowed_sort: Sequence[str], sort_by: str | None, limit: int, offset: int) -> None:
+    """Refuse what Agent-lightning's server refuses, with its messages."""
+    if sort_by is not None and sort_by not in allowed_sort:
+        raise QueryError(f"Invalid sort_by: {sort_by}, allowed fields are: {', '.join(allowed_sort)}")
+    if limit == 0 or limit < -1:
+        raise QueryError("Limit must be greater than 0 or -1 for no limit")
+    if offset < 0:
+        raise QueryError("Offset must be greater than or equal to 0")
+
+
 def page(
     items: list[Item],
     *,
@@ -56,17 +66,12 @@ def page(
     limit: int,
     offset: int,
 ) -> dict[str, Any]:
+    check_paging(allowed_sort, sort_by, limit, offset)
     if sort_by is not None:
-        if sort_by not in allowed_sort:
-            raise QueryError(f"Invalid sort_by: {sort_by}, allowed fields are: {', '.join(allowed_sort)}")
         try:
             items = sorted(items, key=_sort_key(sort_by), reverse=sort_order == "desc")
         except TypeError:
             items = sorted(items, key=lambda i: repr(i.get(sort_by)), reverse=sort_order == "desc")
-    if limit == 0 or limit < -1:
-        raise QueryError("Limit must be greater than 0 or -1 for no limit")
-    if offset < 0:
-        raise QueryError("Offset must be greater than or equal to 0")
     total = len(items)
     window = items[offset:] if limit == -1 else items[offset : offset + limit]
     return {"items": window, "limit": limit, "offset": offset, "total": total}

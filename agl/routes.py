@@ -19,12 +19,13 @@ from pydantic import BaseModel, ConfigDict
 from admin.context import Context
 from agl import otlp, shapes
 from agl.access import require_access
-from agl.listing import QueryError, contains, exact, matches, page, within
+from agl.listing import QueryError, check_paging, contains, exact, matches, page, within
 from store import NotFoundError, RolloutConfig, Store, TaskSpec
-from store import Rollout as StoreRollout
+from store.queries import ROLLOUT_SORT_COLUMNS
 
 PREFIX = "/v1/agl"
 ROLLOUT_SORT = ("rollout_id", "input", "start_time", "end_time", "mode", "resources_id", "status", "config", "metadata")
+SQL_SORT = frozenset(ROLLOUT_SORT) & frozenset(ROLLOUT_SORT_COLUMNS)  # the fields the database orders by
 ATTEMPT_SORT = (
     "rollout_id",
     "attempt_id",
@@ -195,16 +196,30 @@ def _task(item: EnqueueItem) -> TaskSpec:
 
 
 async def _rollouts(store: Store, query: RolloutQuery) -> dict[str, Any]:
-    pushdown = query.filter_logic == "and"
-    found: list[StoreRollout] = []
+    filters = {
+        "status": query.status_in,
+        "rollout_ids": query.rollout_id_in,
+        "id_contains": query.rollout_id_contains,
+    }
+    given = sum(value is not None for value in filters.values())
+    if (query.filter_logic == "and" or given <= 1) and (query.sort_by is None or query.sort_by in SQL_SORT):
+        # The database filters, sorts and pages: a page of a large store costs a page, not the store.
+        check_paging(ROLLOUT_SORT, query.sort_by, query.limit, query.offset)
+        found, total = await store.sorted_rollouts(
+            **filters,
+            sort_by=query.sort_by,
+            descending=query.sort_order == "desc",
+            limit=None if query.limit == -1 else query.limit,
+            offset=query.offset,
+        )
+        latest = await store.latest_attempts([r.rollout_id for r in found])
+        items = [shapes.rollout(r, latest.get(r.rollout_id)) for r in found]
+        return {"items": items, "limit": query.limit, "offset": query.offset, "total": total}
+    # ``or`` across filters, or an order by a JSON field: filtered and sorted here, as Agent-lightning does.
+    found = []
     cursor: str | None = None
     while True:
-        batch = await store.list_rollouts(
-            status=query.status_in if pushdown and query.status_in is not None else None,
-            rollout_ids=query.rollout_id_in if pushdown else None,
-            limit=10_000,
-            cursor=cursor,
-        )
+        batch = await store.list_rollouts(limit=10_000, cursor=cursor)
         found.extend(batch.items)
         cursor = batch.next_cursor
         if cursor is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import ColumnElement, Connection, func, select
 
 from store import convert, models
 from store.dialect import check_limit, decode_cursor, encode_cursor
@@ -58,6 +58,54 @@ def list_rollouts(
     items = [convert.rollout(r) for r in rows[:limit]]
     next_cursor = encode_cursor(rows[limit - 1]["pk"]) if len(rows) > limit else None
     return Page[Rollout](items=items, next_cursor=next_cursor)
+
+
+#: Columns ``sorted_rollouts`` orders by.
+ROLLOUT_SORT_COLUMNS = ("rollout_id", "start_time", "end_time", "mode", "resources_id", "status")
+
+
+def sorted_rollouts(
+    conn: Connection,
+    *,
+    status: Sequence[str] | None = None,
+    rollout_ids: Sequence[str] | None = None,
+    id_contains: str | None = None,
+    sort_by: str | None = None,
+    descending: bool = False,
+    limit: int | None = None,
+    offset: int = 0,
+) -> tuple[list[Rollout], int]:
+    """One page of the rollouts matching every filter given, and how many match in all.
+
+    Ordered by ``sort_by`` (one of ``ROLLOUT_SORT_COLUMNS``) with nulls last (first when descending), ties and
+    no ``sort_by`` in creation order; text compares by code point on both engines (whatever the database's
+    collation). ``id_contains`` is a case-sensitive substring of the rollout id."""
+    where: list[ColumnElement[bool]] = []
+    if status is not None:
+        try:
+            where.append(R.c.status.in_([RolloutStatus(s).value for s in status]))
+        except ValueError as exc:
+            raise StoreValidationError(f"unknown rollout status in {list(status)}") from exc
+    if rollout_ids is not None:
+        where.append(R.c.rollout_id.in_(list(rollout_ids)))
+    if id_contains is not None:
+        position = func.strpos if conn.dialect.name == "postgresql" else func.instr
+        where.append(position(R.c.rollout_id, id_contains) > 0)
+    stmt = select(R).where(*where)
+    if sort_by is not None:
+        if sort_by not in ROLLOUT_SORT_COLUMNS:
+            raise StoreValidationError(f"cannot sort rollouts by '{sort_by}'")
+        column: Any = R.c[sort_by]
+        if conn.dialect.name == "postgresql" and sort_by not in ("start_time", "end_time"):
+            column = column.collate("C")
+        nulls_last = R.c[sort_by].is_(None)
+        stmt = stmt.order_by(nulls_last.desc(), column.desc()) if descending else stmt.order_by(nulls_last, column)
+    stmt = stmt.order_by(R.c.pk).offset(offset)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    rows = conn.execute(stmt).mappings().all()
+    total = conn.execute(select(func.count()).select_from(R).where(*where)).scalar_one()
+    return [convert.rollout(r) for r in rows], int(total)
 
 
 def get_rollout(conn: Connection, rollout_id: str, *, with_attempts: bool = False) -> Rollout:

@@ -352,6 +352,10 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin):
     async def list_rollouts(self, **filters: Any) -> Page[Rollout]:
         return await self._read(lambda conn: queries.list_rollouts(conn, **filters))
 
+    async def sorted_rollouts(self, **query: Any) -> tuple[list[Rollout], int]:
+        """A page of rollouts in a chosen order, and the number matching (see ``store.queries.sorted_rollouts``)."""
+        return await self._read(lambda conn: queries.sorted_rollouts(conn, **query))
+
     async def list_attempts(self, rollout_id: str) -> list[Attempt]:
         def op(conn: Connection) -> list[Attempt]:
             load_rollout(conn, rollout_id, lock=False)

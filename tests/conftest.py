@@ -46,6 +46,7 @@ async def _pg_admin(sql: str) -> None:
 
 
 _pg_state: dict[str, str | None] = {}
+ICU_EN = "LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
 
 
 def pg_unavailable_reason() -> str | None:
@@ -67,8 +68,15 @@ def pg_url() -> Iterator[str]:
         pytest.fail(reason)  # CI: PostgreSQL is there, so its cases must run
     if reason:
         pytest.skip(reason)
+    import asyncpg
+
     name = f"rollway_test_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_pg_admin(f'CREATE DATABASE "{name}"'))
+    try:
+        # A natural-language default collation, as most installations have ("B" between "a" and "b"): orders
+        # the store promises (code point) must not depend on it. Plain when the server has no ICU.
+        asyncio.run(_pg_admin(f"CREATE DATABASE \"{name}\" TEMPLATE template0 {ICU_EN}"))
+    except asyncpg.PostgresError:
+        asyncio.run(_pg_admin(f'CREATE DATABASE "{name}"'))
     try:
         yield _pg_dsn(name)
     finally:

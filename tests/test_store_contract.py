@@ -558,6 +558,59 @@ async def test_list_rollouts_cursor_visits_each_rollout_exactly_once(store: Stor
     assert seen == created
 
 
+async def test_sorted_rollouts_filter_order_and_page_like_a_sort_in_python(store: Store, clock: FakeClock) -> None:
+    # Ids whose code-point order differs from a natural-language collation's; null modes, resources, end times.
+    names = ["ro-b", "ro-B", "ro-a", "ro-Z", "ro-_1", "ro-\u00e9", "ro-A2", "ro-ab"]
+    modes = ["train", None, "val", "train", None, "test", "val", None]
+    for i, (name, mode) in enumerate(zip(names, modes, strict=True)):
+        if i == 3:
+            await store.add_resources({"llm": {"model": "m"}})
+        clock.advance(-5.0 if i % 3 == 0 else 7.0)  # start times not in creation order, and one tie below
+        await store.enqueue([{"rollout_id": name, "input": i, "mode": mode}])
+    await store.cancel("ro-Z")
+    await store.cancel("ro-b")
+    await claim_ids(store, limit=2)
+    everything = await all_rollouts(store)  # creation order
+
+    def value(rollout: Any, field: str) -> Any:
+        got = getattr(rollout, field)
+        return got.value if isinstance(got, RolloutStatus) else got
+
+    filters: list[dict[str, Any]] = [
+        {},
+        {"status": ["queuing", "cancelled"]},
+        {"id_contains": "ro-a"},
+        {"rollout_ids": ["ro-B", "ro-ab", "ro-_1", "ro-nope"], "status": ["queuing"]},
+        {"rollout_ids": []},
+    ]
+    for where in filters:
+        matching = [
+            r
+            for r in everything
+            if ("status" not in where or r.status.value in where["status"])
+            and ("id_contains" not in where or where["id_contains"] in r.rollout_id)
+            and ("rollout_ids" not in where or r.rollout_id in where["rollout_ids"])
+        ]
+        for sort_by in (None, "rollout_id", "start_time", "end_time", "mode", "resources_id", "status"):
+            for descending in (False, True):
+                ordered = matching
+                if sort_by is not None:  # nulls last ascending; ties in creation order (a stable sort)
+                    ordered = sorted(
+                        matching,
+                        key=lambda r: (value(r, sort_by) is None, value(r, sort_by) or 0),
+                        reverse=descending,
+                    )
+                for limit, offset in ((None, 0), (3, 2), (2, 0), (None, 5)):
+                    query = {"sort_by": sort_by, "descending": descending, "limit": limit, "offset": offset}
+                    found, total = await store.sorted_rollouts(**where, **query)
+                    window = ordered[offset:] if limit is None else ordered[offset : offset + limit]
+                    assert [r.rollout_id for r in found] == [r.rollout_id for r in window], (where, query)
+                    assert total == len(matching)
+    for bad in ({"sort_by": "input"}, {"status": ["sleeping"]}):
+        with pytest.raises(StoreValidationError):
+            await store.sorted_rollouts(**bad)
+
+
 async def test_list_rollouts_cursor_with_filters_and_exact_fit(store: Store) -> None:
     rollouts = await store.enqueue([{"input": i, "mode": "train" if i % 2 else "val"} for i in range(8)])
     train = [r.rollout_id for r in rollouts if r.mode == "train"]
