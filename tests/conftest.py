@@ -74,7 +74,7 @@ def pg_url() -> Iterator[str]:
     try:
         # A natural-language default collation, as most installations have ("B" between "a" and "b"): orders
         # the store promises (code point) must not depend on it. Plain when the server has no ICU.
-        asyncio.run(_pg_admin(f"CREATE DATABASE \"{name}\" TEMPLATE template0 {ICU_EN}"))
+        asyncio.run(_pg_admin(f'CREATE DATABASE "{name}" TEMPLATE template0 {ICU_EN}'))
     except asyncpg.PostgresError:
         asyncio.run(_pg_admin(f'CREATE DATABASE "{name}"'))
     try:
