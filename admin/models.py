@@ -12,7 +12,7 @@ from fastapi import APIRouter, HTTPException, Response
 from admin.context import AdminContext, Context
 from admin.schemas import ModelPage, ModelPut, ModelView, SwapRequest
 from store import ModelAlias
-from store.catalog import ACTIONS
+from store.catalog import action_path
 
 router = APIRouter(tags=["models"])
 
@@ -54,8 +54,8 @@ async def swap(alias: str, body: SwapRequest, context: Context) -> ModelView:
 # path, and a POST to .../pause must not be read as a model named "<alias>/pause". Another method on an action
 # path is a 405 (the store refuses such aliases), not a PUT that creates "<alias>/pause".
 def _not_an_action(method: str, alias: str) -> None:
-    head, _, last = alias.rpartition("/")
-    if head and last in ACTIONS:
+    if (action := action_path(alias)) is not None:
+        head, last = action
         raise HTTPException(405, f"'{last}' is an action on model '{head}': use POST, not {method}", {"Allow": "POST"})
 
 

@@ -25,7 +25,6 @@ from store.queries import ROLLOUT_SORT_COLUMNS
 
 PREFIX = "/v1/agl"
 ROLLOUT_SORT = ("rollout_id", "input", "start_time", "end_time", "mode", "resources_id", "status", "config", "metadata")
-SQL_SORT = frozenset(ROLLOUT_SORT) & frozenset(ROLLOUT_SORT_COLUMNS)  # the fields the database orders by
 ATTEMPT_SORT = (
     "rollout_id",
     "attempt_id",
@@ -202,7 +201,7 @@ async def _rollouts(store: Store, query: RolloutQuery) -> dict[str, Any]:
         "id_contains": query.rollout_id_contains,
     }
     given = sum(value is not None for value in filters.values())
-    if (query.filter_logic == "and" or given <= 1) and (query.sort_by is None or query.sort_by in SQL_SORT):
+    if (query.filter_logic == "and" or given <= 1) and (query.sort_by is None or query.sort_by in ROLLOUT_SORT_COLUMNS):
         # The database filters, sorts and pages: a page of a large store costs a page, not the store.
         check_paging(ROLLOUT_SORT, query.sort_by, query.limit, query.offset)
         found, total = await store.sorted_rollouts(

@@ -21,6 +21,14 @@ M = models.model_aliases
 #: An alias's control routes (``POST /admin/v1/models/{alias}/pause`` ...). Aliases may contain '/'
 #: ("Qwen/Qwen2.5-7B"), so one whose last segment is one of these could not be told apart from its action.
 ACTIONS = frozenset({"pause", "resume", "swap"})
+
+
+def action_path(alias: str) -> tuple[str, str] | None:
+    """``(alias, action)`` when ``alias`` ends in '/' + an action name ("policy/pause"), else None."""
+    head, _, last = alias.rpartition("/")
+    return (head, last) if head and last in ACTIONS else None
+
+
 K = models.api_keys
 KEY_PREFIXES: dict[str, str] = {"gateway": "sk-rw-", "rollout": "rk-", "admin": "ak-"}
 
@@ -65,10 +73,9 @@ def put_model(
     """Create or replace an alias. Without an explicit version, a replaced alias gets its version + 1."""
     if not alias:
         raise StoreValidationError("a model alias must not be empty")
-    head, _, last = alias.rpartition("/")
-    if head and last in ACTIONS:
+    if (action := action_path(alias)) is not None:
         raise StoreValidationError(
-            f"model alias '{alias}' ends in '/{last}', which names an action on the alias '{head}'"
+            f"model alias '{alias}' ends in '/{action[1]}', which names an action on the alias '{action[0]}'"
         )
     if not backends:
         raise StoreValidationError(f"model '{alias}' needs at least one backend")
