@@ -6,8 +6,9 @@
         [claim] = await client.claim("worker-1", wait_seconds=10)
 
 Connection errors and 5xx answers are retried with exponential backoff and jitter (``RetryPolicy``), a 4xx
-never; failures raise ``RollwayAPIError`` (status + the error envelope's message) or ``RollwayConnectionError``,
-both ``RollwayError`` (``admin.client_types``).
+never; an enqueue carries an ``Idempotency-Key``, so its retry after a lost answer never queues twice. Failures
+raise ``RollwayAPIError`` (status + the error envelope's message) or ``RollwayConnectionError``, both
+``RollwayError`` (``admin.client_types``).
 
 ``admin.client_sync.RollwayClient`` is the same client for synchronous code.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal
@@ -93,9 +95,11 @@ class AsyncRollwayClient(ExportsMixin):
     # -- tasks, claims, rollouts -----------------------------------------------------------------------------
 
     async def enqueue(self, tasks: Sequence[TaskSpec | Mapping[str, Any]]) -> list[Rollout]:
-        """Queue tasks (``group_size: n`` → n rollouts sharing a ``group_id``)."""
+        """Queue tasks (``group_size: n`` → n rollouts sharing a ``group_id``). Sent with a fresh
+        ``Idempotency-Key``: a retry after a lost answer gets the rollouts the first try queued, not copies."""
         body = {"tasks": [dump_body(t) for t in tasks]}
-        return (await self._t.model(RolloutsResponse, "POST", "/rollouts", json=body)).rollouts
+        headers = {"Idempotency-Key": uuid.uuid4().hex}
+        return (await self._t.model(RolloutsResponse, "POST", "/rollouts", json=body, headers=headers)).rollouts
 
     async def start_rollout(self, task: TaskSpec | Mapping[str, Any], worker_id: str | None = None) -> Claim:
         """Create a rollout with attempt 1 already handed to ``worker_id`` (no queue)."""

@@ -79,9 +79,9 @@ class Transport:
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    def _retryable(self, exc: httpx.TransportError, method: str) -> bool:
-        if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):
-            return method in IDEMPOTENT
+    def _retryable(self, exc: httpx.TransportError, request: httpx.Request) -> bool:
+        if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):  # the server may have done it: only if harmless
+            return request.method in IDEMPOTENT or "idempotency-key" in request.headers
         return isinstance(exc, httpx.NetworkError | httpx.TimeoutException | httpx.RemoteProtocolError)
 
     async def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
@@ -93,7 +93,7 @@ class Transport:
             try:
                 response = await self.http.send(request, stream=stream)
             except httpx.TransportError as exc:
-                if attempt >= self.retry.retries or not self._retryable(exc, request.method):
+                if attempt >= self.retry.retries or not self._retryable(exc, request):
                     reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
                     raise RollwayConnectionError(f"{request.method} {request.url}: {reason}") from exc
             else:
@@ -108,16 +108,31 @@ class Transport:
             attempt += 1
 
     def build(
-        self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None, wait: float = 0
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        wait: float = 0,
+        headers: Mapping[str, str] | None = None,
     ) -> httpx.Request:
         timeout = httpx.Timeout(self.timeout + wait) if wait else httpx.USE_CLIENT_DEFAULT
-        return self.http.build_request(method, path, json=json, params=params, timeout=timeout)
+        return self.http.build_request(method, path, json=json, params=params, timeout=timeout, headers=headers)
 
     async def request(
-        self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None, wait: float = 0
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        wait: float = 0,
+        headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
-        """One call (``wait``: seconds the server may hold it, added to the timeout)."""
-        return await self.send(self.build(method, path, json=json, params=params, wait=wait))
+        """One call (``wait``: seconds the server may hold it, added to the timeout). Its retries resend the
+        same request, headers included (an ``Idempotency-Key`` stays the same)."""
+        return await self.send(self.build(method, path, json=json, params=params, wait=wait, headers=headers))
 
     async def model(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
         """One call whose answer is ``model``."""

@@ -7,7 +7,7 @@ import secrets
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 
 from admin.context import AdminContext, Context
 from admin.schemas import (
@@ -54,9 +54,16 @@ async def to_claim(
 
 
 @router.post("/rollouts", status_code=201, response_model=RolloutsResponse)
-async def enqueue(body: EnqueueRequest, context: Context) -> RolloutsResponse:
-    """Queue tasks; `group_size: n` makes n rollouts sharing a `group_id`; a known `rollout_id` is idempotent."""
-    return RolloutsResponse(rollouts=await context.store.enqueue(body.tasks))
+async def enqueue(
+    body: EnqueueRequest,
+    context: Context,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
+) -> RolloutsResponse:
+    """Queue tasks; `group_size: n` makes n rollouts sharing a `group_id`; a known `rollout_id` is idempotent.
+
+    With an `Idempotency-Key` header, sending the same request again (a retry after a lost answer) returns the
+    rollouts the first one queued instead of queueing the tasks twice; the key with other tasks is a 409."""
+    return RolloutsResponse(rollouts=await context.store.enqueue(body.tasks, idempotency_key))
 
 
 @router.post("/rollouts/start", status_code=201, response_model=Claim)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 
 
@@ -36,3 +37,10 @@ def trace_id() -> str:
 
 def span_id() -> str:
     return secrets.token_hex(8)
+
+
+def derived(prefix: str, key: str, *parts: int) -> str:
+    """An id of the usual shape made from a client's idempotency key (and positions in its request): the same
+    key and positions give the same id, so a retried request finds what the first one made."""
+    seed = "\x00".join([prefix, key, *map(str, parts)]).encode()
+    return prefix + hashlib.sha256(seed).hexdigest()[:12]

@@ -25,13 +25,19 @@ R = models.rollouts
 A = models.attempts
 
 
-def expand(spec: TaskSpec) -> list[tuple[str | None, str | None, int | None]]:
-    """(rollout_id, group_id, group_index) for each rollout a task stands for."""
+def expand(spec: TaskSpec, key: tuple[str, int] | None = None) -> list[tuple[str | None, str | None, int | None]]:
+    """(rollout_id, group_id, group_index) for each rollout a task stands for. With ``key`` (the request's
+    idempotency key and the task's position in it), ids the client left out are derived from it."""
     size = spec.group_size or 1
+    rollout_id = spec.rollout_id
+    if rollout_id is None and key is not None:
+        derived = [ids.derived("ro-", key[0], key[1], i) for i in range(size)]
+        group = spec.group_id or (ids.derived("gr-", *key) if size > 1 else None)
+        return [(rid, group, i if group else None) for i, rid in enumerate(derived)]
     if size == 1:
-        return [(spec.rollout_id, spec.group_id, 0 if spec.group_id else None)]
-    group = spec.group_id or (f"{spec.rollout_id}" if spec.rollout_id else ids.group_id())
-    return [(f"{spec.rollout_id}-{i}" if spec.rollout_id else None, group, i) for i in range(size)]
+        return [(rollout_id, spec.group_id, 0 if spec.group_id else None)]
+    group = spec.group_id or (f"{rollout_id}" if rollout_id else ids.group_id())
+    return [(f"{rollout_id}-{i}" if rollout_id else None, group, i) for i in range(size)]
 
 
 def _resolve_resources(conn: Connection, specs: list[TaskSpec]) -> str | None:
@@ -77,28 +83,38 @@ def _row(
     }
 
 
-def enqueue(conn: Connection, specs: list[TaskSpec], now: float) -> list[RowMapping]:
-    """Insert the rollouts ``specs`` stand for; a client ``rollout_id`` that exists returns the stored one."""
+def enqueue(conn: Connection, specs: list[TaskSpec], now: float, key: str | None = None) -> list[RowMapping]:
+    """Insert the rollouts ``specs`` stand for; a client ``rollout_id`` that exists returns the stored one, and
+    so does a repeated idempotency ``key`` (the ids it derives exist)."""
     latest = _resolve_resources(conn, specs)
     planned: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for spec in specs:
-        for rollout_id, group_id, group_index in expand(spec):
+    for position, spec in enumerate(specs):
+        for rollout_id, group_id, group_index in expand(spec, None if key is None else (key, position)):
             rid = rollout_id or ids.rollout_id()
             if rid in seen:
                 continue
             seen.add(rid)
             planned.append(_row(spec, rid, (group_id, group_index), RolloutStatus.QUEUING, latest, now))
-    client_ids = [r["rollout_id"] for r in planned if r["rollout_id"]]
-    if any(s.rollout_id for s in specs):
-        # Idempotent enqueue: skip ids that already exist (a concurrent insert is absorbed by ON CONFLICT).
-        stmt = upsert(conn, R).on_conflict_do_nothing(index_elements=["rollout_id"])
-        conn.execute(stmt, planned)
-        rows = (conn.execute(select(R).where(R.c.rollout_id.in_(client_ids)))).mappings().all()
-        by_id = {r["rollout_id"]: r for r in rows}
-        return [by_id[r["rollout_id"]] for r in planned]
-    conn.execute(R.insert(), planned)
-    return [_as_mapping(r) for r in planned]
+    if key is None and not any(s.rollout_id for s in specs):
+        conn.execute(R.insert(), planned)
+        return [_as_mapping(r) for r in planned]
+    # Idempotent enqueue: skip ids that already exist (a concurrent insert is absorbed by ON CONFLICT).
+    conn.execute(upsert(conn, R).on_conflict_do_nothing(index_elements=["rollout_id"]), planned)
+    rows = conn.execute(select(R).where(R.c.rollout_id.in_([r["rollout_id"] for r in planned]))).mappings().all()
+    by_id = {r["rollout_id"]: r for r in rows}
+    if key is not None:
+        _check_same_request(key, planned, by_id)
+    return [by_id[r["rollout_id"]] for r in planned]
+
+
+def _check_same_request(key: str, planned: list[dict[str, Any]], stored: dict[str, RowMapping]) -> None:
+    """A key sent again must come with the request it was first sent with (the same inputs, in the same
+    places); else it is the client's mistake, not a retry, and nothing is returned as if it were."""
+    for row in planned:
+        have = stored[row["rollout_id"]]
+        if (have["input"], have["mode"], have["group_index"]) != (row["input"], row["mode"], row["group_index"]):
+            raise ConflictError(f"idempotency key '{key}' was already used for a different request")
 
 
 class _Mapping(dict[str, Any]):

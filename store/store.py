@@ -173,13 +173,17 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin):
 
     # -- queue and lifecycle --------------------------------------------------------------------------
 
-    async def enqueue(self, tasks: Sequence[TaskSpec | Mapping[str, Any]]) -> list[Rollout]:
-        """Queue tasks (``group_size`` expands); a client ``rollout_id`` that exists is returned as stored."""
+    async def enqueue(
+        self, tasks: Sequence[TaskSpec | Mapping[str, Any]], idempotency_key: str | None = None
+    ) -> list[Rollout]:
+        """Queue tasks (``group_size`` expands); a client ``rollout_id`` that exists is returned as stored. With
+        ``idempotency_key``, the same call again (a client's retry) returns what the first made instead of
+        queueing the tasks twice; the key sent with other tasks is a ``ConflictError``."""
         specs = [t if isinstance(t, TaskSpec) else TaskSpec.model_validate(t) for t in tasks]
         if not specs:
             return []
         now = self.clock()
-        rows = await self._write(lambda conn: queue.enqueue(conn, specs, now))
+        rows = await self._write(lambda conn: queue.enqueue(conn, specs, now, idempotency_key))
         self.queued.notify()
         return [convert.rollout(r) for r in rows]
 

@@ -52,6 +52,23 @@ class Counting(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
+class LosingAnswers(Counting):
+    """A transport whose first ``lose`` requests reach the server and are done there, but whose answers are
+    lost on the way back (the connection drops): the client cannot tell whether its write happened."""
+
+    def __init__(self, lose: int) -> None:
+        super().__init__()
+        self.lose = lose
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        response = await self.inner.handle_async_request(request)
+        await response.aread()
+        if len(self.requests) <= self.lose:
+            raise httpx.ReadError("connection dropped before the answer arrived", request=request)
+        return response
+
+
 class Flaky:
     """A tiny ASGI app: answers ``status`` (in the error envelope) ``failures`` times, then 200."""
 
@@ -218,6 +235,25 @@ async def test_connection_errors_are_retried_then_the_call_succeeds(gw: RunningG
     assert len(transport.requests) == 3
 
 
+async def test_an_enqueue_whose_answer_was_lost_is_retried_without_queueing_twice(gw: RunningGateway) -> None:
+    transport = LosingAnswers(lose=2)
+    tasks = [{"input": {"q": "a"}}, {"input": {"q": "b"}, "group_size": 4}]
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=transport) as client:
+        rollouts = await client.enqueue(tasks)
+        assert len(transport.requests) == 3  # the server queued the tasks on the first; two answers were lost
+        stored = await client.list_rollouts(limit=100)
+        assert sorted(r.rollout_id for r in stored.items) == sorted(r.rollout_id for r in rollouts)
+        assert len(rollouts) == 5 and len({r.group_id for r in rollouts[1:]}) == 1
+        # A new call is a new request: it queues again.
+        assert len(await client.enqueue(tasks[:1])) == 1
+        assert len((await client.list_rollouts(limit=100)).items) == 6
+    raw = httpx.AsyncClient(base_url=f"{gw.url}/admin/v1", headers={"Authorization": f"Bearer {TOKEN}"})
+    async with raw:
+        key = {"Idempotency-Key": transport.requests[0].headers["idempotency-key"]}
+        reused = await raw.post("/rollouts", json={"tasks": [{"input": {"q": "other"}}]}, headers=key)
+    assert reused.status_code == 409 and reused.json()["error"]["type"] == "conflict_error"
+
+
 async def test_a_closed_port_raises_a_connection_error_after_the_retries() -> None:
     transport = Counting()
     url = f"http://127.0.0.1:{closed_port()}"
@@ -227,12 +263,17 @@ async def test_a_closed_port_raises_a_connection_error_after_the_retries() -> No
     assert len(transport.requests) == 3
 
 
-async def test_a_read_timeout_is_retried_for_reads_only(gw: RunningGateway) -> None:
+async def test_a_read_timeout_is_retried_for_reads_and_idempotent_writes_only(gw: RunningGateway) -> None:
     post = Counting(fail=1, error=httpx.ReadTimeout)
     async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=post) as client:
         with pytest.raises(RollwayConnectionError):
-            await client.enqueue([{"input": 1}])  # the server may have queued it: not sent twice
+            await client.claim("worker-1")  # the server may have handed out a rollout: not sent twice
     assert len(post.requests) == 1
+    enqueue = Counting(fail=1, error=httpx.ReadTimeout)
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=enqueue) as client:
+        assert len(await client.enqueue([{"input": 1}])) == 1  # carries an idempotency key: sent again
+    keys = [r.headers["idempotency-key"] for r in enqueue.requests]
+    assert len(keys) == 2 and keys[0] == keys[1]
     get = Counting(fail=1, error=httpx.ReadTimeout)
     async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=get) as client:
         await client.stats()

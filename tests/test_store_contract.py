@@ -185,6 +185,34 @@ async def test_group_with_client_ids_is_idempotent(store: Store) -> None:
     assert len(await all_rollouts(store)) == 3
 
 
+async def test_a_repeated_idempotency_key_returns_what_the_first_call_queued(store: Store, clock: FakeClock) -> None:
+    tasks = [{"input": {"q": "a"}}, {"input": {"q": "b"}, "group_size": 3}, {"rollout_id": "mine", "input": "c"}]
+    first = await store.enqueue(tasks, idempotency_key="k-1")
+    assert len(first) == 5 and first[4].rollout_id == "mine"
+    assert all(r.rollout_id.startswith("ro-") and len(r.rollout_id) == 15 for r in first[:4])
+    group = first[1].group_id
+    assert group is not None and group.startswith("gr-") and {r.group_id for r in first[1:4]} == {group}
+    assert [r.group_index for r in first[:4]] == [None, 0, 1, 2]
+    clock.advance(5)
+    again = await store.enqueue(tasks, idempotency_key="k-1")
+    assert [(r.rollout_id, r.start_time) for r in again] == [(r.rollout_id, r.start_time) for r in first]
+    assert len(await all_rollouts(store)) == 5
+    # Another key (or none) queues the same tasks anew, under other ids.
+    other = await store.enqueue(tasks[:2], idempotency_key="k-2")
+    plain = await store.enqueue(tasks[:2])
+    assert not {r.rollout_id for r in other + plain} & {r.rollout_id for r in first}
+    assert len(await all_rollouts(store)) == 13
+
+
+async def test_an_idempotency_key_sent_with_other_tasks_is_a_conflict(store: Store) -> None:
+    await store.enqueue([{"input": {"q": "a"}, "group_size": 2}], idempotency_key="k-3")
+    with pytest.raises(ConflictError, match="k-3"):
+        await store.enqueue([{"input": {"q": "changed"}, "group_size": 2}], idempotency_key="k-3")
+    with pytest.raises(ConflictError):
+        await store.enqueue([{"input": {"q": "a"}}], idempotency_key="k-3")  # not a group now: other indexes
+    assert len(await all_rollouts(store)) == 2
+
+
 async def test_explicit_group_id_is_kept(store: Store) -> None:
     rollouts = await store.enqueue([{"input": 1, "group_id": "grp", "group_size": 2}])
     assert [(r.group_id, r.group_index) for r in rollouts] == [("grp", 0), ("grp", 1)]
