@@ -6,9 +6,10 @@
         [claim] = await client.claim("worker-1", wait_seconds=10)
 
 Connection errors and 5xx answers are retried with exponential backoff and jitter (``RetryPolicy``), a 4xx
-never; an enqueue carries an ``Idempotency-Key``, so its retry after a lost answer never queues twice. Failures
-raise ``RollwayAPIError`` (status + the error envelope's message) or ``RollwayConnectionError``, both
-``RollwayError`` (``admin.client_types``).
+never; enqueues, claims and direct starts carry an ``Idempotency-Key``, so a retry after a lost answer
+neither queues tasks twice nor takes or starts rollouts nobody runs. Failures raise ``RollwayAPIError``
+(status + the error envelope's message) or ``RollwayConnectionError``, both ``RollwayError``
+(``admin.client_types``).
 
 ``admin.client_sync.RollwayClient`` is the same client for synchronous code.
 """
@@ -60,6 +61,11 @@ MAX_WAIT_SECONDS = 60.0  # the server's bound on one long poll (claims, waits)
 MAX_WAIT_IDS = 10_000  # the server's bound on rollout ids per wait
 
 
+def _fresh_key() -> dict[str, str]:
+    """The header that makes a write safe to retry: one key per call, sent again on its retries."""
+    return {"Idempotency-Key": uuid.uuid4().hex}
+
+
 class AsyncRollwayClient(ExportsMixin):
     """The admin API of one Rollway server. ``url`` is the server's root (``/admin/v1`` is added); ``token`` is
     the admin token. Use as an async context manager, or call ``aclose()``."""
@@ -98,18 +104,22 @@ class AsyncRollwayClient(ExportsMixin):
         """Queue tasks (``group_size: n`` → n rollouts sharing a ``group_id``). Sent with a fresh
         ``Idempotency-Key``: a retry after a lost answer gets the rollouts the first try queued, not copies."""
         body = {"tasks": [dump_body(t) for t in tasks]}
-        headers = {"Idempotency-Key": uuid.uuid4().hex}
-        return (await self._t.model(RolloutsResponse, "POST", "/rollouts", json=body, headers=headers)).rollouts
+        return (await self._t.model(RolloutsResponse, "POST", "/rollouts", json=body, headers=_fresh_key())).rollouts
 
     async def start_rollout(self, task: TaskSpec | Mapping[str, Any], worker_id: str | None = None) -> Claim:
-        """Create a rollout with attempt 1 already handed to ``worker_id`` (no queue)."""
+        """Create a rollout with attempt 1 already handed to ``worker_id`` (no queue). Sent with a fresh
+        ``Idempotency-Key``: a retry after a lost answer gets that rollout, not a second one."""
         body = dump_body(task) | ({"worker_id": worker_id} if worker_id is not None else {})
-        return await self._t.model(Claim, "POST", "/rollouts/start", json=body)
+        return await self._t.model(Claim, "POST", "/rollouts/start", json=body, headers=_fresh_key())
 
     async def claim(self, worker_id: str | None = None, limit: int = 1, wait_seconds: float = 0.0) -> list[Claim]:
-        """Take up to ``limit`` queued rollouts, waiting up to ``wait_seconds`` (≤ 60) for one to arrive."""
+        """Take up to ``limit`` queued rollouts, waiting up to ``wait_seconds`` (≤ 60) for one to arrive. Sent
+        with a fresh ``Idempotency-Key``: a retry after a lost answer gets the rollouts the first try took."""
         body = {"worker_id": worker_id, "limit": limit, "wait_seconds": wait_seconds}
-        return (await self._t.model(ClaimsResponse, "POST", "/claims", json=body, wait=wait_seconds)).claims
+        claimed = await self._t.model(
+            ClaimsResponse, "POST", "/claims", json=body, wait=wait_seconds, headers=_fresh_key()
+        )
+        return claimed.claims
 
     async def list_rollouts(
         self,

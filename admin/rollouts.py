@@ -33,6 +33,8 @@ from store import UNSET, Attempt, AttemptedRollout, Rollout, RolloutStatus, Span
 router = APIRouter(tags=["rollouts"])
 
 REWARD_SPAN = "rollway.reward"
+#: A client's key for one logical request, the same on its retries (``Idempotency-Key``).
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)]
 
 
 async def to_claim(
@@ -57,7 +59,7 @@ async def to_claim(
 async def enqueue(
     body: EnqueueRequest,
     context: Context,
-    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> RolloutsResponse:
     """Queue tasks; `group_size: n` makes n rollouts sharing a `group_id`; a known `rollout_id` is idempotent.
 
@@ -67,16 +69,25 @@ async def enqueue(
 
 
 @router.post("/rollouts/start", status_code=201, response_model=Claim)
-async def start(body: StartRequest, context: Context, request: Request) -> Claim:
-    """Create a rollout with attempt 1 already running for `worker_id` (online learning; no queue)."""
+async def start(
+    body: StartRequest, context: Context, request: Request, idempotency_key: IdempotencyKey = None
+) -> Claim:
+    """Create a rollout with attempt 1 already running for `worker_id` (online learning; no queue). With an
+    `Idempotency-Key` header (and no `rollout_id`), the same request again returns that rollout (new gateway
+    key) instead of starting another."""
     task = TaskSpec.model_validate(body.model_dump(exclude={"worker_id"}))
-    return await to_claim(context, request, await context.store.start_rollout(task, body.worker_id))
+    return await to_claim(context, request, await context.store.start_rollout(task, body.worker_id, idempotency_key))
 
 
 @router.post("/claims", response_model=ClaimsResponse)
-async def claim(body: ClaimRequest, context: Context, request: Request) -> ClaimsResponse:
-    """Take up to `limit` queued rollouts, waiting up to `wait_seconds` (≤ 60) for work to arrive."""
-    claimed = await context.store.claim_with_keys(body.worker_id, body.limit, body.wait_seconds)
+async def claim(
+    body: ClaimRequest, context: Context, request: Request, idempotency_key: IdempotencyKey = None
+) -> ClaimsResponse:
+    """Take up to `limit` queued rollouts, waiting up to `wait_seconds` (≤ 60) for work to arrive.
+
+    With an `Idempotency-Key` header, the same claim again returns the rollouts the first one took (with new
+    gateway keys) instead of taking more; the key from another worker is a 409."""
+    claimed = await context.store.claim_with_keys(body.worker_id, body.limit, body.wait_seconds, idempotency_key)
     return ClaimsResponse(claims=[await to_claim(context, request, c, key) for c, key in claimed])
 
 

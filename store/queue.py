@@ -221,13 +221,47 @@ def _build_worker(conn: Connection, busy: bool) -> Any:
     )
 
 
+def _claimed_before(conn: Connection, key: str, worker_id: str | None, limit: int) -> list[AttemptedRollout]:
+    """What an earlier claim with idempotency ``key`` handed out (its attempts' ids derive from the key), as
+    the rollouts and attempts are now; empty when there was none."""
+    wanted = [ids.derived("at-", key, i) for i in range(limit)]
+    attempts = conn.execute(select(A).where(A.c.attempt_id.in_(wanted))).mappings().all()
+    if not attempts:
+        return []
+    if any(a["worker_id"] != worker_id for a in attempts):
+        raise ConflictError(f"idempotency key '{key}' was already used by another worker's claim")
+    place = {attempt_id: i for i, attempt_id in enumerate(wanted)}
+    attempts = sorted(attempts, key=lambda a: place[a["attempt_id"]])
+    rollout_ids = [a["rollout_id"] for a in attempts]
+    rollouts = {r["rollout_id"]: r for r in conn.execute(select(R).where(R.c.rollout_id.in_(rollout_ids))).mappings()}
+    found = resources_ops.many(conn, {r["resources_id"] for r in rollouts.values() if r["resources_id"]})
+    return [
+        AttemptedRollout(
+            rollout=convert.rollout(rollouts[a["rollout_id"]]),
+            attempt=convert.attempt(a),
+            resources=found.get(rollouts[a["rollout_id"]]["resources_id"] or ""),
+        )
+        for a in attempts
+    ]
+
+
 def claim(
-    conn: Connection, worker_id: str | None, limit: int, now: float, *, agent: str | None = None
+    conn: Connection,
+    worker_id: str | None,
+    limit: int,
+    now: float,
+    *,
+    agent: str | None = None,
+    key: str | None = None,
 ) -> list[AttemptedRollout]:
     """Hand up to ``limit`` queued rollouts to ``worker_id``, each with a new attempt in ``preparing``.
 
     Runners (``agent`` None) only get tasks for no agent server; a remote agent server's dispatcher only the
-    tasks enqueued with ``agent: <its name>`` (``store.agents.claim``)."""
+    tasks enqueued with ``agent: <its name>`` (``store.agents.claim``). With an idempotency ``key``, the
+    attempts' ids derive from it, and a claim sent again with it (a retry after a lost answer) gets what the
+    first one handed out instead of more rollouts (which nobody would run)."""
+    if key is not None and (earlier := _claimed_before(conn, key, worker_id, limit)):
+        return earlier
     name = "queue_head" if agent is None else "agent_queue_head"
     head = prebuilt(conn, name, partial(_build_queue_head, agent=agent is not None))
     params: dict[str, Any] = {"limit": limit} if agent is None else {"limit": limit, "agent": agent}
@@ -240,7 +274,7 @@ def claim(
     attempts = [
         {
             "rollout_id": r["rollout_id"],
-            "attempt_id": ids.attempt_id(),
+            "attempt_id": ids.attempt_id() if key is None else ids.derived("at-", key, i),
             "sequence_id": r["attempt_count"] + 1,
             "status": AttemptStatus.PREPARING.value,
             "worker_id": worker_id,
@@ -249,7 +283,7 @@ def claim(
             "last_heartbeat_time": None,
             "metadata": None,
         }
-        for r in rows
+        for i, r in enumerate(rows)
     ]
     conn.execute(A.insert(), attempts)
     conn.execute(
@@ -273,21 +307,43 @@ def claim(
     return _attempted(conn, list(zip(rows, attempts, strict=True)), now)
 
 
-def start_rollout(conn: Connection, spec: TaskSpec, worker_id: str | None, now: float) -> AttemptedRollout:
-    """Create a rollout that skips the queue: attempt 1 in ``preparing`` right away."""
+def start_rollout(
+    conn: Connection, spec: TaskSpec, worker_id: str | None, now: float, key: str | None = None
+) -> AttemptedRollout:
+    """Create a rollout that skips the queue: attempt 1 in ``preparing`` right away. With an idempotency
+    ``key`` (and no client ``rollout_id``), the rollout's id derives from it, and the same call again gets the
+    rollout and attempt the first one made, as they are now."""
     if (spec.group_size or 1) != 1:
         raise StoreValidationError("start_rollout takes a single task: group_size must be 1")
     latest = _resolve_resources(conn, [spec])
     group = (spec.group_id, 0 if spec.group_id else None)
-    if spec.rollout_id:
-        taken = conn.execute(select(R.c.pk).where(R.c.rollout_id == spec.rollout_id))
-        if taken.first() is not None:
+    rollout_id = spec.rollout_id or (None if key is None else ids.derived("ro-", key, 0))
+    if rollout_id:
+        taken = conn.execute(select(R).where(R.c.rollout_id == rollout_id)).mappings().first()
+        if taken is not None and spec.rollout_id is None:
+            return _started_before(conn, key or "", taken, spec, worker_id)
+        if taken is not None:
             raise ConflictError(f"rollout '{spec.rollout_id}' already exists")
-    row = _row(spec, spec.rollout_id or ids.rollout_id(), group, RolloutStatus.PREPARING, latest, now)
+    row = _row(spec, rollout_id or ids.rollout_id(), group, RolloutStatus.PREPARING, latest, now)
     row["pk"] = (conn.execute(R.insert().values(**row).returning(R.c.pk))).scalar_one()
     rollout = _as_mapping(row)
     attempt = _new_attempt(conn, rollout, worker_id, now)
     return (_attempted(conn, [(rollout, attempt)], now))[0]
+
+
+def _started_before(
+    conn: Connection, key: str, rollout: RowMapping, spec: TaskSpec, worker_id: str | None
+) -> AttemptedRollout:
+    first = conn.execute(select(A).where(A.c.rollout_id == rollout["rollout_id"], A.c.sequence_id == 1))
+    attempt = first.mappings().one()
+    if (rollout["input"], rollout["mode"], attempt["worker_id"]) != (spec.input, spec.mode, worker_id):
+        raise ConflictError(f"idempotency key '{key}' was already used for a different request")
+    resources = resources_ops.many(conn, {rollout["resources_id"]} if rollout["resources_id"] else set())
+    return AttemptedRollout(
+        rollout=convert.rollout(rollout),
+        attempt=convert.attempt(attempt),
+        resources=resources.get(rollout["resources_id"] or ""),
+    )
 
 
 def start_attempt(conn: Connection, rollout_id: str, worker_id: str | None, now: float) -> AttemptedRollout:

@@ -188,23 +188,33 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin):
         return [convert.rollout(r) for r in rows]
 
     async def claim(
-        self, worker_id: str | None = None, limit: int = 1, wait_seconds: float = 0.0
+        self,
+        worker_id: str | None = None,
+        limit: int = 1,
+        wait_seconds: float = 0.0,
+        idempotency_key: str | None = None,
     ) -> list[AttemptedRollout]:
-        """Take up to ``limit`` queued rollouts, waiting up to ``wait_seconds`` (≤ 60) for one to appear."""
+        """Take up to ``limit`` queued rollouts, waiting up to ``wait_seconds`` (≤ 60) for one to appear. The
+        same ``idempotency_key`` again returns what the first claim with it took (``queue.claim``)."""
+        key = idempotency_key
         return await self._claim_waiting(
-            limit, wait_seconds, lambda conn: queue.claim(conn, worker_id, limit, self.clock())
+            limit, wait_seconds, lambda conn: queue.claim(conn, worker_id, limit, self.clock(), key=key)
         )
 
     async def claim_with_keys(
-        self, worker_id: str | None = None, limit: int = 1, wait_seconds: float = 0.0
+        self,
+        worker_id: str | None = None,
+        limit: int = 1,
+        wait_seconds: float = 0.0,
+        idempotency_key: str | None = None,
     ) -> list[tuple[AttemptedRollout, str]]:
         """``claim``, and in the same transaction a rollout-scoped gateway key for each attempt (the key itself,
-        returned only here: the store keeps its hash)."""
+        returned only here: the store keeps its hash; a repeated claim gets new keys)."""
 
         def op(conn: Connection) -> list[tuple[AttemptedRollout, str]]:
             now = self.clock()
             out = []
-            for claimed in queue.claim(conn, worker_id, limit, now):
+            for claimed in queue.claim(conn, worker_id, limit, now, key=idempotency_key):
                 rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
                 _, key = catalog.mint_key(conn, "rollout", now, rollout_id=rollout_id, attempt_id=attempt_id)
                 out.append((claimed, key))
@@ -226,10 +236,12 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin):
                 return claimed
             await Signal.wait(generation, min(remaining, self.poll_interval))
 
-    async def start_rollout(self, task: TaskSpec | Mapping[str, Any], worker_id: str | None = None) -> AttemptedRollout:
+    async def start_rollout(
+        self, task: TaskSpec | Mapping[str, Any], worker_id: str | None = None, idempotency_key: str | None = None
+    ) -> AttemptedRollout:
         spec = task if isinstance(task, TaskSpec) else TaskSpec.model_validate(task)
         now = self.clock()
-        return await self._write(lambda conn: queue.start_rollout(conn, spec, worker_id, now))
+        return await self._write(lambda conn: queue.start_rollout(conn, spec, worker_id, now, idempotency_key))
 
     async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:
         now = self.clock()

@@ -254,6 +254,20 @@ async def test_an_enqueue_whose_answer_was_lost_is_retried_without_queueing_twic
     assert reused.status_code == 409 and reused.json()["error"]["type"] == "conflict_error"
 
 
+async def test_a_claim_whose_answer_was_lost_is_retried_without_taking_more(gw: RunningGateway) -> None:
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=NO_RETRY) as client:
+        queued = await client.enqueue([{"input": i} for i in range(3)])
+    transport = LosingAnswers(lose=1)
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=transport) as client:
+        claims = await client.claim("worker-1", limit=2)
+        assert len(transport.requests) == 2
+        assert [c.rollout.rollout_id for c in claims] == [r.rollout_id for r in queued[:2]]
+        # The retry's answer works: its gateway key is for the attempt the first try made.
+        assert all(c.api_key and c.base_url.endswith(f"/attempt/{c.attempt.attempt_id}/v1") for c in claims)
+        rest = await client.claim("worker-2", limit=5)
+    assert [c.rollout.rollout_id for c in rest] == [queued[2].rollout_id]
+
+
 async def test_a_closed_port_raises_a_connection_error_after_the_retries() -> None:
     transport = Counting()
     url = f"http://127.0.0.1:{closed_port()}"
@@ -267,7 +281,7 @@ async def test_a_read_timeout_is_retried_for_reads_and_idempotent_writes_only(gw
     post = Counting(fail=1, error=httpx.ReadTimeout)
     async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=post) as client:
         with pytest.raises(RollwayConnectionError):
-            await client.claim("worker-1")  # the server may have handed out a rollout: not sent twice
+            await client.mint_key(name="once")  # the server may have minted it: not sent twice
     assert len(post.requests) == 1
     enqueue = Counting(fail=1, error=httpx.ReadTimeout)
     async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=enqueue) as client:

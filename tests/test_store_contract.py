@@ -121,6 +121,26 @@ async def test_a_claimed_rollout_is_handed_out_once(store: Store) -> None:
     assert await store.claim("w1") == []
 
 
+async def test_a_claim_sent_again_with_its_key_gets_what_the_first_took(store: Store) -> None:
+    await store.enqueue([{"input": i} for i in range(5)])
+    first = await store.claim("w1", limit=2, idempotency_key="c-1")
+    assert [c.rollout.input for c in first] == [0, 1]
+    await store.update_attempt(first[0].rollout.rollout_id, status="running")
+    again = await store.claim("w1", limit=2, idempotency_key="c-1")
+    assert [(c.rollout.rollout_id, c.attempt.attempt_id) for c in again] == [
+        (c.rollout.rollout_id, c.attempt.attempt_id) for c in first
+    ]
+    assert again[0].attempt.status == "running"  # as it is now
+    with pytest.raises(ConflictError, match="c-1"):
+        await store.claim("w2", limit=2, idempotency_key="c-1")
+    # Nothing more was taken: the other three are still queued, for any claim with another key or none.
+    assert [c.rollout.input for c in await store.claim("w1", limit=5, idempotency_key="c-2")] == [2, 3, 4]
+    assert await store.claim("w1", idempotency_key="c-3") == []
+    # A key whose first claim found the queue empty takes what has arrived since.
+    [late] = await store.enqueue([{"input": 5}])
+    assert [c.rollout.rollout_id for c in await store.claim("w1", idempotency_key="c-3")] == [late.rollout_id]
+
+
 # -- enqueue: idempotency, groups, resources ---------------------------------------------------------------
 
 
@@ -855,6 +875,20 @@ async def test_start_rollout_with_a_taken_id_is_a_conflict(store: Store) -> None
         await store.start_rollout({"rollout_id": "taken", "input": "other"})
     [rollout] = await all_rollouts(store)
     assert (rollout.input, rollout.status, rollout.attempt_count) == ("original", RolloutStatus.QUEUING, 0)
+
+
+async def test_start_rollout_sent_again_with_its_key_returns_the_rollout_it_started(store: Store) -> None:
+    first = await store.start_rollout({"input": "q"}, "w1", idempotency_key="s-1")
+    await store.update_attempt(first.rollout.rollout_id, status="running")
+    again = await store.start_rollout({"input": "q"}, "w1", idempotency_key="s-1")
+    assert (again.rollout.rollout_id, again.attempt.attempt_id) == (first.rollout.rollout_id, first.attempt.attempt_id)
+    assert again.attempt.status == "running" and again.rollout.attempt_count == 1
+    for other_input, worker in (("changed", "w1"), ("q", "w2")):
+        with pytest.raises(ConflictError, match="s-1"):
+            await store.start_rollout({"input": other_input}, worker, idempotency_key="s-1")
+    other = await store.start_rollout({"input": "q"}, "w1", idempotency_key="s-2")
+    assert other.rollout.rollout_id != first.rollout.rollout_id
+    assert len(await all_rollouts(store)) == 2
 
 
 async def test_start_rollout_takes_a_single_task(store: Store) -> None:
