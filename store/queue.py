@@ -221,13 +221,18 @@ def _build_worker(conn: Connection, busy: bool) -> Any:
     )
 
 
+def _build_attempt_exists(conn: Connection) -> Any:
+    return select(A.c.pk).where(A.c.attempt_id == bindparam("aid"))
+
+
 def _claimed_before(conn: Connection, key: str, worker_id: str | None, limit: int) -> list[AttemptedRollout]:
     """What an earlier claim with idempotency ``key`` handed out (its attempts' ids derive from the key), as
     the rollouts and attempts are now; empty when there was none."""
-    wanted = [ids.derived("at-", key, i) for i in range(limit)]
-    attempts = conn.execute(select(A).where(A.c.attempt_id.in_(wanted))).mappings().all()
-    if not attempts:
+    first = ids.derived("at-", key, 0)  # a claim that handed out anything made this attempt
+    if conn.execute(prebuilt(conn, "attempt_exists", _build_attempt_exists), {"aid": first}).first() is None:
         return []
+    wanted = [first, *(ids.derived("at-", key, i) for i in range(1, limit))]
+    attempts = conn.execute(select(A).where(A.c.attempt_id.in_(wanted))).mappings().all()
     if any(a["worker_id"] != worker_id for a in attempts):
         raise ConflictError(f"idempotency key '{key}' was already used by another worker's claim")
     place = {attempt_id: i for i, attempt_id in enumerate(wanted)}
