@@ -117,6 +117,11 @@ class Metrics:
             multiprocess_mode="livesum",
         )
         self.spans = Counter("rollway_spans_ingested", "Spans written to the store, by source.", ["source"], registry=r)
+        self.spans_unwritten = Counter(
+            "rollway_spans_unwritten",
+            "Calls whose span the store failed to write (a completion is then not handed over: 503 or an SSE error).",
+            registry=r,
+        )
         self.write_seconds = Histogram(
             "rollway_store_write_seconds",
             "Duration of one store write transaction (SQLite: one group commit).",
@@ -173,6 +178,8 @@ class Metrics:
             series.duration.observe(record.end_time - record.start_time)
         if span_written:
             self._gateway_spans.inc()
+        else:
+            self.spans_unwritten.inc()
         if record.error_type is not None:
             self.errors.labels(record.alias or "", ROUTES.get(record.operation, ""), record.error_type).inc()
         response = record.response

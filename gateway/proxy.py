@@ -40,6 +40,16 @@ class Reply(Protocol):
     async def body(self, data: bytes, more: bool) -> None: ...
 
 
+def not_recorded() -> CallError:
+    """A completion the backend gave but the store could not record: an error, not a completion."""
+    return envelope(
+        503,
+        "the completion could not be recorded (the store is unavailable); it was not handed over: try again",
+        "service_unavailable",
+        "not_recorded",
+    )
+
+
 class CallError(Exception):
     """The call ends with this status and body (an envelope, or the backend's own error body)."""
 
@@ -128,8 +138,9 @@ class Gateway:
         record.model_version = lease.version
         return Prepared(record=record, lease=lease, path=path, in_flight=self.metrics.call_started(alias))
 
-    async def finish(self, record: CallRecord) -> None:
-        """Write the call's span (durably, before the client is told the call ended)."""
+    async def finish(self, record: CallRecord) -> bool:
+        """Write the call's span (durably, before the client is told the call ended); False if the store could
+        not. A completion whose span is not on disk is then not handed over as one (``NOT_RECORDED``)."""
         record.end_time = record.end_time or time.time()
         written = True
         span = record.span()
@@ -143,6 +154,7 @@ class Gateway:
         self.metrics.observe_call(record, written)
         if self.exporter is not None:
             self.exporter.offer(span)
+        return written
 
     # -- the call itself ---------------------------------------------------------------------------------
 
@@ -265,7 +277,8 @@ class Gateway:
         else:
             record.error = raw[:2000].decode(errors="replace")
             record.error_type = f"http_{response.status}"
-        await self.finish(record)
+        if not await self.finish(record) and response.status < 400:
+            raise not_recorded()
         content_type = response.headers.get("Content-Type", "application/json").encode()
         await reply.start(response.status, [(b"content-type", content_type), *headers])
         await reply.body(out, more=False)
@@ -339,7 +352,10 @@ class Gateway:
             record.error = "the backend stream ended without [DONE]"
             record.error_type = "stream_incomplete"
         record.response = acc.response() if acc.chunks else None
-        await self.finish(record)
+        if not await self.finish(record) and record.error is None:
+            # The tokens went by, but the completion is not on disk: the client must not take it as one.
+            await reply.body(b"data: " + not_recorded().body + b"\n\n", more=False)
+            return
         await reply.body(done_event or b"", more=False)
 
 

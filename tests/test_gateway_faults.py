@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,6 +22,7 @@ import openai
 import pytest
 
 from gateway.mock import MockBackendProcess
+from store import writer as store_writer
 from tests.gateway_harness import RunningGateway, claim_one, closed_port, register, running_gateway, vllm
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
@@ -378,3 +380,49 @@ async def test_upstream_400_is_passed_through_unchanged(tmp_path: Path, mock: Mo
         assert [s.attributes["http.response.status_code"] for s in spans] == [400, 400]
         assert spans[0].attributes["rollway.error"] == direct.text
         assert all(s.status.status_code == "ERROR" and s.attributes["rollway.retry_count"] == 0 for s in spans)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_completion_the_store_could_not_record_is_not_handed_over(
+    tmp_path: Path, mock: MockBackendProcess, stream: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PRODUCT §2: a completion that reached the client is on disk. When the span cannot be written (here the
+    database stays locked by another process past the store's wait), the client gets a 503 envelope, or its
+    stream ends with an error event instead of ``[DONE]``; the loss is counted."""
+    monkeypatch.setattr(store_writer, "LOCK_WAIT_SECONDS", 0.5)  # the wait for the lock: 30 s by default
+    async with gateway(tmp_path, vllm(mock)) as gw:
+        rollout_id, _ = await claim_one(gw.store)
+        client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
+        slow = {"mock": {"ttft_ms": 400} if stream else {"latency_ms": 400}}
+        received: list[Any] = []
+
+        async def call() -> None:
+            if not stream:
+                await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=8, extra_body=slow)
+                return
+            chunks = await client.chat.completions.create(
+                model="policy", messages=MESSAGES, max_tokens=8, stream=True, extra_body=slow
+            )
+            async with chunks:
+                async for chunk in chunks:
+                    received.append(chunk)
+
+        task = asyncio.create_task(call())
+        await stats(mock, wait_requests=1)  # admitted (its sequence id is committed) and at the backend
+        with contextlib.closing(sqlite3.connect(tmp_path / "gateway.db", isolation_level=None)) as other:
+            other.execute("BEGIN IMMEDIATE")  # another process writing, for longer than the store waits
+            with pytest.raises(openai.APIError) as info:
+                await task
+            other.execute("ROLLBACK")
+        assert isinstance(info.value.body, dict) and info.value.body["code"] == "not_recorded"
+        if stream:
+            assert received and not isinstance(info.value, openai.APIStatusError)  # the error came as an event
+        else:
+            assert isinstance(info.value, openai.APIStatusError) and info.value.status_code == 503
+        async with httpx.AsyncClient() as http:
+            metrics = (await http.get(f"{gw.url}/metrics")).text
+        assert "rollway_spans_unwritten_total 1.0" in metrics
+        # The store serves again once the lock is gone; the lost call left no span (its sequence id stays used).
+        answer = await client.chat.completions.with_raw_response.create(model="policy", messages=MESSAGES, max_tokens=4)
+        assert answer.headers["x-rollway-sequence-id"] == "2"
+        assert [s.sequence_id for s in await gw.store.query_spans(rollout_id)] == [2]
