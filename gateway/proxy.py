@@ -23,7 +23,7 @@ from gateway.metrics import Metrics
 from gateway.registry import AliasPaused, Lease, ModelRegistry
 from gateway.routing import Router
 from gateway.settings import Settings
-from gateway.streaming import DONE, SSEDecoder, StreamAccumulator, encode_event
+from gateway.streaming import DONE, ResponsesAccumulator, SSEDecoder, StreamAccumulator, encode_event
 from gateway.upstream import Upstream, UpstreamFailure, backoff, retry_after, wait
 from store import Backend, Store, StoreError
 
@@ -294,7 +294,8 @@ class Gateway:
         record.status_code = 200
         await reply.start(200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *headers])
         decoder = SSEDecoder()
-        acc = record.accumulator = StreamAccumulator(record.operation)
+        responses = record.operation == "responses"
+        acc = record.accumulator = ResponsesAccumulator() if responses else StreamAccumulator(record.operation)
         done_event: bytes | None = None
         first_output_sent = False
         try:
@@ -308,8 +309,8 @@ class Gateway:
                         done_event = raw
                         continue
                     chunk = orjson.loads(payload)
-                    if isinstance(chunk, dict) and chunk.get("error") is not None and not chunk.get("choices"):
-                        record.error = orjson.dumps(chunk["error"]).decode()
+                    if isinstance(chunk, dict) and _stream_error(chunk, responses):
+                        record.error = orjson.dumps(chunk.get("error") or chunk).decode()
                         record.error_type = "stream_error"
                         out.append(raw)
                         continue
@@ -348,8 +349,12 @@ class Gateway:
             await self.finish(record)
             await reply.body(encode_event(event), more=False)
             return
-        if done_event is None and record.error is None:
-            record.error = "the backend stream ended without [DONE]"
+        ended = acc.ended_by if isinstance(acc, ResponsesAccumulator) else None  # Responses streams: no [DONE]
+        if ended == "response.failed":
+            record.error = orjson.dumps(acc.response().get("error") or "response.failed").decode()
+            record.error_type = "response_failed"
+        elif done_event is None and record.error is None and ended is None:
+            record.error = "the backend stream ended without " + ("response.completed" if responses else "[DONE]")
             record.error_type = "stream_incomplete"
         record.response = acc.response() if acc.chunks else None
         if not await self.finish(record) and record.error is None:
@@ -359,10 +364,19 @@ class Gateway:
         await reply.body(done_event or b"", more=False)
 
 
+def _stream_error(chunk: dict[str, Any], responses: bool) -> bool:
+    """An error the backend sent as a stream event (``{"error": ...}``; the Responses API: ``type: error``)."""
+    if responses:
+        return chunk.get("type") == "error"
+    return chunk.get("error") is not None and not chunk.get("choices")
+
+
 def _carries_output(chunk: Any) -> bool:
     """A streamed chunk with generated text or a tool call in it (not just a role or usage)."""
     if not isinstance(chunk, dict):
         return False
+    if chunk.get("type") in ("response.output_text.delta", "response.function_call_arguments.delta"):
+        return True
     for choice in chunk.get("choices") or ():
         if not isinstance(choice, dict):
             continue

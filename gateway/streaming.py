@@ -165,5 +165,38 @@ class StreamAccumulator:
         return body
 
 
+#: The events that end a Responses API stream (it has no ``[DONE]``), each carrying the whole response.
+RESPONSE_ENDS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+class ResponsesAccumulator:
+    """Follows a Responses API stream: the response its last event carries, or, when the stream broke off
+    before that, what its text deltas had said (for the span)."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, Any] = {}
+        self.final: dict[str, Any] | None = None
+        self.ended_by: str | None = None
+        self.text: list[str] = []
+        self.chunks = 0
+
+    def feed(self, event: dict[str, Any]) -> None:
+        self.chunks += 1
+        kind = event.get("type")
+        if kind == "response.output_text.delta" and isinstance(event.get("delta"), str):
+            self.text.append(event["delta"])
+        elif kind == "response.created" and isinstance(event.get("response"), dict):
+            self.started = event["response"]
+        elif kind in RESPONSE_ENDS and isinstance(event.get("response"), dict):
+            self.final, self.ended_by = event["response"], kind
+
+    def response(self) -> dict[str, Any]:
+        if self.final is not None:
+            return self.final
+        text = {"type": "output_text", "text": "".join(self.text), "annotations": []}
+        partial = {"type": "message", "role": "assistant", "status": "incomplete", "content": [text]}
+        return {**self.started, "object": "response", "status": "incomplete", "output": [partial], "usage": None}
+
+
 def encode_event(data: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(data) + b"\n\n"

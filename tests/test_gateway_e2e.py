@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from openai import AsyncOpenAI
 
@@ -117,6 +118,55 @@ async def test_streamed_chat_passes_chunks_through_and_records_the_whole_call(
     assert attrs["rollway.response"]["choices"][0]["message"]["content"] == text
     assert attrs["gen_ai.usage.output_tokens"] == truth.usage.completion_tokens
     assert attrs["rollway.ttft_seconds"] is not None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_responses_api_is_passed_through_and_recorded(
+    gw: RunningGateway, direct: AsyncOpenAI, stream: bool
+) -> None:
+    """``/v1/responses``: the SDK sees the backend's answer (its events, for a stream, which ends with
+    ``response.completed`` and no ``[DONE]``); the span holds the whole response the last event carried."""
+    client, rollout_id, attempt_id = await rollout_client(gw, "path")
+    ask: dict[str, Any] = {"input": "What is 12 + 30?", "instructions": "Be brief.", "max_output_tokens": 12}
+    if stream:
+        events = [e async for e in await client.responses.create(model="policy", stream=True, **ask)]
+        expected = [e async for e in await direct.responses.create(model="mock-model", stream=True, **ask)]
+        assert [e.type for e in events] == [e.type for e in expected]
+        assert events[-1].type == "response.completed" and events[0].type == "response.created"
+        deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+        assert deltas == [e.delta for e in expected if e.type == "response.output_text.delta"] and deltas
+        answer = events[-1].response
+    else:
+        answer = await client.responses.create(model="policy", **ask)
+        expected_answer = await direct.responses.create(model="mock-model", **ask)
+        assert answer.output_text == expected_answer.output_text
+    [span] = await gw.store.query_spans(rollout_id, attempt_id)
+    attrs = span.attributes
+    assert span.status.status_code == "OK", span.status
+    assert attrs["gen_ai.operation.name"] == "responses" and attrs["rollway.stream"] is stream
+    recorded = attrs["rollway.response"]
+    assert recorded["id"] == answer.id and recorded["status"] == "completed"
+    assert recorded["output"][0]["content"][0]["text"] == answer.output_text
+    assert answer.usage is not None and attrs["gen_ai.usage.output_tokens"] == answer.usage.output_tokens
+    assert attrs["rollway.trainable"] is False  # the Responses API returns no token ids
+
+
+async def test_a_responses_stream_that_breaks_off_records_its_text_so_far(
+    gw: RunningGateway, mock: MockBackendProcess
+) -> None:
+    client, rollout_id, attempt_id = await rollout_client(gw, "path")
+    mock.add_faults({"kind": "drop_mid_stream", "after_chunks": 7})  # created, in_progress, 2 opened, 3 deltas
+    events: list[Any] = []
+    with pytest.raises(openai.APIError):
+        stream = await client.responses.create(model="policy", input="Tell me a story.", stream=True)
+        async for event in stream:
+            events.append(event)
+    texts = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(texts) == 3
+    [span] = await gw.store.query_spans(rollout_id, attempt_id)
+    assert span.status.status_code == "ERROR" and span.attributes["error.type"] == "stream_interrupted"
+    partial = span.attributes["rollway.response"]
+    assert partial["status"] == "incomplete" and partial["output"][0]["content"][0]["text"] == "".join(texts)
 
 
 async def test_client_that_asks_for_token_ids_gets_them(gw: RunningGateway, direct: AsyncOpenAI) -> None:

@@ -319,6 +319,35 @@ def test_responses_api(client: OpenAI) -> None:
     assert json.loads(call.arguments)["unit"] == "celsius"
 
 
+def test_responses_api_streams_named_events_ending_with_the_whole_response(
+    client: OpenAI, mock: MockBackendProcess
+) -> None:
+    ask: dict[str, Any] = {"model": MODEL, "input": "What is 2 + 2?", "max_output_tokens": 30}
+    whole = client.responses.create(**ask)
+    with httpx.stream("POST", f"{mock.base_url}/responses", json={**ask, "stream": True}) as raw:
+        text = "".join(raw.iter_text())
+    blocks = [b for b in text.split("\n\n") if b]
+    assert "[DONE]" not in text
+    events = []
+    for block in blocks:
+        name, data = block.split("\n")
+        event = json.loads(data.removeprefix("data: "))
+        assert name == f"event: {event['type']}"
+        events.append(event)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
+    final = events[-1]
+    assert final["type"] == "response.completed" and final["response"]["status"] == "completed"
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert deltas == final["response"]["output"][0]["content"][0]["text"] == whole.output_text
+    assert final["response"]["usage"]["output_tokens"] == whole.usage.output_tokens  # type: ignore[union-attr]
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER_TOOL["function"]["parameters"]}
+    called = list(client.responses.create(model=MODEL, input="Weather in Rome?", tools=[tool], stream=True))  # type: ignore[list-item]
+    arguments = "".join(e.delta for e in called if e.type == "response.function_call_arguments.delta")
+    assert called[-1].type == "response.completed"
+    assert json.loads(arguments)["unit"] == "celsius" == json.loads(called[-1].response.output[0].arguments)["unit"]  # type: ignore[union-attr]
+
+
 def test_errors_use_the_openai_envelope(client: OpenAI, mock: MockBackendProcess) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=MODEL, messages=[])

@@ -258,7 +258,7 @@ class _Endpoint:
                 await watch.stop.wait()
                 return
         if plan.steps is not None:
-            await self._stream(send, record, plan.steps(), rule, watch, ttft, token_delay)
+            await self._stream(send, record, _sse(plan.steps(), plan.named_events), rule, watch, ttft, token_delay)
             return
         record.stage = "generating"
         if await watch.sleep(ttft + token_delay * max(plan.decode_steps - 1, 0)):
@@ -292,7 +292,7 @@ class _Endpoint:
         self,
         send: Send,
         record: RequestRecord,
-        steps: list[list[dict[str, Any]]],
+        events: list[list[bytes]],
         rule: FaultRule | None,
         watch: _Watch,
         ttft: float,
@@ -303,8 +303,6 @@ class _Endpoint:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         record.stage = "streaming"
         sent = 0
-        events: list[list[bytes]] = [[b"data: " + _dumps(chunk) + b"\n\n" for chunk in step] for step in steps]
-        events[-1].append(b"data: [DONE]\n\n")
         for number, step in enumerate(events):
             if await watch.sleep(ttft if number == 0 else token_delay):
                 return
@@ -326,6 +324,16 @@ class _Endpoint:
             sent += len(step)
         watch.done = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _sse(steps: list[list[dict[str, Any]]], named: bool) -> list[list[bytes]]:
+    """The stream's events by decode step: ``data:`` lines and a final ``[DONE]`` (chat, completions), or
+    ``event: <type>`` + ``data:`` and no ``[DONE]`` (``named``: the Responses API)."""
+    if named:
+        return [[b"event: " + c["type"].encode() + b"\ndata: " + _dumps(c) + b"\n\n" for c in step] for step in steps]
+    events = [[b"data: " + _dumps(chunk) + b"\n\n" for chunk in step] for step in steps]
+    events[-1].append(b"data: [DONE]\n\n")
+    return events
 
 
 def _log_abort(rule: FaultRule, record: RequestRecord) -> None:

@@ -82,6 +82,8 @@ class Plan:
     decode_steps: int
     body: Callable[[], dict[str, Any]] | None = None
     steps: Callable[[], list[list[dict[str, Any]]]] | None = None
+    #: Stream events named by an ``event:`` line (each chunk's ``type``) and no ``[DONE]`` (the Responses API).
+    named_events: bool = False
 
 
 def _tool_spec(tools: Any, tool_choice: Any, *, flat: bool) -> ToolSpec | None:
@@ -276,8 +278,7 @@ class Planner:
 
     def _plan_responses(self, body: dict[str, Any]) -> Plan:
         model = self._model_name(body)
-        if _bool(body, "stream"):
-            raise BadRequest("the mock backend answers the Responses API without streaming only", "stream")
+        stream = _bool(body, "stream")
         messages: list[dict[str, Any]] = []
         if isinstance(body.get("instructions"), str):
             messages.append({"role": "system", "content": body["instructions"]})
@@ -313,11 +314,9 @@ class Planner:
         choice = self.state.model.generate(prompt_ids, sampling, user_text=user_text, tool=tool)[0]
         cached = self._cached(model, prompt_ids)
         response_id = f"resp_{uuid.uuid4().hex}"
-        return Plan(
-            model,
-            False,
-            len(choice.tokens),
-            body=lambda: shapes.responses_object(
+
+        def final() -> dict[str, Any]:
+            return shapes.responses_object(
                 id=response_id,
                 created=int(time.time()),
                 model=model,
@@ -326,8 +325,17 @@ class Planner:
                 cached=cached,
                 request=body,
                 max_output_tokens=max_output,
-            ),
-        )
+            )
+
+        if stream:
+            return Plan(
+                model,
+                True,
+                len(choice.tokens),
+                steps=lambda: shapes.responses_stream_steps(final(), choice),
+                named_events=True,
+            )
+        return Plan(model, False, len(choice.tokens), body=final)
 
 
 def _embedding(ids: list[int], dims: int) -> list[float]:

@@ -352,3 +352,47 @@ def responses_object(
         "store": False,
         "user": request.get("user"),
     }
+
+
+def responses_stream_steps(final: dict[str, Any], choice: Choice) -> list[list[dict[str, Any]]]:
+    """The Responses API's stream of ``final`` (``responses_object``), by decode step: ``response.created``,
+    ``response.in_progress``, the output item (and its text part) opened, then one delta per token, then the
+    item closed and ``response.completed`` (``response.incomplete`` at the token limit) carrying ``final``.
+    Each event has its ``type`` and a rising ``sequence_number``; the stream has no ``[DONE]``."""
+    numbers = iter(range(1 << 30))
+
+    def event(type_: str, **fields: Any) -> dict[str, Any]:
+        return {"type": type_, "sequence_number": next(numbers), **fields}
+
+    pending = {**final, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
+    head = [event("response.created", response=pending), event("response.in_progress", response=pending)]
+    item = final["output"][0]
+    where = {"item_id": item["id"], "output_index": 0}
+    if item["type"] == "function_call":
+        head.append(event("response.output_item.added", output_index=0, item={**item, "arguments": ""}))
+        deltas = [
+            event("response.function_call_arguments.delta", **where, delta=t.arguments)
+            for t in choice.tokens
+            if t.arguments
+        ]
+        tail = [event("response.function_call_arguments.done", **where, arguments=item["arguments"])]
+    else:
+        part = item["content"][0]
+        opened = {**item, "status": "in_progress", "content": []}
+        head.append(event("response.output_item.added", output_index=0, item=opened))
+        head.append(event("response.content_part.added", **where, content_index=0, part={**part, "text": ""}))
+        deltas = [
+            event("response.output_text.delta", **where, content_index=0, delta=t.content, logprobs=[])
+            for t in choice.tokens
+            if t.content
+        ]
+        tail = [
+            event("response.output_text.done", **where, content_index=0, text=part["text"], logprobs=[]),
+            event("response.content_part.done", **where, content_index=0, part=part),
+        ]
+    tail.append(event("response.output_item.done", output_index=0, item=item))
+    ended = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+    tail.append(event(ended, response=final))
+    steps = [[*head, *deltas[:1]], *([d] for d in deltas[1:])]
+    steps[-1].extend(tail)
+    return steps
