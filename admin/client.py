@@ -127,11 +127,22 @@ class AsyncRollwayClient(ExportsMixin):
         status: str | Sequence[str] | None = None,
         mode: str | None = None,
         group_id: str | None = None,
+        started_after: float | None = None,
+        started_before: float | None = None,
         limit: int = 100,
         cursor: str | None = None,
     ) -> RolloutPage:
+        """One page of rollouts in creation order (``started_*``: Unix seconds, ``after`` inclusive)."""
         statuses = [status] if isinstance(status, str) else list(status or [])
-        params = query(status=statuses or None, mode=mode, group_id=group_id, limit=limit, cursor=cursor)
+        params = query(
+            status=statuses or None,
+            mode=mode,
+            group_id=group_id,
+            started_after=started_after,
+            started_before=started_before,
+            limit=limit,
+            cursor=cursor,
+        )
         return await self._t.model(RolloutPage, "GET", "/rollouts", params=params)
 
     async def iter_rollouts(
@@ -140,12 +151,22 @@ class AsyncRollwayClient(ExportsMixin):
         status: str | Sequence[str] | None = None,
         mode: str | None = None,
         group_id: str | None = None,
+        started_after: float | None = None,
+        started_before: float | None = None,
         page_size: int = 500,
     ) -> AsyncIterator[Rollout]:
         """Every matching rollout, following the cursor page by page."""
         cursor: str | None = None
         while True:
-            page = await self.list_rollouts(status=status, mode=mode, group_id=group_id, limit=page_size, cursor=cursor)
+            page = await self.list_rollouts(
+                status=status,
+                mode=mode,
+                group_id=group_id,
+                started_after=started_after,
+                started_before=started_before,
+                limit=page_size,
+                cursor=cursor,
+            )
             for rollout in page.items:
                 yield rollout
             if not page.next_cursor or not page.items:

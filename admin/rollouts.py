@@ -97,10 +97,21 @@ async def list_rollouts(
     status: Annotated[list[RolloutStatus] | None, Query()] = None,
     mode: str | None = None,
     group_id: str | None = None,
+    started_after: Annotated[float | None, Query(description="start_time >= this (Unix seconds)")] = None,
+    started_before: Annotated[float | None, Query(description="start_time < this (Unix seconds)")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: str | None = None,
 ) -> RolloutPage:
-    page = await context.store.list_rollouts(status=status, mode=mode, group_id=group_id, limit=limit, cursor=cursor)
+    """Rollouts in creation order, filtered by status, mode, group and creation time; `next_cursor` pages on."""
+    page = await context.store.list_rollouts(
+        status=status,
+        mode=mode,
+        group_id=group_id,
+        started_after=started_after,
+        started_before=started_before,
+        limit=limit,
+        cursor=cursor,
+    )
     return RolloutPage(items=page.items, next_cursor=page.next_cursor)
 
 

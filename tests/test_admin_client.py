@@ -268,6 +268,21 @@ async def test_a_claim_whose_answer_was_lost_is_retried_without_taking_more(gw: 
     assert [c.rollout.rollout_id for c in rest] == [queued[2].rollout_id]
 
 
+async def test_rollouts_are_listed_by_group_and_creation_time(client: AsyncRollwayClient) -> None:
+    early = await client.enqueue([{"input": "a", "group_size": 2}])
+    late = await client.enqueue([{"input": "b"}, {"input": "c"}])
+    assert max(r.start_time for r in early) < late[0].start_time
+    ids = lambda page: [r.rollout_id for r in page.items]  # noqa: E731
+    group = early[0].group_id
+    assert ids(await client.list_rollouts(group_id=group)) == [r.rollout_id for r in early]
+    since = await client.list_rollouts(started_after=late[0].start_time)
+    assert ids(since) == [r.rollout_id for r in late]
+    before = await client.list_rollouts(started_before=late[0].start_time)
+    assert ids(before) == [r.rollout_id for r in early]
+    window = [r.rollout_id async for r in client.iter_rollouts(started_after=early[0].start_time, page_size=1)]
+    assert window == [r.rollout_id for r in early + late]
+
+
 async def test_a_closed_port_raises_a_connection_error_after_the_retries() -> None:
     transport = Counting()
     url = f"http://127.0.0.1:{closed_port()}"
