@@ -5,6 +5,7 @@ The lifespan owns everything long-lived: the store (its writer and watchdog). No
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -27,10 +28,12 @@ from gateway.proxy import Gateway
 from gateway.registry import ModelRegistry
 from gateway.routing import Router
 from gateway.settings import Settings
-from store import Store
+from store import NotFoundError, Store
 
 if TYPE_CHECKING:
     from gateway.otlp_export import SpanExporter
+
+log = logging.getLogger("rollway.gateway")
 
 
 @dataclass
@@ -76,6 +79,7 @@ def create_app(settings: Settings) -> FastAPI:
             sqlite_synchronous=settings.sqlite_synchronous,
             watchdog_interval=settings.watchdog_interval,
         )
+        await seed_models(store, settings)
         registry = ModelRegistry(store)
         router = Router()
         metrics = Metrics()
@@ -130,6 +134,16 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(osmosis.router)
     app.add_middleware(PathToken)  # /t/<admin token>/v1/agl/... and /t/<admin token>/v1/traces
     return app
+
+
+async def seed_models(store: Store, settings: Settings) -> None:
+    """Create the configuration's model aliases the store does not have (a restart changes no live alias)."""
+    for alias, seed in settings.models.items():
+        try:
+            await store.get_model(alias)
+        except NotFoundError:
+            await store.put_model(alias, seed.backends, version=seed.version, sampling=seed.sampling)
+            log.info("model alias %s created from the configuration", alias)
 
 
 def _version() -> str:

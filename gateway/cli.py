@@ -25,7 +25,8 @@ ROLLOUT_STATUSES = click.Choice(["queuing", "preparing", "running", "succeeded",
 def _settings_help() -> str:
     lines = ["\b", "Settings (environment variables; also keys of the --config YAML file):"]
     for name, field in Settings.model_fields.items():
-        default = "unset" if field.default is None else repr(field.default)
+        value = field.get_default(call_default_factory=True)
+        default = "unset" if value is None else repr(value)
         lines.append(f"  ROLLWAY_{name.upper():<20} {field.description or ''} [default: {default}]")
     return "\n".join(lines)
 

@@ -9,13 +9,25 @@ import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+
+from store import Backend
+
+
+class ModelSeed(BaseModel):
+    """A model alias the configuration creates at start when the store does not have it yet."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backends: list[Backend] = Field(min_length=1)
+    version: str | None = None
+    sampling: dict[str, Any] | None = None
 
 
 class Settings(BaseSettings):
@@ -79,6 +91,11 @@ class Settings(BaseSettings):
     )
     agent_poll_interval: float = Field(
         default=0.5, gt=0, description="longest wait before the dispatcher looks for remote-agent tasks again"
+    )
+    models: dict[str, ModelSeed] = Field(
+        default_factory=dict,
+        description="model aliases created at start when the store lacks them (YAML: alias: {backends, version, "
+        "sampling}); an existing alias is left as it is",
     )
     config_file: Path | None = Field(default=None, description="optional YAML file with these settings")
 

@@ -14,7 +14,10 @@ import pytest
 from fastapi import FastAPI
 
 from gateway.app import create_app
+from gateway.mock import MockBackendProcess
 from gateway.settings import Settings
+from store import Store
+from tests.gateway_harness import running_gateway
 
 
 @pytest.fixture
@@ -152,3 +155,44 @@ def test_rollway_help_lists_commands_and_settings(tmp_path: Path) -> None:
     assert "serve" in done.stdout
     for name in Settings.model_fields:
         assert f"ROLLWAY_{name.upper()}" in done.stdout
+
+
+async def test_model_aliases_are_seeded_from_the_config_file_once(tmp_path: Path, mock: MockBackendProcess) -> None:
+    """PRODUCT §3: aliases "may be seeded from a config file": created at start when absent, served at once;
+    an alias the store already has (changed at run time, say) is left as it is."""
+    db = f"sqlite:///{tmp_path / 'gateway.db'}"
+    store = await Store.open(db, run_watchdog=False)
+    await store.put_model("kept", [{"base_url": "http://127.0.0.1:1/v1", "model": "old"}], version="v9")
+    await store.close()
+    config = tmp_path / "rollway.yaml"
+    config.write_text(
+        "models:\n"
+        "  policy:\n"
+        "    version: v1\n"
+        "    sampling: {temperature: 0.5}\n"
+        "    backends:\n"
+        f"      - {{base_url: '{mock.base_url}', kind: vllm, model: mock-model, api_key: sk-seeded-secret}}\n"
+        "  kept:\n"
+        f"    backends: [{{base_url: '{mock.base_url}', model: mock-model}}]\n"
+    )
+    settings = Settings(config_file=config)
+    assert "sk-seeded-secret" not in repr(settings) and "sk-seeded-secret" not in settings.model_dump_json()
+    async with running_gateway(tmp_path, config_file=config) as gw:
+        answer = await gw.client().chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        assert answer.choices[0].message.content
+        policy, kept = await gw.store.get_model("policy"), await gw.store.get_model("kept")
+        assert (policy.version, policy.sampling, policy.backends[0].kind) == ("v1", {"temperature": 0.5}, "vllm")
+        assert (kept.version, kept.backends[0].model) == ("v9", "old")
+        [request] = mock.requests(path="/v1/chat/completions", limit=1)
+        assert (
+            request["body"]["temperature"] == 0.5 and request["headers"]["authorization"] == "Bearer sk-seeded-secret"
+        )
+
+
+def test_a_seed_without_backends_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "rollway.yaml"
+    config.write_text("models:\n  policy: {backends: []}\n")
+    with pytest.raises(ValueError, match="backends"):
+        Settings(config_file=config)
