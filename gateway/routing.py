@@ -99,6 +99,7 @@ class Router:
         if ok:
             health.consecutive_failures = 0
             health.cooldown = BASE_COOLDOWN
+            health.down_until = 0.0  # a later ejection is a new one, not a relapse
             return
         if not counts_as_failure:
             return
