@@ -28,7 +28,7 @@ from gateway.proxy import Gateway
 from gateway.registry import ModelRegistry
 from gateway.routing import Router
 from gateway.settings import Settings
-from store import NotFoundError, Store
+from store import ConflictError, NotFoundError, Store
 
 if TYPE_CHECKING:
     from gateway.otlp_export import SpanExporter
@@ -142,7 +142,10 @@ async def seed_models(store: Store, settings: Settings) -> None:
         try:
             await store.get_model(alias)
         except NotFoundError:
-            await store.put_model(alias, seed.backends, version=seed.version, sampling=seed.sampling)
+            try:
+                await store.put_model(alias, seed.backends, version=seed.version, sampling=seed.sampling)
+            except ConflictError:  # another replica starting at the same moment created it
+                continue
             log.info("model alias %s created from the configuration", alias)
 
 

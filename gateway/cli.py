@@ -31,6 +31,14 @@ def _settings_help() -> str:
     return "\n".join(lines)
 
 
+def settings_errors(exc: ValidationError) -> str:
+    """What is wrong with the settings, without the values given (a backend's ``api_key`` may be among them)."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in error['loc']) or 'settings'}: {error['msg']}"
+        for error in exc.errors(include_url=False, include_input=False)
+    )
+
+
 def tune_gc() -> None:
     """Collect less often: a server allocates many short-lived containers (JSON bodies, token id lists) and
     the default thresholds make the cyclic collector walk the live heap every few hundred allocations.
@@ -71,7 +79,10 @@ def serve(host: str | None, port: int | None, database_url: str | None, config_f
     try:
         settings = Settings(**overrides)
         settings.check_exposure()
-    except (ValidationError, ValueError) as exc:
+    except ValidationError as exc:
+        click.echo(f"rollway: invalid settings: {settings_errors(exc)}", err=True)
+        sys.exit(2)
+    except ValueError as exc:
         click.echo(f"rollway: {exc}", err=True)
         sys.exit(2)
 

@@ -119,7 +119,7 @@ class Metrics:
         self.spans = Counter("rollway_spans_ingested", "Spans written to the store, by source.", ["source"], registry=r)
         self.spans_unwritten = Counter(
             "rollway_spans_unwritten",
-            "Calls whose span the store failed to write (a completion is then not handed over: 503 or an SSE error).",
+            "Calls whose span the store failed to write (a successful completion is then not handed over).",
             registry=r,
         )
         self.write_seconds = Histogram(

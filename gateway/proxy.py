@@ -23,7 +23,7 @@ from gateway.metrics import Metrics
 from gateway.registry import AliasPaused, Lease, ModelRegistry
 from gateway.routing import Router
 from gateway.settings import Settings
-from gateway.streaming import DONE, ResponsesAccumulator, SSEDecoder, StreamAccumulator, encode_event
+from gateway.streaming import DONE, RESPONSE_ENDS, ResponsesAccumulator, SSEDecoder, StreamAccumulator, encode_event
 from gateway.upstream import Upstream, UpstreamFailure, backoff, retry_after, wait
 from store import Backend, Store, StoreError
 
@@ -317,6 +317,9 @@ class Gateway:
                     if record.ttft_seconds is None:
                         record.ttft_seconds = time.time() - record.start_time
                     acc.feed(chunk)
+                    if responses and chunk.get("type") in RESPONSE_ENDS:
+                        done_event = raw  # the Responses API's [DONE]: the whole response, sent once recorded
+                        continue
                     if not injected.any:
                         out.append(raw)
                     elif not (injected.usage and capture.is_usage_only_chunk(chunk)):

@@ -98,8 +98,9 @@ class Router:
         health.outstanding -= 1
         if ok:
             health.consecutive_failures = 0
-            health.cooldown = BASE_COOLDOWN
-            health.down_until = 0.0  # a later ejection is a new one, not a relapse
+            if health.up(self._clock()):  # a success of a call that started before an ejection does not end it
+                health.cooldown = BASE_COOLDOWN
+                health.down_until = 0.0  # a later ejection is a new one, not a relapse
             return
         if not counts_as_failure:
             return

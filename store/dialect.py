@@ -8,7 +8,7 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Connection, Select, Table
+from sqlalchemy import Connection, Select, Table, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from store.errors import StoreValidationError
@@ -28,6 +28,14 @@ def sqlite_driver(conn: Connection) -> sqlite3.Connection | None:
         return None
     raw: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
     return raw
+
+
+def serialize_key(conn: Connection, key: str) -> None:
+    """Make transactions that carry the same client idempotency ``key`` run one after the other, so a retry
+    that overlaps its first try sees what that try did. PostgreSQL: a transaction-scoped advisory lock on the
+    key's hash (replicas included); SQLite's single writer already runs transactions one at a time."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"), {"key": "rollway:" + key})
 
 
 _PREBUILT: dict[tuple[str, str], Any] = {}

@@ -15,11 +15,11 @@ from sqlalchemy import Connection, Integer, RowMapping, Select, TextClause, bind
 
 from store import convert, ids, models
 from store import resources as resources_ops
-from store.dialect import lock_rows, prebuilt, upsert
+from store.dialect import lock_rows, prebuilt, serialize_key, upsert
 from store.errors import ConflictError, StoreValidationError
 from store.lifecycle import load_rollout, set_rollout_status, sync_worker
 from store.schemas import AttemptedRollout, RolloutConfig, TaskSpec
-from store.states import QUEUED, AttemptStatus, RolloutStatus
+from store.states import ATTEMPT_TERMINAL, QUEUED, AttemptStatus, RolloutStatus
 
 R = models.rollouts
 A = models.attempts
@@ -88,6 +88,7 @@ def enqueue(conn: Connection, specs: list[TaskSpec], now: float, key: str | None
     so does a repeated idempotency ``key`` (the ids it derives exist)."""
     latest = _resolve_resources(conn, specs)
     planned: list[dict[str, Any]] = []
+    keyed: list[dict[str, Any]] = []  # the rows whose ids derive from the key (not the client's own ids)
     seen: set[str] = set()
     for position, spec in enumerate(specs):
         for rollout_id, group_id, group_index in expand(spec, None if key is None else (key, position)):
@@ -96,6 +97,8 @@ def enqueue(conn: Connection, specs: list[TaskSpec], now: float, key: str | None
                 continue
             seen.add(rid)
             planned.append(_row(spec, rid, (group_id, group_index), RolloutStatus.QUEUING, latest, now))
+            if key is not None and not spec.rollout_id:
+                keyed.append(planned[-1])
     if key is None and not any(s.rollout_id for s in specs):
         conn.execute(R.insert(), planned)
         return [_as_mapping(r) for r in planned]
@@ -104,7 +107,7 @@ def enqueue(conn: Connection, specs: list[TaskSpec], now: float, key: str | None
     rows = conn.execute(select(R).where(R.c.rollout_id.in_([r["rollout_id"] for r in planned]))).mappings().all()
     by_id = {r["rollout_id"]: r for r in rows}
     if key is not None:
-        _check_same_request(key, planned, by_id)
+        _check_same_request(key, keyed, by_id)
     return [by_id[r["rollout_id"]] for r in planned]
 
 
@@ -239,6 +242,9 @@ def _claimed_before(conn: Connection, key: str, worker_id: str | None, limit: in
     attempts = sorted(attempts, key=lambda a: place[a["attempt_id"]])
     rollout_ids = [a["rollout_id"] for a in attempts]
     rollouts = {r["rollout_id"]: r for r in conn.execute(select(R).where(R.c.rollout_id.in_(rollout_ids))).mappings()}
+    for a in attempts:  # a retry long after the claim: its attempt may be over, and must not be run again
+        if a["status"] in ATTEMPT_TERMINAL or rollouts[a["rollout_id"]]["latest_attempt_id"] != a["attempt_id"]:
+            raise ConflictError(f"the claim made with idempotency key '{key}' is over (attempt {a['attempt_id']})")
     found = resources_ops.many(conn, {r["resources_id"] for r in rollouts.values() if r["resources_id"]})
     return [
         AttemptedRollout(
@@ -265,8 +271,10 @@ def claim(
     tasks enqueued with ``agent: <its name>`` (``store.agents.claim``). With an idempotency ``key``, the
     attempts' ids derive from it, and a claim sent again with it (a retry after a lost answer) gets what the
     first one handed out instead of more rollouts (which nobody would run)."""
-    if key is not None and (earlier := _claimed_before(conn, key, worker_id, limit)):
-        return earlier
+    if key is not None:
+        serialize_key(conn, key)
+        if earlier := _claimed_before(conn, key, worker_id, limit):
+            return earlier
     name = "queue_head" if agent is None else "agent_queue_head"
     head = prebuilt(conn, name, partial(_build_queue_head, agent=agent is not None))
     params: dict[str, Any] = {"limit": limit} if agent is None else {"limit": limit, "agent": agent}
@@ -323,6 +331,8 @@ def start_rollout(
     latest = _resolve_resources(conn, [spec])
     group = (spec.group_id, 0 if spec.group_id else None)
     rollout_id = spec.rollout_id or (None if key is None else ids.derived("ro-", key, 0))
+    if key is not None:
+        serialize_key(conn, key)
     if rollout_id:
         taken = conn.execute(select(R).where(R.c.rollout_id == rollout_id)).mappings().first()
         if taken is not None and spec.rollout_id is None:

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from fastapi import FastAPI
 
 from gateway.app import create_app
+from gateway.cli import main
 from gateway.mock import MockBackendProcess
 from gateway.settings import Settings
 from store import Store
@@ -196,3 +198,19 @@ def test_a_seed_without_backends_is_refused(tmp_path: Path) -> None:
     config.write_text("models:\n  policy: {backends: []}\n")
     with pytest.raises(ValueError, match="backends"):
         Settings(config_file=config)
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [
+        "models:\n  policy:\n    backends: [{base_url: 'http://b/v1', api_key: sk-live-SECRET123}]\n",  # no model
+        "models:\n  policy:\n    backend: [{base_url: 'http://b/v1', model: m, api_key: sk-live-SECRET123}]\n",
+    ],
+)
+def test_a_refused_config_names_the_fault_but_not_the_values(tmp_path: Path, seed: str) -> None:
+    config = tmp_path / "rollway.yaml"
+    config.write_text(seed)
+    result = CliRunner().invoke(main, ["serve", "--config", str(config)])
+    assert result.exit_code == 2
+    assert "invalid settings: models.policy.backend" in result.output
+    assert "sk-live-SECRET123" not in result.output

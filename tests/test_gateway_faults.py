@@ -382,13 +382,13 @@ async def test_upstream_400_is_passed_through_unchanged(tmp_path: Path, mock: Mo
         assert all(s.status.status_code == "ERROR" and s.attributes["rollway.retry_count"] == 0 for s in spans)
 
 
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("api", "stream"), [("chat", False), ("chat", True), ("responses", True)])
 async def test_a_completion_the_store_could_not_record_is_not_handed_over(
-    tmp_path: Path, mock: MockBackendProcess, stream: bool, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, mock: MockBackendProcess, api: str, stream: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """PRODUCT §2: a completion that reached the client is on disk. When the span cannot be written (here the
     database stays locked by another process past the store's wait), the client gets a 503 envelope, or its
-    stream ends with an error event instead of ``[DONE]``; the loss is counted."""
+    stream ends with an error event instead of ``[DONE]`` (or ``response.completed``); the loss is counted."""
     monkeypatch.setattr(store_writer, "LOCK_WAIT_SECONDS", 0.5)  # the wait for the lock: 30 s by default
     async with gateway(tmp_path, vllm(mock)) as gw:
         rollout_id, _ = await claim_one(gw.store)
@@ -400,12 +400,17 @@ async def test_a_completion_the_store_could_not_record_is_not_handed_over(
             if not stream:
                 await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=8, extra_body=slow)
                 return
-            chunks = await client.chat.completions.create(
-                model="policy", messages=MESSAGES, max_tokens=8, stream=True, extra_body=slow
-            )
-            async with chunks:
-                async for chunk in chunks:
-                    received.append(chunk)
+            if api == "responses":
+                events: Any = await client.responses.create(
+                    model="policy", input="Tell me a story.", max_output_tokens=8, stream=True, extra_body=slow
+                )
+            else:
+                events = await client.chat.completions.create(
+                    model="policy", messages=MESSAGES, max_tokens=8, stream=True, extra_body=slow
+                )
+            async with events:
+                async for event in events:
+                    received.append(event)
 
         task = asyncio.create_task(call())
         await stats(mock, wait_requests=1)  # admitted (its sequence id is committed) and at the backend
@@ -417,6 +422,7 @@ async def test_a_completion_the_store_could_not_record_is_not_handed_over(
         assert isinstance(info.value.body, dict) and info.value.body["code"] == "not_recorded"
         if stream:
             assert received and not isinstance(info.value, openai.APIStatusError)  # the error came as an event
+            assert not any(getattr(e, "type", "") == "response.completed" for e in received)
         else:
             assert isinstance(info.value, openai.APIStatusError) and info.value.status_code == 503
         async with httpx.AsyncClient() as http:

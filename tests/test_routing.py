@@ -98,6 +98,12 @@ def test_failures_eject_a_backend_for_a_cooldown_that_doubles_on_relapse() -> No
     fail("a")
     clock.now += BASE_COOLDOWN
     assert router.is_up("a")
+    # A call that started before an ejection and ends well does not end it.
+    router.started("a")
+    fail("a")
+    fail("a")
+    router.finished("a", ok=True, counts_as_failure=False)
+    assert not router.is_up("a")
     # Errors that are not the backend's fault (a 4xx, a client that left) do not count.
     for _ in range(5):
         router.started("b")

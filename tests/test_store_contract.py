@@ -121,6 +121,18 @@ async def test_a_claimed_rollout_is_handed_out_once(store: Store) -> None:
     assert await store.claim("w1") == []
 
 
+async def test_concurrent_claims_with_one_key_all_get_what_one_of_them_took(store: Store) -> None:
+    """Retries of one claim can overlap the first try (a read timeout, another replica): on PostgreSQL the
+    transactions race to insert the same derived attempt ids, and the loser reads the winner's claim."""
+    await store.enqueue([{"input": i} for i in range(8)])
+    results = await asyncio.gather(*(store.claim("w1", limit=2, idempotency_key="race") for _ in range(6)))
+    taken = {tuple(c.attempt.attempt_id for c in claims) for claims in results}
+    assert len(taken) == 1 and len(next(iter(taken))) == 2
+    started = await asyncio.gather(*(store.start_rollout({"input": "s"}, "w1", idempotency_key="go") for _ in range(4)))
+    assert len({s.rollout.rollout_id for s in started}) == 1
+    assert len(await store.claim("w2", limit=10)) == 6
+
+
 async def test_a_claim_sent_again_with_its_key_gets_what_the_first_took(store: Store) -> None:
     await store.enqueue([{"input": i} for i in range(5)])
     first = await store.claim("w1", limit=2, idempotency_key="c-1")
@@ -135,6 +147,10 @@ async def test_a_claim_sent_again_with_its_key_gets_what_the_first_took(store: S
         await store.claim("w2", limit=2, idempotency_key="c-1")
     # Nothing more was taken: the other three are still queued, for any claim with another key or none.
     assert [c.rollout.input for c in await store.claim("w1", limit=5, idempotency_key="c-2")] == [2, 3, 4]
+    # Once the claimed attempt is over, the key gets no claim back (nobody should run it again).
+    await store.update_attempt(first[1].rollout.rollout_id, status="failed")
+    with pytest.raises(ConflictError, match="is over"):
+        await store.claim("w1", limit=2, idempotency_key="c-1")
     assert await store.claim("w1", idempotency_key="c-3") == []
     # A key whose first claim found the queue empty takes what has arrived since.
     [late] = await store.enqueue([{"input": 5}])
@@ -217,6 +233,9 @@ async def test_a_repeated_idempotency_key_returns_what_the_first_call_queued(sto
     again = await store.enqueue(tasks, idempotency_key="k-1")
     assert [(r.rollout_id, r.start_time) for r in again] == [(r.rollout_id, r.start_time) for r in first]
     assert len(await all_rollouts(store)) == 5
+    # A client's own rollout_id keeps its rule under any key: a known one returns the stored rollout.
+    [mine] = await store.enqueue([{"rollout_id": "mine", "input": "changed"}], idempotency_key="k-other")
+    assert (mine.rollout_id, mine.input) == ("mine", "c")
     # Another key (or none) queues the same tasks anew, under other ids.
     other = await store.enqueue(tasks[:2], idempotency_key="k-2")
     plain = await store.enqueue(tasks[:2])
