@@ -120,19 +120,10 @@ class Transport:
         timeout = httpx.Timeout(self.timeout + wait) if wait else httpx.USE_CLIENT_DEFAULT
         return self.http.build_request(method, path, json=json, params=params, timeout=timeout, headers=headers)
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        params: Mapping[str, Any] | None = None,
-        wait: float = 0,
-        headers: Mapping[str, str] | None = None,
-    ) -> httpx.Response:
-        """One call (``wait``: seconds the server may hold it, added to the timeout). Its retries resend the
-        same request, headers included (an ``Idempotency-Key`` stays the same)."""
-        return await self.send(self.build(method, path, json=json, params=params, wait=wait, headers=headers))
+    async def request(self, method: str, path: str, **options: Any) -> httpx.Response:
+        """One call (``options`` as for ``build``; ``wait``: seconds the server may hold it, added to the
+        timeout). Its retries resend the same request, headers included (an ``Idempotency-Key`` stays)."""
+        return await self.send(self.build(method, path, **options))
 
     async def model(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
         """One call whose answer is ``model``."""

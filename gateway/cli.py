@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import click
 from pydantic import ValidationError
 
-from gateway.settings import Settings
+from gateway.settings import Settings, error_summary, settings_help
 
 if TYPE_CHECKING:
     from gateway.commands import Connection
@@ -20,23 +20,6 @@ if TYPE_CHECKING:
 DEFAULT_URL = "http://127.0.0.1:8080"
 BACKEND_KINDS = click.Choice(["openai", "vllm", "sglang", "litellm"])
 ROLLOUT_STATUSES = click.Choice(["queuing", "preparing", "running", "succeeded", "failed", "requeuing", "cancelled"])
-
-
-def _settings_help() -> str:
-    lines = ["\b", "Settings (environment variables; also keys of the --config YAML file):"]
-    for name, field in Settings.model_fields.items():
-        value = field.get_default(call_default_factory=True)
-        default = "unset" if value is None else repr(value)
-        lines.append(f"  ROLLWAY_{name.upper():<20} {field.description or ''} [default: {default}]")
-    return "\n".join(lines)
-
-
-def settings_errors(exc: ValidationError) -> str:
-    """What is wrong with the settings, without the values given (a backend's ``api_key`` may be among them)."""
-    return "; ".join(
-        f"{'.'.join(str(part) for part in error['loc']) or 'settings'}: {error['msg']}"
-        for error in exc.errors(include_url=False, include_input=False)
-    )
 
 
 def tune_gc() -> None:
@@ -50,7 +33,7 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 50)
 
 
-@click.group(epilog=_settings_help())
+@click.group(epilog=settings_help())
 @click.version_option(package_name="rollway", prog_name="rollway")
 @click.option(
     "--url",
@@ -64,7 +47,7 @@ def main(url: str, token: str | None) -> None:
     """Rollway: an OpenAI-compatible LLM gateway for agent RL, with an embedded rollout store."""
 
 
-@main.command(epilog=_settings_help())
+@main.command(epilog=settings_help())
 @click.option("--host", default=None, help="Address to listen on [default: 127.0.0.1].")
 @click.option("--port", type=int, default=None, help="Port to listen on [default: 8080].")
 @click.option("--db", "database_url", default=None, help="Database URL or SQLite file [default: ./rollway.db].")
@@ -80,7 +63,7 @@ def serve(host: str | None, port: int | None, database_url: str | None, config_f
         settings = Settings(**overrides)
         settings.check_exposure()
     except ValidationError as exc:
-        click.echo(f"rollway: invalid settings: {settings_errors(exc)}", err=True)
+        click.echo(f"rollway: invalid settings: {error_summary(exc)}", err=True)
         sys.exit(2)
     except ValueError as exc:
         click.echo(f"rollway: {exc}", err=True)

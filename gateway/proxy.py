@@ -140,7 +140,7 @@ class Gateway:
 
     async def finish(self, record: CallRecord) -> bool:
         """Write the call's span (durably, before the client is told the call ended); False if the store could
-        not. A completion whose span is not on disk is then not handed over as one (``NOT_RECORDED``)."""
+        not. A completion whose span is not on disk is then not handed over as one (``not_recorded``)."""
         record.end_time = record.end_time or time.time()
         written = True
         span = record.span()
@@ -352,11 +352,10 @@ class Gateway:
             await self.finish(record)
             await reply.body(encode_event(event), more=False)
             return
-        ended = acc.ended_by if isinstance(acc, ResponsesAccumulator) else None  # Responses streams: no [DONE]
-        if ended == "response.failed":
+        if isinstance(acc, ResponsesAccumulator) and acc.ended_by == "response.failed":
             record.error = orjson.dumps(acc.response().get("error") or "response.failed").decode()
             record.error_type = "response_failed"
-        elif done_event is None and record.error is None and ended is None:
+        elif done_event is None and record.error is None:
             record.error = "the backend stream ended without " + ("response.completed" if responses else "[DONE]")
             record.error_type = "stream_incomplete"
         record.response = acc.response() if acc.chunks else None

@@ -9,7 +9,7 @@ import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -129,6 +129,24 @@ class Settings(BaseSettings):
                 f"refusing to listen on {self.host} without an admin token: set ROLLWAY_ADMIN_TOKEN "
                 "(or listen on 127.0.0.1)"
             )
+
+
+def settings_help() -> str:
+    """Every setting with its environment variable, description and default (``rollway --help``)."""
+    lines = ["\b", "Settings (environment variables; also keys of the --config YAML file):"]
+    for name, field in Settings.model_fields.items():
+        value = field.get_default(call_default_factory=True)
+        default = "unset" if value is None else repr(value)
+        lines.append(f"  ROLLWAY_{name.upper():<20} {field.description or ''} [default: {default}]")
+    return "\n".join(lines)
+
+
+def error_summary(exc: ValidationError) -> str:
+    """What is wrong with the settings, without the values given (a backend's ``api_key`` may be among them)."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in error['loc']) or 'settings'}: {error['msg']}"
+        for error in exc.errors(include_url=False, include_input=False)
+    )
 
 
 def _config_path(*layers: dict[str, Any]) -> Path | None:

@@ -245,14 +245,19 @@ def _claimed_before(conn: Connection, key: str, worker_id: str | None, limit: in
     for a in attempts:  # a retry long after the claim: its attempt may be over, and must not be run again
         if a["status"] in ATTEMPT_TERMINAL or rollouts[a["rollout_id"]]["latest_attempt_id"] != a["attempt_id"]:
             raise ConflictError(f"the claim made with idempotency key '{key}' is over (attempt {a['attempt_id']})")
-    found = resources_ops.many(conn, {r["resources_id"] for r in rollouts.values() if r["resources_id"]})
+    return _as_they_are(conn, [(rollouts[a["rollout_id"]], a) for a in attempts])
+
+
+def _as_they_are(conn: Connection, pairs: list[tuple[RowMapping, RowMapping]]) -> list[AttemptedRollout]:
+    """Stored rollouts with one attempt each, as they are now (a keyed request sent again gets these)."""
+    found = resources_ops.many(conn, {r["resources_id"] for r, _ in pairs if r["resources_id"]})
     return [
         AttemptedRollout(
-            rollout=convert.rollout(rollouts[a["rollout_id"]]),
-            attempt=convert.attempt(a),
-            resources=found.get(rollouts[a["rollout_id"]]["resources_id"] or ""),
+            rollout=convert.rollout(rollout),
+            attempt=convert.attempt(attempt),
+            resources=found.get(rollout["resources_id"] or ""),
         )
-        for a in attempts
+        for rollout, attempt in pairs
     ]
 
 
@@ -353,12 +358,7 @@ def _started_before(
     attempt = first.mappings().one()
     if (rollout["input"], rollout["mode"], attempt["worker_id"]) != (spec.input, spec.mode, worker_id):
         raise ConflictError(f"idempotency key '{key}' was already used for a different request")
-    resources = resources_ops.many(conn, {rollout["resources_id"]} if rollout["resources_id"] else set())
-    return AttemptedRollout(
-        rollout=convert.rollout(rollout),
-        attempt=convert.attempt(attempt),
-        resources=resources.get(rollout["resources_id"] or ""),
-    )
+    return _as_they_are(conn, [(rollout, attempt)])[0]
 
 
 def start_attempt(conn: Connection, rollout_id: str, worker_id: str | None, now: float) -> AttemptedRollout:
