@@ -6,8 +6,11 @@
         [claim] = await client.claim("worker-1", wait_seconds=10)
 
 Connection errors and 5xx answers are retried with exponential backoff and jitter (``RetryPolicy``), a 4xx
-never; enqueues, claims and direct starts carry an ``Idempotency-Key``, so a retry after a lost answer
-neither queues tasks twice nor takes or starts rollouts nobody runs. Failures raise ``RollwayAPIError``
+never. A request that may have reached the server (its answer lost) is sent again only when that is harmless:
+reads, writes that set a state (cancel, heartbeat, attempt status, pause/resume), and the writes that carry an
+``Idempotency-Key`` — enqueues, claims, starts, new attempts, rewards and spans — so a retry neither queues
+tasks twice, takes or starts rollouts nobody runs, nor records a reward or span twice; the others (mint a
+key, add resources, swap) are sent again only when they never left. Failures raise ``RollwayAPIError``
 (status + the error envelope's message) or ``RollwayConnectionError``, both ``RollwayError``
 (``admin.client_types``).
 
@@ -178,13 +181,14 @@ class AsyncRollwayClient(ExportsMixin):
         return await self._t.model(Rollout, "GET", f"/rollouts/{path_segment(rollout_id)}")
 
     async def cancel(self, rollout_id: str) -> Rollout:
-        return await self._t.model(Rollout, "POST", f"/rollouts/{path_segment(rollout_id)}/cancel")
+        """Cancel a rollout (cancelling a cancelled one again changes nothing)."""
+        return await self._t.model(Rollout, "POST", f"/rollouts/{path_segment(rollout_id)}/cancel", repeatable=True)
 
     async def new_attempt(self, rollout_id: str, worker_id: str | None = None) -> Claim:
-        """Start a new attempt of the rollout (the previous one becomes stale)."""
-        return await self._t.model(
-            Claim, "POST", f"/rollouts/{path_segment(rollout_id)}/attempts", json={"worker_id": worker_id}
-        )
+        """Start a new attempt of the rollout (the previous one becomes stale). Sent with a fresh
+        ``Idempotency-Key``: a retry after a lost answer gets that attempt, not a second one."""
+        path, body = f"/rollouts/{path_segment(rollout_id)}/attempts", {"worker_id": worker_id}
+        return await self._t.model(Claim, "POST", path, json=body, headers=_fresh_key())
 
     async def update_attempt(
         self,
@@ -199,24 +203,37 @@ class AsyncRollwayClient(ExportsMixin):
         if not isinstance(metadata, Unset):
             body["metadata"] = None if metadata is None else dict(metadata)
         return await self._t.model(
-            Attempt, "PATCH", f"/rollouts/{path_segment(rollout_id)}/attempts/{path_segment(attempt_id)}", json=body
+            Attempt,
+            "PATCH",
+            f"/rollouts/{path_segment(rollout_id)}/attempts/{path_segment(attempt_id)}",
+            json=body,
+            repeatable=True,  # it sets a status and metadata: the same again changes nothing
         )
 
     async def heartbeat(self, rollout_id: str, attempt_id: str = "latest") -> Attempt:
         return await self._t.model(
-            Attempt, "POST", f"/rollouts/{path_segment(rollout_id)}/attempts/{path_segment(attempt_id)}/heartbeat"
+            Attempt,
+            "POST",
+            f"/rollouts/{path_segment(rollout_id)}/attempts/{path_segment(attempt_id)}/heartbeat",
+            repeatable=True,
         )
 
     async def add_reward(
         self, rollout_id: str, value: float | None, *, name: str = "primary", attempt_id: str = "latest"
     ) -> Span:
-        """Record a reward as a span on the attempt (``None`` stays null, never 0)."""
-        body = {"value": value, "name": name, "attempt_id": attempt_id}
-        return await self._t.model(Span, "POST", f"/rollouts/{path_segment(rollout_id)}/rewards", json=body)
+        """Record a reward as a span on the attempt (``None`` stays null, never 0). Sent with a fresh
+        ``Idempotency-Key``: a retry after a lost answer does not record it twice."""
+        body, path = (
+            {"value": value, "name": name, "attempt_id": attempt_id},
+            f"/rollouts/{path_segment(rollout_id)}/rewards",
+        )
+        return await self._t.model(Span, "POST", path, json=body, headers=_fresh_key())
 
     async def add_spans(self, rollout_id: str, spans: Sequence[Span | Mapping[str, Any]]) -> list[Span]:
+        """Add spans (missing sequence ids are assigned). Sent with a fresh ``Idempotency-Key``: returns every
+        span as stored, and a retry after a lost answer writes none of them twice."""
         body, path = {"spans": [dump_body(s) for s in spans]}, f"/rollouts/{path_segment(rollout_id)}/spans"
-        return (await self._t.model(SpansResponse, "POST", path, json=body)).spans
+        return (await self._t.model(SpansResponse, "POST", path, json=body, headers=_fresh_key())).spans
 
     async def get_spans(self, rollout_id: str, attempt_id: str = "latest") -> list[Span]:
         """Spans in sequence order; ``attempt_id`` is ``latest``, ``all`` or an attempt id."""
@@ -226,7 +243,9 @@ class AsyncRollwayClient(ExportsMixin):
     async def wait(self, rollout_ids: Sequence[str], timeout_seconds: float = 10.0) -> WaitResponse:
         """One server-side wait (``timeout_seconds`` ≤ 60) until the rollouts finish."""
         body = {"rollout_ids": list(rollout_ids), "timeout_seconds": timeout_seconds}
-        return await self._t.model(WaitResponse, "POST", "/rollouts/wait", json=body, wait=timeout_seconds)
+        return await self._t.model(
+            WaitResponse, "POST", "/rollouts/wait", json=body, wait=timeout_seconds, repeatable=True
+        )
 
     async def wait_for(self, rollout_ids: Sequence[str], timeout: float | None = None) -> WaitResponse:
         """Wait any number of rollouts for any time (``None``: until all finished), in bounded server waits."""
@@ -287,10 +306,10 @@ class AsyncRollwayClient(ExportsMixin):
         await self._t.request("DELETE", f"/models/{path_segment(alias)}")
 
     async def pause_model(self, alias: str) -> ModelView:
-        return await self._t.model(ModelView, "POST", f"/models/{path_segment(alias)}/pause")
+        return await self._t.model(ModelView, "POST", f"/models/{path_segment(alias)}/pause", repeatable=True)
 
     async def resume_model(self, alias: str) -> ModelView:
-        return await self._t.model(ModelView, "POST", f"/models/{path_segment(alias)}/resume")
+        return await self._t.model(ModelView, "POST", f"/models/{path_segment(alias)}/resume", repeatable=True)
 
     async def swap_model(
         self,

@@ -16,8 +16,13 @@ from pydantic import BaseModel
 from admin.client_types import RetryPolicy, RollwayAPIError, RollwayConnectionError
 from store import Backend
 
-#: Methods a read timeout may be retried for: the server may already have acted on any other.
+#: Methods whose request may be sent again after it may have reached the server (the server may already
+#: have acted on any other): reads, and writes that set a state rather than add to it.
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
+#: Errors that mean the request never reached the server: always safe to send again.
+NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+#: Request extension marking a write that is harmless twice (a heartbeat, a cancel, pausing an alias).
+REPEATABLE = "rollway.repeatable"
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -80,9 +85,14 @@ class Transport:
         await self.http.aclose()
 
     def _retryable(self, exc: httpx.TransportError, request: httpx.Request) -> bool:
-        if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):  # the server may have done it: only if harmless
-            return request.method in IDEMPOTENT or "idempotency-key" in request.headers
-        return isinstance(exc, httpx.NetworkError | httpx.TimeoutException | httpx.RemoteProtocolError)
+        if isinstance(exc, NOT_SENT):
+            return True
+        if not isinstance(exc, httpx.NetworkError | httpx.TimeoutException | httpx.RemoteProtocolError):
+            return False
+        # The request may have reached the server and been done there, its answer lost: send it again only if
+        # that is harmless (a read, a write with an Idempotency-Key, a write that sets a state).
+        harmless = request.method in IDEMPOTENT or request.extensions.get(REPEATABLE, False)
+        return harmless or "idempotency-key" in request.headers
 
     async def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
         """Send with retries. An answer below 400 is returned (its body unread when ``stream``); a 4xx is raised
@@ -116,9 +126,14 @@ class Transport:
         params: Mapping[str, Any] | None = None,
         wait: float = 0,
         headers: Mapping[str, str] | None = None,
+        repeatable: bool = False,
     ) -> httpx.Request:
+        """``repeatable``: the write is harmless twice, so it is sent again after an answer was lost."""
         timeout = httpx.Timeout(self.timeout + wait) if wait else httpx.USE_CLIENT_DEFAULT
-        return self.http.build_request(method, path, json=json, params=params, timeout=timeout, headers=headers)
+        request = self.http.build_request(method, path, json=json, params=params, timeout=timeout, headers=headers)
+        if repeatable:
+            request.extensions[REPEATABLE] = True
+        return request
 
     async def request(self, method: str, path: str, **options: Any) -> httpx.Response:
         """One call (``options`` as for ``build``; ``wait``: seconds the server may hold it, added to the

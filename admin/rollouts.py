@@ -28,7 +28,7 @@ from admin.schemas import (
     WaitRequest,
     WaitResponse,
 )
-from store import UNSET, Attempt, AttemptedRollout, Rollout, RolloutStatus, Span, TaskSpec
+from store import UNSET, Attempt, AttemptedRollout, Rollout, RolloutStatus, Span, TaskSpec, ids
 
 router = APIRouter(tags=["rollouts"])
 
@@ -133,9 +133,13 @@ async def cancel(rollout_id: str, context: Context) -> Rollout:
 
 
 @router.post("/rollouts/{rollout_id}/attempts", status_code=201, response_model=Claim)
-async def new_attempt(rollout_id: str, body: AttemptRequest, context: Context, request: Request) -> Claim:
-    """Start a new attempt (the previous one becomes stale)."""
-    return await to_claim(context, request, await context.store.start_attempt(rollout_id, body.worker_id))
+async def new_attempt(
+    rollout_id: str, body: AttemptRequest, context: Context, request: Request, idempotency_key: IdempotencyKey = None
+) -> Claim:
+    """Start a new attempt (the previous one becomes stale). With an `Idempotency-Key` header, the same request
+    again returns the attempt the first one started (new gateway key) instead of starting another."""
+    started = await context.store.start_attempt(rollout_id, body.worker_id, idempotency_key)
+    return await to_claim(context, request, started)
 
 
 @router.patch("/rollouts/{rollout_id}/attempts/{attempt_id}", response_model=Attempt)
@@ -151,35 +155,51 @@ async def heartbeat(rollout_id: str, attempt_id: str, context: Context) -> Attem
 
 
 @router.post("/rollouts/{rollout_id}/rewards", status_code=201, response_model=Span)
-async def reward(rollout_id: str, body: RewardRequest, context: Context) -> Span:
-    """Record a reward as a span on the attempt (the latest by default). `value: null` stays null."""
+async def reward(
+    rollout_id: str, body: RewardRequest, context: Context, idempotency_key: IdempotencyKey = None
+) -> Span:
+    """Record a reward as a span on the attempt (the latest by default). `value: null` stays null.
+
+    With an `Idempotency-Key` header, the same request again returns the reward the first one recorded
+    instead of recording a second (which would go to an earlier LLM call); the key with another reward is a
+    409."""
     now = time.time()
     span = Span(
         rollout_id=rollout_id,
         attempt_id=None if body.attempt_id == "latest" else body.attempt_id,
-        trace_id=secrets.token_hex(16),
-        span_id=secrets.token_hex(8),
+        trace_id=_new_id(idempotency_key, 0, "trace", 32),
+        span_id=_new_id(idempotency_key, 0, "span", 16),
         name=REWARD_SPAN,
         start_time=now,
         end_time=now,
         attributes={"rollway.reward.name": body.name, "rollway.reward.value": body.value},
     )
-    [written] = await context.store.add_spans([span])
+    [written] = await context.store.add_spans([span], idempotency_key)
     return written
 
 
 @router.post("/rollouts/{rollout_id}/spans", status_code=201, response_model=SpansResponse)
-async def add_spans(rollout_id: str, body: SpansRequest, context: Context) -> SpansResponse:
+async def add_spans(
+    rollout_id: str, body: SpansRequest, context: Context, idempotency_key: IdempotencyKey = None
+) -> SpansResponse:
     """Add spans to an attempt (`attempt_id` per span, default latest); missing sequence ids are assigned;
-    spans whose `span_id` is already stored are skipped."""
+    spans whose `span_id` is already stored are skipped.
+
+    With an `Idempotency-Key` header, missing span and trace ids derive from the key, and the answer holds
+    every span of the request as stored: the same request again writes nothing twice."""
     spans = []
-    for item in body.spans:
+    for i, item in enumerate(body.spans):
         data = item.model_dump()
         data["rollout_id"] = rollout_id
-        data["trace_id"] = item.trace_id or secrets.token_hex(16)
-        data["span_id"] = item.span_id or secrets.token_hex(8)
+        data["trace_id"] = item.trace_id or _new_id(idempotency_key, i, "trace", 32)
+        data["span_id"] = item.span_id or _new_id(idempotency_key, i, "span", 16)
         spans.append(Span.model_validate(data))
-    return SpansResponse(spans=await context.store.add_spans(spans))
+    return SpansResponse(spans=await context.store.add_spans(spans, idempotency_key))
+
+
+def _new_id(key: str | None, position: int, kind: str, digits: int) -> str:
+    """A new span or trace id (hex): random, or derived from the request's idempotency key."""
+    return secrets.token_hex(digits // 2) if key is None else ids.derived_hex(key, position, kind, digits=digits)
 
 
 @router.get("/rollouts/{rollout_id}/spans", response_model=SpanPage)

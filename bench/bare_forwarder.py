@@ -7,6 +7,7 @@ forwarding POST bodies to one upstream and the answers back — no parsing, no a
 from __future__ import annotations
 
 import argparse
+import socket
 from typing import Any
 
 import aiohttp
@@ -24,7 +25,7 @@ def make_app(upstream: str, announce: bool = False) -> Any:
                 if message["type"] == "lifespan.startup":
                     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
                     await send({"type": "lifespan.startup.complete"})
-                    if announce:
+                    if announce:  # the socket is listening already (bound before uvicorn started)
                         print("forwarding", flush=True)
                 elif message["type"] == "lifespan.shutdown":
                     assert session is not None
@@ -61,15 +62,18 @@ def main() -> None:
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--announce", action="store_true", help="print a line once listening")
     args = parser.parse_args()
-    uvicorn.run(
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", args.port))
+    sock.listen(1024)  # listening before "forwarding" is printed: a client may connect at once
+    config = uvicorn.Config(
         make_app(args.upstream.rstrip("/"), args.announce),
-        host="127.0.0.1",
-        port=args.port,
         loop="uvloop",
         http="httptools",
         log_level="warning",
         access_log=False,
     )
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 if __name__ == "__main__":

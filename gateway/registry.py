@@ -128,11 +128,18 @@ class ModelRegistry:
                 state.loaded_at = float("-inf")
 
     async def admit(self, alias: str, wait_seconds: float) -> Lease:
-        """Take a lease on ``alias``, waiting up to ``wait_seconds`` while it is paused."""
+        """Take a lease on ``alias``, waiting up to ``wait_seconds`` while it is paused. A resume in this process
+        wakes the waiters at once; one in another process sharing the database (a replica) is seen at the next
+        reload, so a waiter reloads the alias every TTL while it waits."""
         state = await self.state(alias)
         if state.paused:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(state.resumed.wait(), wait_seconds)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + wait_seconds
+            while state.paused and (left := deadline - loop.time()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(state.resumed.wait(), min(left, self._ttl))
+                if state.paused:
+                    state = await self.state(alias)
             if state.paused:
                 raise AliasPaused(alias, retry_after=max(1.0, wait_seconds))
         state.in_flight += 1

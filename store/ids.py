@@ -44,3 +44,10 @@ def derived(prefix: str, key: str, *parts: int) -> str:
     key and positions give the same id, so a retried request finds what the first one made."""
     seed = "\x00".join([prefix, key, *map(str, parts)]).encode()
     return prefix + hashlib.sha256(seed).hexdigest()[:12]
+
+
+def derived_hex(key: str, *parts: int | str, digits: int = 16) -> str:
+    """A span id (16 hex digits) or trace id (32) made from a client's idempotency key and positions in its
+    request, like ``derived``."""
+    seed = "\x00".join(["hex", key, *map(str, parts)]).encode()
+    return hashlib.sha256(seed).hexdigest()[:digits]

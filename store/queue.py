@@ -128,10 +128,12 @@ def _as_mapping(row: dict[str, Any]) -> RowMapping:
     return _Mapping(row)  # type: ignore[return-value]
 
 
-def _new_attempt(conn: Connection, rollout: RowMapping, worker_id: str | None, now: float) -> dict[str, Any]:
+def _new_attempt(
+    conn: Connection, rollout: RowMapping, worker_id: str | None, now: float, attempt_id: str | None = None
+) -> dict[str, Any]:
     attempt = {
         "rollout_id": rollout["rollout_id"],
-        "attempt_id": ids.attempt_id(),
+        "attempt_id": attempt_id or ids.attempt_id(),
         "sequence_id": rollout["attempt_count"] + 1,
         "status": AttemptStatus.PREPARING.value,
         "worker_id": worker_id,
@@ -361,8 +363,24 @@ def _started_before(
     return _as_they_are(conn, [(rollout, attempt)])[0]
 
 
-def start_attempt(conn: Connection, rollout_id: str, worker_id: str | None, now: float) -> AttemptedRollout:
-    """A new attempt for an existing rollout (a manual retry); the previous attempt becomes stale."""
+def start_attempt(
+    conn: Connection, rollout_id: str, worker_id: str | None, now: float, key: str | None = None
+) -> AttemptedRollout:
+    """A new attempt for an existing rollout (a manual retry); the previous attempt becomes stale. With an
+    idempotency ``key`` the attempt's id derives from it, and the same call again gets that attempt instead of
+    starting another (which would make the one the first call started stale)."""
+    attempt_id = None
+    if key is not None:
+        serialize_key(conn, key)
+        attempt_id = ids.derived("at-", key, -1)  # -1: not a claim's position
+        made = conn.execute(select(A).where(A.c.attempt_id == attempt_id)).mappings().first()
+        if made is not None:
+            if (made["rollout_id"], made["worker_id"]) != (rollout_id, worker_id):
+                raise ConflictError(f"idempotency key '{key}' was already used for a different request")
+            rollout = load_rollout(conn, rollout_id)
+            if made["status"] in ATTEMPT_TERMINAL or rollout["latest_attempt_id"] != attempt_id:
+                raise ConflictError(f"the attempt started with idempotency key '{key}' is over ({attempt_id})")
+            return _as_they_are(conn, [(rollout, made)])[0]
     rollout = load_rollout(conn, rollout_id)
-    attempt = _new_attempt(conn, rollout, worker_id, now)
+    attempt = _new_attempt(conn, rollout, worker_id, now, attempt_id)
     return (_attempted(conn, [(rollout, attempt)], now))[0]

@@ -14,9 +14,9 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Integer, RowMapping, bindparam, case, select
 
 from store import convert, models
-from store.dialect import prebuilt, sqlite_driver, upsert
+from store.dialect import prebuilt, serialize_key, sqlite_driver, upsert
 from store.engine import dumps
-from store.errors import StoreValidationError
+from store.errors import ConflictError, StoreValidationError
 from store.lifecycle import load_attempt, load_rollout, record_heartbeat, require_latest
 from store.schemas import Span
 
@@ -125,6 +125,30 @@ def add(conn: Connection, spans: list[Span], now: float) -> list[Span]:
     for (rollout_id, attempt_id), group in groups.items():
         written.extend(_add_group(conn, rollout_id, attempt_id, group, now))
     return written
+
+
+def add_keyed(conn: Connection, spans: list[Span], now: float, key: str) -> tuple[list[Span], int]:
+    """``add`` for a request sent with an idempotency key: every span of it as stored, and how many of them
+    were written now. Spans an earlier try
+    of the request wrote (on whichever attempt was the latest then) are returned as they are instead of being
+    written again; one that differs from its span here means the key was used for another request."""
+    serialize_key(conn, key)
+    wanted: dict[str, list[str]] = defaultdict(list)
+    for span in spans:
+        wanted[span.rollout_id or UNATTRIBUTED].append(span.span_id)
+    stored: dict[tuple[str, str], Span] = {}
+    for rollout_id, span_ids in wanted.items():
+        rows = conn.execute(select(S).where(S.c.rollout_id == rollout_id, S.c.span_id.in_(span_ids))).mappings()
+        stored.update({(rollout_id, row["span_id"]): convert.span(row) for row in rows})
+    keys = [(span.rollout_id or UNATTRIBUTED, span.span_id) for span in spans]
+    for span, place in zip(spans, keys, strict=True):
+        earlier = stored.get(place)
+        if earlier is not None and (earlier.name, earlier.attributes) != (span.name, span.attributes):
+            raise ConflictError(f"idempotency key '{key}' was already used for a different request")
+    fresh = [span for span, place in zip(spans, keys, strict=True) if place not in stored]
+    new = add(conn, fresh, now)
+    written = {(s.rollout_id or UNATTRIBUTED, s.span_id): s for s in new}
+    return [found for place in keys if (found := stored.get(place) or written.get(place)) is not None], len(new)
 
 
 # Span ids of a batch already stored for the attempt (an expanding parameter: no per-value coercion).

@@ -243,9 +243,11 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin):
         now = self.clock()
         return await self._write(lambda conn: queue.start_rollout(conn, spec, worker_id, now, idempotency_key))
 
-    async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:
-        now = self.clock()
-        return await self._write(lambda conn: queue.start_attempt(conn, rollout_id, worker_id, now))
+    async def start_attempt(
+        self, rollout_id: str, worker_id: str | None = None, idempotency_key: str | None = None
+    ) -> AttemptedRollout:
+        now, key = self.clock(), idempotency_key
+        return await self._write(lambda conn: queue.start_attempt(conn, rollout_id, worker_id, now, key))
 
     async def update_attempt(
         self,

@@ -36,8 +36,12 @@ class SpansMixin(StorePlumbing):
     async def next_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
         return (await self.allocate_sequence(rollout_id, attempt_id))[1]
 
-    async def add_spans(self, items: Sequence[Span | Mapping[str, Any]]) -> list[Span]:
-        """Write spans (each a heartbeat); returns the ones written, with their sequence ids."""
+    async def add_spans(
+        self, items: Sequence[Span | Mapping[str, Any]], idempotency_key: str | None = None
+    ) -> list[Span]:
+        """Write spans (each a heartbeat); returns the ones written, with their sequence ids. With an
+        ``idempotency_key``, every span of the request as stored: a retry of the request writes nothing twice
+        (``spans.add_keyed``)."""
         if any(isinstance(s, Span) for s in items):
             batch = [s.model_copy() if isinstance(s, Span) else Span.model_validate(s) for s in items]
         else:  # plain payloads: one validator call for the batch (~25 % less than one per span)
@@ -45,9 +49,14 @@ class SpansMixin(StorePlumbing):
         if not batch:
             return []
         now = self.clock()
-        written = await self._write(lambda conn: spans.add(conn, batch, now))
+        if idempotency_key is None:
+            written = await self._write(lambda conn: spans.add(conn, batch, now))
+            new = len(written)
+        else:
+            key = idempotency_key
+            written, new = await self._write(lambda conn: spans.add_keyed(conn, batch, now, key))
         if self.span_observer is not None:
-            self.span_observer(len(written))
+            self.span_observer(new)
         return written
 
     async def add_span(self, span: Span | Mapping[str, Any]) -> Span | None:

@@ -268,6 +268,60 @@ async def test_a_claim_whose_answer_was_lost_is_retried_without_taking_more(gw: 
     assert [c.rollout.rollout_id for c in rest] == [queued[2].rollout_id]
 
 
+async def test_rewards_spans_and_attempts_whose_answers_were_lost_are_not_recorded_twice(gw: RunningGateway) -> None:
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=NO_RETRY) as client:
+        claim = await client.start_rollout({"input": "q"}, worker_id="w")
+    rid = claim.rollout.rollout_id
+    transport = LosingAnswers(lose=2)
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=transport) as client:
+        spans = await client.add_spans(rid, [{"name": "tool", "attributes": {"i": 1}}, {"name": "tool"}])
+        assert len(transport.requests) == 3  # written on the first try; two answers lost
+        assert [s.sequence_id for s in spans] == [1, 2] and spans[0].attributes == {"i": 1}
+        transport.lose = 5
+        reward = await client.add_reward(rid, 0.75)
+        assert len(transport.requests) == 6  # two more answers lost
+        stored = await client.get_spans(rid)
+    assert [(s.name, s.sequence_id) for s in stored] == [("tool", 1), ("tool", 2), ("rollway.reward", 3)]
+    assert reward.span_id == stored[2].span_id and reward.attributes["rollway.reward.value"] == 0.75
+    transport = LosingAnswers(lose=1)
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=transport) as client:
+        second = await client.new_attempt(rid, worker_id="w")
+        assert len(transport.requests) == 2
+        view = await client.get_rollout(rid)
+    # One new attempt, the one the answer names (the first try's): a second would have made it stale.
+    assert view.attempt_count == 2 and second.attempt.sequence_id == 2
+    assert view.attempts is not None and view.attempts[-1].attempt_id == second.attempt.attempt_id
+    raw = httpx.AsyncClient(base_url=f"{gw.url}/admin/v1", headers={"Authorization": f"Bearer {TOKEN}"})
+    async with raw:
+        reused = {"Idempotency-Key": "reward-key"}
+        first = await raw.post(f"/rollouts/{rid}/rewards", json={"value": 1.0}, headers=reused)
+        again = await raw.post(f"/rollouts/{rid}/rewards", json={"value": 1.0}, headers=reused)
+        other = await raw.post(f"/rollouts/{rid}/rewards", json={"value": 0.0}, headers=reused)
+        plain = [await raw.post(f"/rollouts/{rid}/rewards", json={"value": 0.5}) for _ in range(2)]
+    assert first.status_code == again.status_code == 201 and first.json() == again.json()
+    assert other.status_code == 409 and other.json()["error"]["type"] == "conflict_error"
+    assert plain[0].json()["span_id"] != plain[1].json()["span_id"]  # no key: two requests, two rewards
+
+
+async def test_a_write_without_a_key_is_not_sent_again_once_it_may_have_arrived(gw: RunningGateway) -> None:
+    lost = LosingAnswers(lose=1)
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=lost) as client:
+        with pytest.raises(RollwayConnectionError, match="ReadError"):
+            await client.add_resources({"prompt": "p"})  # done on the server: sending it again would add another
+        assert len(lost.requests) == 1
+        assert len((await client.list_resources()).items) == 1
+    refused = Counting(fail=1, error=httpx.ConnectError)
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=refused) as client:
+        await client.add_resources({"prompt": "q"})  # never left: sent again
+    assert len(refused.requests) == 2
+    heartbeat = LosingAnswers(lose=1)
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=heartbeat) as client:
+        claim = await client.start_rollout({"input": "h"}, worker_id="w")  # lost once, the same rollout again
+        await client.heartbeat(claim.rollout.rollout_id)
+        await client.cancel(claim.rollout.rollout_id)
+    assert len(heartbeat.requests) == 4
+
+
 async def test_rollouts_are_listed_by_group_and_creation_time(client: AsyncRollwayClient) -> None:
     early = await client.enqueue([{"input": "a", "group_size": 2}])
     late = await client.enqueue([{"input": "b"}, {"input": "c"}])

@@ -910,6 +910,30 @@ async def test_start_rollout_sent_again_with_its_key_returns_the_rollout_it_star
     assert len(await all_rollouts(store)) == 2
 
 
+async def test_a_new_attempt_and_spans_sent_again_with_their_key_are_not_made_twice(store: Store) -> None:
+    rid = (await store.start_rollout({"input": "q"}, "w1")).rollout.rollout_id
+    second = await store.start_attempt(rid, "w1", idempotency_key="a-1")
+    again = await store.start_attempt(rid, "w1", idempotency_key="a-1")
+    assert again.attempt.attempt_id == second.attempt.attempt_id and again.rollout.attempt_count == 2
+    with pytest.raises(ConflictError, match="a-1"):
+        await store.start_attempt(rid, "w2", idempotency_key="a-1")
+    raced = await asyncio.gather(*(store.start_attempt(rid, "w1", idempotency_key="a-2") for _ in range(4)))
+    assert len({r.attempt.attempt_id for r in raced}) == 1 and raced[0].rollout.attempt_count == 3
+    with pytest.raises(ConflictError, match="is over"):  # a-2's attempt replaced a-1's: nobody runs that again
+        await store.start_attempt(rid, "w1", idempotency_key="a-1")
+
+    tool = span(rid, name="tool", attributes={"i": 1})
+    reward = span(rid, name="rollway.reward", attributes={"rollway.reward.value": 1.0})
+    first = await store.add_spans([tool, reward], idempotency_key="p-1")
+    await store.start_attempt(rid, "w1")  # a new attempt meanwhile: a retry still finds where they went
+    retried = await asyncio.gather(*(store.add_spans([tool, reward], idempotency_key="p-1") for _ in range(3)))
+    placed = [(s.span_id, s.attempt_id, s.sequence_id) for s in first]
+    assert placed[0][2] == 1 and all([(s.span_id, s.attempt_id, s.sequence_id) for s in r] == placed for r in retried)
+    with pytest.raises(ConflictError, match="p-1"):
+        await store.add_spans([{**reward, "attributes": {"rollway.reward.value": 0.0}}], idempotency_key="p-1")
+    assert [s.span_id for s in await store.query_spans(rid)] == [tool["span_id"], reward["span_id"]]
+
+
 async def test_start_rollout_takes_a_single_task(store: Store) -> None:
     with pytest.raises(StoreValidationError):
         await store.start_rollout({"input": 1, "group_size": 2})
