@@ -6,11 +6,12 @@
         [claim] = await client.claim("worker-1", wait_seconds=10)
 
 Connection errors and 5xx answers are retried with exponential backoff and jitter (``RetryPolicy``), a 4xx
-never. A request that may have reached the server (its answer lost) is sent again only when that is harmless:
-reads, writes that set a state (cancel, heartbeat, attempt status, pause/resume), and the writes that carry an
-``Idempotency-Key`` — enqueues, claims, starts, new attempts, rewards and spans — so a retry neither queues
-tasks twice, takes or starts rollouts nobody runs, nor records a reward or span twice; the others (mint a
-key, add resources, swap) are sent again only when they never left. Failures raise ``RollwayAPIError``
+never. A request that may have been done on the server (its answer lost, or a 5xx other than Rollway's 503,
+which means nothing was written) is sent again only when that is harmless: reads; writes that set a state
+(cancel, pause/resume; a heartbeat or attempt status that names its attempt, not ``latest``); and the writes
+that carry an ``Idempotency-Key`` — enqueues, claims, starts, new attempts, rewards and spans — so a retry
+neither queues tasks twice, takes or starts rollouts nobody runs, nor records a reward or span twice. The
+others (mint a key, add resources, swap) are sent again only when they never left. Failures raise ``RollwayAPIError``
 (status + the error envelope's message) or ``RollwayConnectionError``, both ``RollwayError``
 (``admin.client_types``).
 
@@ -207,7 +208,9 @@ class AsyncRollwayClient(ExportsMixin):
             "PATCH",
             f"/rollouts/{path_segment(rollout_id)}/attempts/{path_segment(attempt_id)}",
             json=body,
-            repeatable=True,  # it sets a status and metadata: the same again changes nothing
+            # It sets a status and metadata: the same again changes nothing — of that attempt. "latest" may be
+            # another worker's attempt by the time it is sent again.
+            repeatable=attempt_id != "latest",
         )
 
     async def heartbeat(self, rollout_id: str, attempt_id: str = "latest") -> Attempt:
@@ -215,7 +218,7 @@ class AsyncRollwayClient(ExportsMixin):
             Attempt,
             "POST",
             f"/rollouts/{path_segment(rollout_id)}/attempts/{path_segment(attempt_id)}/heartbeat",
-            repeatable=True,
+            repeatable=attempt_id != "latest",
         )
 
     async def add_reward(

@@ -84,15 +84,24 @@ class Transport:
     async def aclose(self) -> None:
         await self.http.aclose()
 
+    @staticmethod
+    def _harmless_twice(request: httpx.Request) -> bool:
+        """A read, a write with an Idempotency-Key, or a write that sets a state."""
+        harmless = request.method in IDEMPOTENT or request.extensions.get(REPEATABLE, False)
+        return bool(harmless) or "idempotency-key" in request.headers
+
     def _retryable(self, exc: httpx.TransportError, request: httpx.Request) -> bool:
         if isinstance(exc, NOT_SENT):
             return True
         if not isinstance(exc, httpx.NetworkError | httpx.TimeoutException | httpx.RemoteProtocolError):
             return False
-        # The request may have reached the server and been done there, its answer lost: send it again only if
-        # that is harmless (a read, a write with an Idempotency-Key, a write that sets a state).
-        harmless = request.method in IDEMPOTENT or request.extensions.get(REPEATABLE, False)
-        return harmless or "idempotency-key" in request.headers
+        # The request may have reached the server and been done there, its answer lost.
+        return self._harmless_twice(request)
+
+    def _retryable_status(self, status: int, request: httpx.Request) -> bool:
+        """Rollway's 503 means nothing was written; any other 5xx (a proxy's 502/504 in front of it, an
+        internal error after part of a swap) may come after the server acted."""
+        return status == 503 or (status >= 500 and self._harmless_twice(request))
 
     async def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
         """Send with retries. An answer below 400 is returned (its body unread when ``stream``); a 4xx is raised
@@ -111,7 +120,7 @@ class Transport:
                     return response
                 await response.aread()
                 await response.aclose()
-                if response.status_code < 500 or attempt >= self.retry.retries:
+                if attempt >= self.retry.retries or not self._retryable_status(response.status_code, request):
                     raise RollwayAPIError.of(response)
                 retry_after = _retry_after(response)
             await asyncio.sleep(self.retry.delay(attempt, retry_after))  # backoff, not synchronisation

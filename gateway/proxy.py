@@ -20,7 +20,7 @@ from gateway import capture
 from gateway.attribution import Attribution
 from gateway.capture import CallRecord, Injected
 from gateway.metrics import Metrics
-from gateway.registry import AliasPaused, Lease, ModelRegistry
+from gateway.registry import AliasPaused, Lease, ModelRegistry, UnknownAlias
 from gateway.routing import Router
 from gateway.settings import Settings
 from gateway.streaming import DONE, RESPONSE_ENDS, ResponsesAccumulator, SSEDecoder, StreamAccumulator, encode_event
@@ -130,13 +130,22 @@ class Gateway:
         except AliasPaused as exc:
             err = envelope(429, str(exc), "rate_limit_exceeded", "model_paused")
             err.headers.append((b"retry-after", str(int(exc.retry_after)).encode()))
-            err.headers.append((b"x-rollway-sequence-id", str(record.sequence_id).encode()))
-            record.status_code, record.error, record.error_type = 429, str(exc), "model_paused"
-            await self.finish(record)
-            err.counted = True
-            raise err from None
+            raise await self._refused(record, err, "model_paused") from None
+        except UnknownAlias as exc:  # deleted while the call waited for it to resume
+            raise await self._refused(record, envelope(404, str(exc), "not_found_error", "model_not_found")) from None
+        except StoreError as exc:  # the store failed while the call re-read the paused alias
+            raise await self._refused(record, envelope(503, exc.message, "service_unavailable")) from None
         record.model_version = lease.version
         return Prepared(record=record, lease=lease, path=path, in_flight=self.metrics.call_started(alias))
+
+    async def _refused(self, record: CallRecord, err: CallError, error_type: str | None = None) -> CallError:
+        """A call refused after its sequence id was taken: its span says why (no gap in the sequence)."""
+        err.headers.append((b"x-rollway-sequence-id", str(record.sequence_id).encode()))
+        record.status_code, record.error = err.status, err.body.decode(errors="replace")
+        record.error_type = error_type or f"http_{err.status}"
+        await self.finish(record)
+        err.counted = True
+        return err
 
     async def finish(self, record: CallRecord) -> bool:
         """Write the call's span (durably, before the client is told the call ended); False if the store could

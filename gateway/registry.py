@@ -42,6 +42,7 @@ class AliasState:
     config: ModelAlias
     loaded_at: float
     in_flight: int = 0
+    waiting: int = 0  # calls waiting for it to resume
     resumed: asyncio.Event = field(default_factory=asyncio.Event)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -135,11 +136,16 @@ class ModelRegistry:
         if state.paused:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait_seconds
-            while state.paused and (left := deadline - loop.time()) > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(state.resumed.wait(), min(left, self._ttl))
-                if state.paused:
-                    state = await self.state(alias)
+            held = state
+            held.waiting += 1
+            try:
+                while state.paused and (left := deadline - loop.time()) > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(state.resumed.wait(), min(left, max(self._ttl, 0.01)))
+                    if state.paused:
+                        state = await self.state(alias)
+            finally:
+                held.waiting -= 1
             if state.paused:
                 raise AliasPaused(alias, retry_after=max(1.0, wait_seconds))
         state.in_flight += 1
@@ -172,3 +178,8 @@ class ModelRegistry:
     def in_flight(self, alias: str) -> int:
         state = self._states.get(alias)
         return 0 if state is None else state.in_flight
+
+    def waiting(self, alias: str) -> int:
+        """Calls of this process waiting for ``alias`` to resume."""
+        state = self._states.get(alias)
+        return 0 if state is None else state.waiting

@@ -13,14 +13,15 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, Integer, RowMapping, bindparam, case, select
 
-from store import convert, models
+from store import convert, ids, models
 from store.dialect import prebuilt, serialize_key, sqlite_driver, upsert
-from store.engine import dumps
+from store.engine import dumps, loads
 from store.errors import ConflictError, StoreValidationError
 from store.lifecycle import load_attempt, load_rollout, record_heartbeat, require_latest
 from store.schemas import Span
 
 S = models.spans
+R = models.rollouts
 _SQLITE_INSERT = (
     f"INSERT INTO spans ({', '.join(convert.SPAN_COLUMNS)}) VALUES ({', '.join('?' for _ in convert.SPAN_COLUMNS)})"
 )
@@ -129,26 +130,71 @@ def add(conn: Connection, spans: list[Span], now: float) -> list[Span]:
 
 def add_keyed(conn: Connection, spans: list[Span], now: float, key: str) -> tuple[list[Span], int]:
     """``add`` for a request sent with an idempotency key: every span of it as stored, and how many of them
-    were written now. Spans an earlier try
-    of the request wrote (on whichever attempt was the latest then) are returned as they are instead of being
-    written again; one that differs from its span here means the key was used for another request."""
+    were written now.
+
+    A span whose id derives from the key (``ids.derived_hex(key, position, "span")``: the admin API gives one
+    to each span the request sent without an id) can only have been written by an earlier try of this request:
+    it is looked up across the rollout's attempts (a new attempt may have begun since), returned as stored, and
+    a stored one that differs from it (name, attributes, a named attempt) means the key was used for another
+    request. A span with the client's own id keeps that id's rule (one per attempt): already on its attempt,
+    it is returned as stored there."""
     serialize_key(conn, key)
-    wanted: dict[str, list[str]] = defaultdict(list)
-    for span in spans:
-        wanted[span.rollout_id or UNATTRIBUTED].append(span.span_id)
-    stored: dict[tuple[str, str], Span] = {}
-    for rollout_id, span_ids in wanted.items():
-        rows = conn.execute(select(S).where(S.c.rollout_id == rollout_id, S.c.span_id.in_(span_ids))).mappings()
-        stored.update({(rollout_id, row["span_id"]): convert.span(row) for row in rows})
-    keys = [(span.rollout_id or UNATTRIBUTED, span.span_id) for span in spans]
-    for span, place in zip(spans, keys, strict=True):
+    places = [(span.rollout_id or UNATTRIBUTED, span.span_id) for span in spans]
+    derived = {
+        place
+        for i, (span, place) in enumerate(zip(spans, places, strict=True))
+        if span.span_id == ids.derived_hex(key, i, "span")
+    }
+    stored = _stored(conn, derived)
+    checked: set[tuple[str, str]] = set()
+    for span, place in zip(spans, places, strict=True):
         earlier = stored.get(place)
-        if earlier is not None and (earlier.name, earlier.attributes) != (span.name, span.attributes):
+        if earlier is None or place in checked:
+            continue  # a span id twice in one request: the first is the one written
+        checked.add(place)
+        asked = (span.name, loads(dumps(span.attributes)), span.attempt_id or earlier.attempt_id)
+        if (earlier.name, earlier.attributes, earlier.attempt_id) != asked:
             raise ConflictError(f"idempotency key '{key}' was already used for a different request")
-    fresh = [span for span, place in zip(spans, keys, strict=True) if place not in stored]
+    fresh = [span for span, place in zip(spans, places, strict=True) if place not in stored]
     new = add(conn, fresh, now)
     written = {(s.rollout_id or UNATTRIBUTED, s.span_id): s for s in new}
-    return [found for place in keys if (found := stored.get(place) or written.get(place)) is not None], len(new)
+    skipped = [s for s in fresh if (s.rollout_id or UNATTRIBUTED, s.span_id) not in written]
+    stored.update(_on_their_attempts(conn, skipped))
+    return [found for place in places if (found := written.get(place) or stored.get(place)) is not None], len(new)
+
+
+def _stored(conn: Connection, places: set[tuple[str, str]]) -> dict[tuple[str, str], Span]:
+    """Spans stored under (rollout id, span id), on any attempt of the rollout."""
+    wanted: dict[str, list[str]] = defaultdict(list)
+    for rollout_id, span_id in places:
+        wanted[rollout_id].append(span_id)
+    found: dict[tuple[str, str], Span] = {}
+    for rollout_id, span_ids in wanted.items():
+        rows = conn.execute(select(S).where(S.c.rollout_id == rollout_id, S.c.span_id.in_(span_ids))).mappings()
+        found.update({(rollout_id, row["span_id"]): convert.span(row) for row in rows})
+    return found
+
+
+def _on_their_attempts(conn: Connection, spans: list[Span]) -> dict[tuple[str, str], Span]:
+    """The stored spans that ``add`` skipped for ``spans`` (same id on the attempt each went to: the one it
+    names, else its rollout's latest)."""
+    found: dict[tuple[str, str], Span] = {}
+    for span in spans:
+        rollout_id = span.rollout_id or UNATTRIBUTED
+        attempt_id = span.attempt_id
+        if attempt_id is None:
+            latest = conn.execute(select(R.c.latest_attempt_id).where(R.c.rollout_id == rollout_id)).scalar()
+            attempt_id = latest or UNATTRIBUTED
+        row = (
+            conn.execute(
+                select(S).where(S.c.rollout_id == rollout_id, S.c.attempt_id == attempt_id, S.c.span_id == span.span_id)
+            )
+            .mappings()
+            .first()
+        )
+        if row is not None:
+            found[(rollout_id, span.span_id)] = convert.span(row)
+    return found
 
 
 # Span ids of a batch already stored for the attempt (an expanding parameter: no per-value coercion).

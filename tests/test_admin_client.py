@@ -228,6 +228,24 @@ async def test_a_5xx_beyond_the_retry_budget_raises_the_last_answer() -> None:
     assert caught.value.status == 502 and caught.value.message == "flaky #3"
 
 
+async def test_a_keyless_write_is_sent_again_after_a_503_only() -> None:
+    """Rollway's 503 means nothing was written; a proxy's 502/504 may come after the server acted."""
+    resources = {"resources_id": "rs-1", "version": 1, "resources": {}, "create_time": 0.0, "update_time": 0.0}
+    for status, hits in ((503, 2), (502, 1), (504, 1), (500, 1)):
+        app = Flaky(failures=1, status=status, ok=resources)
+        async with AsyncRollwayClient("http://flaky", retry=FAST, transport=httpx.ASGITransport(app)) as client:
+            if hits == 2:
+                await client.add_resources({"prompt": "p"})
+            else:
+                with pytest.raises(RollwayAPIError):
+                    await client.add_resources({"prompt": "p"})
+        assert app.hits == hits, status
+    app = Flaky(failures=1, status=502, ok={"spans": []})
+    async with AsyncRollwayClient("http://flaky", retry=FAST, transport=httpx.ASGITransport(app)) as client:
+        await client.add_spans("ro-1", [{"name": "tool"}])  # carries a key: harmless twice
+    assert app.hits == 2
+
+
 async def test_connection_errors_are_retried_then_the_call_succeeds(gw: RunningGateway) -> None:
     transport = Counting(fail=2)
     async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=transport) as client:
@@ -314,12 +332,29 @@ async def test_a_write_without_a_key_is_not_sent_again_once_it_may_have_arrived(
     async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=refused) as client:
         await client.add_resources({"prompt": "q"})  # never left: sent again
     assert len(refused.requests) == 2
-    heartbeat = LosingAnswers(lose=1)
-    async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=heartbeat) as client:
-        claim = await client.start_rollout({"input": "h"}, worker_id="w")  # lost once, the same rollout again
-        await client.heartbeat(claim.rollout.rollout_id)
-        await client.cancel(claim.rollout.rollout_id)
-    assert len(heartbeat.requests) == 4
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=NO_RETRY) as client:
+        claim = await client.start_rollout({"input": "h"}, worker_id="w")
+        await client.put_model("policy", [{"backend_id": "a", "base_url": "http://127.0.0.1:9/v1", "model": "m"}])
+    rid, aid = claim.rollout.rollout_id, claim.attempt.attempt_id
+    # Writes that set a state are sent again (each of these loses its first answer) ...
+    repeatable = {
+        "heartbeat": lambda c: c.heartbeat(rid, aid),
+        "attempt status": lambda c: c.update_attempt(rid, aid, metadata={"step": 1}),
+        "pause": lambda c: c.pause_model("policy"),
+        "resume": lambda c: c.resume_model("policy"),
+        "cancel": lambda c: c.cancel(rid),
+    }
+    for name, write in repeatable.items():
+        transport = LosingAnswers(lose=1)
+        async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=transport) as client:
+            await write(client)
+        assert len(transport.requests) == 2, name
+    # ... but not when they name the "latest" attempt: by the retry it may be another worker's.
+    transport = LosingAnswers(lose=1)
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=transport) as client:
+        with pytest.raises(RollwayConnectionError):
+            await client.heartbeat(rid)
+    assert len(transport.requests) == 1
 
 
 async def test_rollouts_are_listed_by_group_and_creation_time(client: AsyncRollwayClient) -> None:

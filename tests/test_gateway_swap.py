@@ -134,6 +134,28 @@ async def test_paused_calls_wait_and_resume_releases_them(
     assert all(s.status.status_code == "OK" for s in spans)
 
 
+async def test_an_alias_deleted_while_a_call_waits_for_it_ends_the_call_with_a_404_and_its_span(
+    gw: RunningGateway, backends: tuple[MockBackendProcess, MockBackendProcess]
+) -> None:
+    rollout_id, attempt_id = await claim_one(gw.store)
+    client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
+    registry = gw.state.registry
+    await registry.pause(ALIAS)
+    waiting = asyncio.create_task(call(client, "waiting", False))
+    # Until the call has its sequence id and waits for the resume (it comes over HTTP: nothing to await).
+    while registry.waiting(ALIAS) == 0:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+    await gw.store.delete_model(ALIAS)  # as another replica would: this one sees it when it re-reads the alias
+    with pytest.raises(openai.NotFoundError) as info:
+        await asyncio.wait_for(waiting, 10)
+    assert isinstance(info.value.body, dict) and info.value.body["code"] == "model_not_found"
+    assert info.value.response.headers["x-rollway-sequence-id"] == "1"
+    [span] = await gw.store.query_spans(rollout_id)  # the sequence id it took is not a hole
+    assert (span.attempt_id, span.sequence_id, span.status.status_code) == (attempt_id, 1, "ERROR")
+    assert span.attributes["http.response.status_code"] == 404
+    assert backends[0].stats()["requests_total"] == 0
+
+
 async def test_paused_longer_than_the_bound_is_429_with_retry_after_and_a_span(
     tmp_path: Path, backends: tuple[MockBackendProcess, MockBackendProcess]
 ) -> None:

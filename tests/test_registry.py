@@ -1,5 +1,6 @@
 """The alias registry across replicas: two ``ModelRegistry`` objects over one database stand for two gateway
-processes sharing it (each caches the alias for its TTL)."""
+processes sharing it. Each caches the alias for its TTL; the replica's clock here only moves when the test
+moves it, so what it has cached stays until then."""
 
 from __future__ import annotations
 
@@ -12,36 +13,55 @@ from store import Store
 
 ALIAS = "policy"
 BACKEND = {"backend_id": "a", "base_url": "http://127.0.0.1:9/v1", "kind": "vllm", "model": "m"}
+TTL = 0.05
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 async def test_a_call_waiting_on_a_paused_alias_wakes_when_another_replica_resumes_it(store: Store) -> None:
     await store.put_model(ALIAS, [BACKEND], version="v1")
-    trainer, replica = ModelRegistry(store, ttl=0.05), ModelRegistry(store, ttl=0.05)
+    clock = Clock()
+    trainer, replica = ModelRegistry(store, ttl=TTL), ModelRegistry(store, ttl=TTL, clock=clock)
     await trainer.pause(ALIAS)
-    assert (await replica.state(ALIAS)).paused  # the replica has loaded it paused
+    assert (await replica.state(ALIAS)).paused  # loaded, and cached until the test moves the replica's clock
     waiting = asyncio.create_task(replica.admit(ALIAS, wait_seconds=30))
+    await asyncio.sleep(0)  # one turn of the loop: the call runs until it waits for the resume
+    assert replica.waiting(ALIAS) == 1
     await trainer.resume(ALIAS)
-    # Nothing in the replica's process resumed it: it sees the resume when it reloads the alias, not after the
-    # 30 s its caller may wait.
+    assert not waiting.done() and replica.waiting(ALIAS) == 1
+    clock.now += 2 * TTL  # the replica's cached copy is now old: the waiting call re-reads it
+    # Nothing in the replica's process resumed the alias: the call sees the resume when it re-reads it, not
+    # after the 30 s it may wait.
     lease = await asyncio.wait_for(waiting, 10)
-    assert lease.version == "v1" and replica.in_flight(ALIAS) == 1
+    assert lease.version == "v1" and replica.in_flight(ALIAS) == 1 and replica.waiting(ALIAS) == 0
     lease.release()
 
 
-async def test_a_swap_in_one_replica_reaches_the_others_calls_within_the_ttl(store: Store) -> None:
+async def test_a_waiting_call_gives_up_at_its_bound_while_the_alias_stays_paused(store: Store) -> None:
     await store.put_model(ALIAS, [BACKEND], version="v1")
-    trainer, replica = ModelRegistry(store, ttl=0.05), ModelRegistry(store, ttl=0.05)
+    registry = ModelRegistry(store, ttl=TTL)
+    await registry.pause(ALIAS)
+    with pytest.raises(AliasPaused) as info:
+        await registry.admit(ALIAS, wait_seconds=3 * TTL)  # re-reads it a few times, still paused
+    assert info.value.retry_after >= 1.0 and registry.waiting(ALIAS) == 0 and registry.in_flight(ALIAS) == 0
+
+
+async def test_a_swap_made_through_one_replica_reaches_the_others_new_calls_once_it_reloads(store: Store) -> None:
+    await store.put_model(ALIAS, [BACKEND], version="v1")
+    clock = Clock()
+    trainer, replica = ModelRegistry(store, ttl=TTL), ModelRegistry(store, ttl=TTL, clock=clock)
     held = await replica.admit(ALIAS, wait_seconds=0)
     swapped = await store.put_model(ALIAS, [{**BACKEND, "backend_id": "b"}], version="v2")
     await trainer.swap(ALIAS, swapped)
-    await trainer.pause(ALIAS)
-    with pytest.raises(AliasPaused):
-        await trainer.admit(ALIAS, wait_seconds=0)
-    replica.invalidate(ALIAS)  # what its TTL running out does
-    with pytest.raises(AliasPaused):
-        await replica.admit(ALIAS, wait_seconds=0)
-    await trainer.resume(ALIAS)
-    replica.invalidate(ALIAS)
+    cached = await replica.admit(ALIAS, wait_seconds=0)
+    clock.now += 2 * TTL
     later = await replica.admit(ALIAS, wait_seconds=0)
-    assert (held.version, later.version) == ("v1", "v2")  # the call in flight keeps its configuration
+    # The call in flight keeps its configuration; within the TTL the replica still serves v1.
+    assert (held.version, cached.version, later.version) == ("v1", "v1", "v2")
     assert [b.backend_id for b in later.config.backends] == ["b"]

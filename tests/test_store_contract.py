@@ -25,6 +25,7 @@ from store import (
     Store,
     StoreValidationError,
     TaskSpec,
+    ids,
 )
 from store.signals import Signal
 from tests.store_helpers import enqueue_one, span
@@ -922,16 +923,37 @@ async def test_a_new_attempt_and_spans_sent_again_with_their_key_are_not_made_tw
     with pytest.raises(ConflictError, match="is over"):  # a-2's attempt replaced a-1's: nobody runs that again
         await store.start_attempt(rid, "w1", idempotency_key="a-1")
 
-    tool = span(rid, name="tool", attributes={"i": 1})
+    # Span ids as the admin API derives them from the key for spans sent without one.
+    tool = {
+        **span(rid, name="tool", attributes={"i": 1, "x": float("nan")}),
+        "span_id": ids.derived_hex("p-1", 0, "span"),
+    }
     reward = span(rid, name="rollway.reward", attributes={"rollway.reward.value": 1.0})
+    reward["span_id"] = ids.derived_hex("p-1", 1, "span")
     first = await store.add_spans([tool, reward], idempotency_key="p-1")
     await store.start_attempt(rid, "w1")  # a new attempt meanwhile: a retry still finds where they went
     retried = await asyncio.gather(*(store.add_spans([tool, reward], idempotency_key="p-1") for _ in range(3)))
     placed = [(s.span_id, s.attempt_id, s.sequence_id) for s in first]
     assert placed[0][2] == 1 and all([(s.span_id, s.attempt_id, s.sequence_id) for s in r] == placed for r in retried)
-    with pytest.raises(ConflictError, match="p-1"):
-        await store.add_spans([{**reward, "attributes": {"rollway.reward.value": 0.0}}], idempotency_key="p-1")
+    for changed in (
+        {"attributes": {"rollway.reward.value": 0.0}},
+        {"name": "other"},
+        {"attempt_id": second.attempt.attempt_id},  # not the attempt the first try wrote it to
+    ):
+        with pytest.raises(ConflictError, match="p-1"):
+            await store.add_spans([tool, {**reward, **changed}], idempotency_key="p-1")
     assert [s.span_id for s in await store.query_spans(rid)] == [tool["span_id"], reward["span_id"]]
+
+    # A client's own span id keeps its rule under a key: one per attempt, returned as stored when it has it.
+    own = span(rid, name="tool", attributes={"i": 2})
+    twice = [own, {**own, "attributes": {"i": 3}}]  # one id twice in a request: the first is the one written
+    written = await store.add_spans(twice, idempotency_key="p-2")
+    again = await store.add_spans(twice, idempotency_key="p-2")
+    assert [s.sequence_id for s in again] == [s.sequence_id for s in written] == [written[0].sequence_id] * 2
+    assert again[0].attributes == {"i": 2}
+    newest = await store.start_attempt(rid, "w1")
+    [moved] = await store.add_spans([own], idempotency_key="p-3")  # another request, for the new attempt
+    assert (moved.attempt_id, moved.sequence_id) == (newest.attempt.attempt_id, 1)
 
 
 async def test_start_rollout_takes_a_single_task(store: Store) -> None:
