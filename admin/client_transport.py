@@ -118,6 +118,8 @@ class Transport:
             else:
                 if response.status_code < 400:
                     return response
+                if response.status_code == 404 and attempt > 0 and request.method == "DELETE":
+                    return response  # a retry finds it gone: the try whose answer was lost deleted it
                 await response.aread()
                 await response.aclose()
                 if attempt >= self.retry.retries or not self._retryable_status(response.status_code, request):

@@ -349,6 +349,14 @@ async def test_a_write_without_a_key_is_not_sent_again_once_it_may_have_arrived(
         async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=transport) as client:
             await write(client)
         assert len(transport.requests) == 2, name
+    # A delete whose answer was lost finds nothing on its retry: done, not an error.
+    transport = LosingAnswers(lose=1)
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=transport) as client:
+        await client.delete_model("policy")
+        assert len(transport.requests) == 2 and await client.list_models() == []
+        with pytest.raises(RollwayAPIError) as caught:
+            await client.delete_model("policy")  # a first try that finds nothing is still a 404
+        assert caught.value.status == 404
     # ... but not when they name the "latest" attempt: by the retry it may be another worker's.
     transport = LosingAnswers(lose=1)
     async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=transport) as client:
