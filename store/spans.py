@@ -139,7 +139,7 @@ def add_keyed(conn: Connection, spans: list[Span], now: float, key: str) -> tupl
     request. A span with the client's own id keeps that id's rule (one per attempt): already on its attempt,
     it is returned as stored there."""
     serialize_key(conn, key)
-    places = [(span.rollout_id or UNATTRIBUTED, span.span_id) for span in spans]
+    places = [_place(span) for span in spans]
     derived = {
         place
         for i, (span, place) in enumerate(zip(spans, places, strict=True))
@@ -157,8 +157,8 @@ def add_keyed(conn: Connection, spans: list[Span], now: float, key: str) -> tupl
             raise ConflictError(f"idempotency key '{key}' was already used for a different request")
     fresh = [span for span, place in zip(spans, places, strict=True) if place not in stored]
     new = add(conn, fresh, now)
-    written = {(s.rollout_id or UNATTRIBUTED, s.span_id): s for s in new}
-    skipped = [s for s in fresh if (s.rollout_id or UNATTRIBUTED, s.span_id) not in written]
+    written = {_place(s): s for s in new}
+    skipped = [s for s in fresh if _place(s) not in written]
     stored.update(_on_their_attempts(conn, skipped))
     return [found for place in places if (found := written.get(place) or stored.get(place)) is not None], len(new)
 
@@ -177,24 +177,33 @@ def _stored(conn: Connection, places: set[tuple[str, str]]) -> dict[tuple[str, s
 
 def _on_their_attempts(conn: Connection, spans: list[Span]) -> dict[tuple[str, str], Span]:
     """The stored spans that ``add`` skipped for ``spans`` (same id on the attempt each went to: the one it
-    names, else its rollout's latest)."""
-    found: dict[tuple[str, str], Span] = {}
+    names, else its rollout's latest): one query per (rollout, attempt)."""
+    latest: dict[str, str] = {}
+    wanted: dict[tuple[str, str], list[str]] = defaultdict(list)
     for span in spans:
         rollout_id = span.rollout_id or UNATTRIBUTED
         attempt_id = span.attempt_id
         if attempt_id is None:
-            latest = conn.execute(select(R.c.latest_attempt_id).where(R.c.rollout_id == rollout_id)).scalar()
-            attempt_id = latest or UNATTRIBUTED
-        row = (
-            conn.execute(
-                select(S).where(S.c.rollout_id == rollout_id, S.c.attempt_id == attempt_id, S.c.span_id == span.span_id)
-            )
-            .mappings()
-            .first()
+            if rollout_id not in latest:
+                found = conn.execute(select(R.c.latest_attempt_id).where(R.c.rollout_id == rollout_id)).scalar()
+                latest[rollout_id] = found or UNATTRIBUTED
+            attempt_id = latest[rollout_id]
+        wanted[(rollout_id, attempt_id)].append(span.span_id)
+    stored: dict[tuple[str, str], Span] = {}
+    for (rollout_id, attempt_id), span_ids in wanted.items():
+        where = (S.c.rollout_id == rollout_id, S.c.attempt_id == attempt_id, S.c.span_id.in_(span_ids))
+        stored.update(
+            {
+                (rollout_id, row["span_id"]): convert.span(row)
+                for row in conn.execute(select(S).where(*where)).mappings()
+            }
         )
-        if row is not None:
-            found[(rollout_id, span.span_id)] = convert.span(row)
-    return found
+    return stored
+
+
+def _place(span: Span) -> tuple[str, str]:
+    """Where a span is known by id: (its rollout, or the unattributed bucket; its span id)."""
+    return (span.rollout_id or UNATTRIBUTED, span.span_id)
 
 
 # Span ids of a batch already stored for the attempt (an expanding parameter: no per-value coercion).
