@@ -100,6 +100,7 @@ def create_app(settings: Settings) -> FastAPI:
         gateway = Gateway(settings, store, registry, router, metrics, exporter)
         await gateway.start()
         keys = KeyCache(store)
+        registry.listen(keys.forget)  # the catalog changed (a key revoked through another replica, maybe)
         dispatcher = Dispatcher(settings, store)
         await dispatcher.start()
         app.state.rollway = AppState(

@@ -50,7 +50,8 @@ def bearer(headers: dict[str, str]) -> str | None:
 
 class KeyCache:
     """Key lookups, cached briefly so a hot agent costs no store read per call. A revocation made through
-    this process takes effect at once; one made elsewhere within ``KEY_CACHE_TTL`` seconds."""
+    this process takes effect at once; one made through another replica once a call's arrival here reads the
+    new catalog revision (the registry then calls ``forget``), at the latest after ``KEY_CACHE_TTL`` seconds."""
 
     def __init__(self, store: Store) -> None:
         self._store = store

@@ -111,6 +111,7 @@ class Gateway:
         alias = body["model"]
         await self.registry.state(alias)  # unknown alias → UnknownAlias, before any sequence id is taken
         ticket = await self.store.begin_call(who.rollout_id, who.attempt_id)
+        self.registry.observe(ticket.catalog_revision)  # a change made through another replica: reload first
         record = CallRecord(
             operation=operation,
             alias=alias,

@@ -4,6 +4,12 @@ alias — paused, in-flight calls, and the pause/drain/swap/resume mechanics.
 A call *admits* itself to an alias and gets a ``Lease``: the alias configuration (backends, version) at that
 moment. A swap replaces the configuration atomically for later calls; calls holding a lease finish on the
 backends they started with, and every span records the version of its lease.
+
+Replicas (processes sharing the database): every change to an alias moves the store's catalog revision
+forward in the change's own transaction. Each call's arrival transaction reads it (``CallTicket``), and the
+gateway tells the registry (``observe``) before the call takes its lease: a registry that sees a revision it
+has not seen forgets its cached configuration, so a call that arrives after a swap, pause, resume or deletion
+made through another replica committed is served as that change says. The TTL stays as a backstop.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ from dataclasses import dataclass, field
 from store import ModelAlias, NotFoundError, Store
 
 DEFAULT_TTL = 2.0
+#: How often a call waiting on a paused alias asks the store whether the catalog changed (a resume made
+#: through another replica).
+PAUSE_POLL = 0.25
 
 
 class AliasPaused(Exception):
@@ -92,6 +101,23 @@ class ModelRegistry:
         self._clock = clock
         self._states: dict[str, AliasState] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._revision: int | None = None  # the catalog revision last seen
+        self._listeners: list[Callable[[], None]] = []
+
+    def listen(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` whenever ``observe`` sees the catalog change (the key cache forgets its keys)."""
+        self._listeners.append(callback)
+
+    def observe(self, revision: int) -> bool:
+        """The store's catalog revision, as a call's arrival read it: when it differs from the last one seen
+        (or none was), forget every cached configuration and tell the listeners. True when it changed."""
+        if revision == self._revision:
+            return False
+        self._revision = revision
+        self.invalidate()
+        for callback in self._listeners:
+            callback()
+        return True
 
     async def state(self, alias: str) -> AliasState:
         """The alias's state, reloaded from the store when older than the TTL (other processes may change it)."""
@@ -130,8 +156,9 @@ class ModelRegistry:
 
     async def admit(self, alias: str, wait_seconds: float) -> Lease:
         """Take a lease on ``alias``, waiting up to ``wait_seconds`` while it is paused. A resume in this process
-        wakes the waiters at once; one in another process sharing the database (a replica) is seen at the next
-        reload, so a waiter reloads the alias every TTL while it waits."""
+        wakes the waiters at once; one in another process sharing the database (a replica) is seen when the
+        waiter next asks the store for the catalog revision (every ``PAUSE_POLL`` seconds) or its copy of the
+        alias outlives the TTL."""
         state = await self.state(alias)
         if state.paused:
             loop = asyncio.get_running_loop()
@@ -141,8 +168,9 @@ class ModelRegistry:
             try:
                 while state.paused and (left := deadline - loop.time()) > 0:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(state.resumed.wait(), min(left, max(self._ttl, 0.01)))
+                        await asyncio.wait_for(state.resumed.wait(), min(left, max(self._ttl, 0.01), PAUSE_POLL))
                     if state.paused:
+                        self.observe(await self._store.catalog_revision())
                         state = await self.state(alias)
             finally:
                 held.waiting -= 1

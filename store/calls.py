@@ -1,5 +1,6 @@
 """The gateway's view of a rollout when an LLM call arrives: is the attempt live, what is its sequence id,
-and by when must the call end (the rollout's deadline)."""
+by when must the call end (the rollout's deadline), and which revision of the model aliases and keys the
+call arrived under (``catalog.revision``: a replica that cached an older one reloads before it routes)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, update
 
-from store import models, spans
+from store import catalog, models, spans
 from store.dialect import sqlite_driver
 from store.errors import ConflictError, NotFoundError
 from store.lifecycle import load_attempt, load_rollout, record_heartbeat
@@ -25,12 +26,14 @@ _TOUCH_RUNNING = (
 
 @dataclass(frozen=True)
 class CallTicket:
-    """A call's place in its rollout: ids, its sequence id (allocated on arrival) and its deadline."""
+    """A call's place in its rollout: ids, its sequence id (allocated on arrival), its deadline and the catalog
+    revision in force when it arrived."""
 
     rollout_id: str | None
     attempt_id: str | None
     sequence_id: int
     deadline: float | None = None
+    catalog_revision: int = 0
 
 
 @dataclass(frozen=True)
@@ -43,14 +46,15 @@ class _Target:
     attempt_id: str | None
     attempt_status: str | None
     attempt_start: float | None
+    catalog_revision: int
 
 
-# SQLite: one statement for the rollout and the attempt, straight through the driver (a call's hot path;
-# the single writer's transaction is the lock). The timeout is read out of the stored config (validated when
-# the rollout was enqueued) instead of parsing the whole config per call.
+# SQLite: one statement for the rollout, the attempt and the catalog revision, straight through the driver (a
+# call's hot path; the single writer's transaction is the lock). The timeout is read out of the stored config
+# (validated when the rollout was enqueued) instead of parsing the whole config per call.
 _TARGET_SQLITE = (
     "SELECT r.status, r.latest_attempt_id, json_extract(r.config, '$.timeout_seconds'), a.attempt_id, a.status, "
-    "a.start_time FROM rollouts r "
+    f"a.start_time, (SELECT value FROM counters WHERE name = '{catalog.REVISION}') FROM rollouts r "
     "LEFT JOIN attempts a ON a.rollout_id = r.rollout_id AND a.attempt_id = COALESCE(?, r.latest_attempt_id) "
     "WHERE r.rollout_id = ?"
 )
@@ -76,11 +80,12 @@ def _load_target(conn: Connection, rollout_id: str, attempt_id: str | None) -> _
             attempt["attempt_id"],
             attempt["status"],
             attempt["start_time"],
+            catalog.revision(conn),
         )
     row = raw.execute(_TARGET_SQLITE, (attempt_id, rollout_id)).fetchone()
     if row is None:
         raise NotFoundError(f"rollout '{rollout_id}' not found")
-    return _Target(row[0], row[1], row[2], row[3], row[4], row[5])
+    return _Target(row[0], row[1], row[2], row[3], row[4], row[5], int(row[6] or 0))
 
 
 def begin(conn: Connection, rollout_id: str | None, attempt_id: str | None) -> CallTicket:
@@ -91,7 +96,7 @@ def begin(conn: Connection, rollout_id: str | None, attempt_id: str | None) -> C
     """
     if not rollout_id:
         _, first = spans.allocate(conn, None, None)
-        return CallTicket(None, None, first)
+        return CallTicket(None, None, first, catalog_revision=catalog.revision(conn))
     target = _load_target(conn, rollout_id, attempt_id)
     if target.attempt_id is None:
         if attempt_id is None and target.latest_attempt_id is None:
@@ -116,7 +121,7 @@ def begin(conn: Connection, rollout_id: str | None, attempt_id: str | None) -> C
         first = raw.execute(_NEXT_SEQUENCE_SQLITE, (rollout_id, target.attempt_id)).fetchone()[0]
     timeout = target.timeout_seconds
     deadline = None if timeout is None or target.attempt_start is None else target.attempt_start + timeout
-    return CallTicket(rollout_id, target.attempt_id, first, deadline)
+    return CallTicket(rollout_id, target.attempt_id, first, deadline, target.catalog_revision)
 
 
 def record(conn: Connection, span: Span, now: float) -> None:

@@ -14,10 +14,16 @@ from typing import Any
 from sqlalchemy import Connection, delete, select, update
 
 from store import ids, models
+from store.dialect import upsert
 from store.errors import NotFoundError, StoreValidationError
 from store.schemas import ApiKey, Backend, KeyScope, ModelAlias
 
 M = models.model_aliases
+C = models.counters
+#: The counter every change to model aliases or API keys moves forward, in the change's own transaction: a
+#: gateway reads it in each call's arrival transaction, so a replica sees a swap, pause or revocation made
+#: through another one on its next call rather than when its cache expires.
+REVISION = "catalog"
 #: An alias's control routes (``POST /admin/v1/models/{alias}/pause`` ...). Aliases may contain '/'
 #: ("Qwen/Qwen2.5-7B"), so one whose last segment is one of these could not be told apart from its action.
 ACTIONS = frozenset({"pause", "resume", "swap"})
@@ -58,6 +64,17 @@ def get_model(conn: Connection, alias: str) -> ModelAlias:
     return _alias(row)
 
 
+def revision(conn: Connection) -> int:
+    """The catalog's revision (0 before its first change)."""
+    value = conn.execute(select(C.c.value).where(C.c.name == REVISION)).scalar()
+    return int(value or 0)
+
+
+def _changed(conn: Connection) -> None:
+    stmt = upsert(conn, C).values(name=REVISION, value=1)
+    conn.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={"value": C.c.value + 1}))
+
+
 def list_models(conn: Connection) -> list[ModelAlias]:
     return [_alias(r) for r in (conn.execute(select(M).order_by(M.c.alias))).mappings()]
 
@@ -94,6 +111,7 @@ def put_model(
         conn.execute(M.insert().values(alias=alias, paused=False, created_time=now, **values))
     else:
         conn.execute(update(M).where(M.c.alias == alias).values(**values))
+    _changed(conn)
     return get_model(conn, alias)
 
 
@@ -105,12 +123,14 @@ def set_paused(conn: Connection, alias: str, paused: bool, now: float) -> ModelA
     result = conn.execute(update(M).where(M.c.alias == alias).values(paused=paused, updated_time=now))
     if result.rowcount == 0:
         raise NotFoundError(f"model '{alias}' not found")
+    _changed(conn)
     return get_model(conn, alias)
 
 
 def delete_model(conn: Connection, alias: str) -> None:
     if (conn.execute(delete(M).where(M.c.alias == alias))).rowcount == 0:
         raise NotFoundError(f"model '{alias}' not found")
+    _changed(conn)
 
 
 def digest(key: str) -> str:
@@ -166,5 +186,6 @@ def revoke_key(conn: Connection, key_id: str, now: float) -> ApiKey:
     row = (conn.execute(select(K).where(K.c.key_id == key_id))).mappings().first()
     if row is None:
         raise NotFoundError(f"key '{key_id}' not found")
-    del result
+    if result.rowcount:
+        _changed(conn)
     return _key(row)

@@ -54,6 +54,10 @@ class CatalogMixin(StorePlumbing):
     async def delete_model(self, alias: str) -> None:
         await self._write(lambda conn: catalog.delete_model(conn, alias))
 
+    async def catalog_revision(self) -> int:
+        """Moves forward with every change to model aliases or API keys (see ``catalog.REVISION``)."""
+        return await self._read(catalog.revision)
+
     async def set_model_paused(self, alias: str, paused: bool) -> ModelAlias:
         now = self.clock()
         return await self._write(lambda conn: catalog.set_paused(conn, alias, paused, now))

@@ -230,3 +230,70 @@ async def test_weight_update_cycle_pause_drain_swap_resume(
     served = {tag_of(s): (s.attributes["rollway.backend_id"], s.attributes["rollway.model_version"]) for s in spans}
     assert served == {f"old {i}": ("a", "v1") for i in range(4)} | {f"new {i}": ("b", "v2") for i in range(4)}
     assert a.stats()["requests_total"] == 4 and b.stats()["requests_total"] == 4
+
+
+# -- replicas: two gateways on one database file ------------------------------------------------------------
+
+
+@pytest.fixture
+async def replica(tmp_path: Path, gw: RunningGateway) -> AsyncIterator[RunningGateway]:
+    """A second gateway process's worth (its own store connections, registry and caches) on ``gw``'s file."""
+    async with running_gateway(tmp_path, pause_wait_seconds=10) as other:
+        assert other.state.settings.database_url == gw.state.settings.database_url
+        yield other
+
+
+async def test_a_swap_through_one_replica_applies_to_the_next_call_through_another(
+    gw: RunningGateway, replica: RunningGateway, backends: tuple[MockBackendProcess, MockBackendProcess]
+) -> None:
+    a, b = backends
+    rollout_id, _ = await claim_one(gw.store)
+    client = replica.client(f"{replica.url}/rollout/{rollout_id}/v1")
+    assert await call(client, "first", stream=False)  # the replica now holds v1 in its cache (TTL 2 s)
+    await swap_to(gw, b, "b", "v2")  # through the other replica: its store, its registry
+    assert await call(client, "second", stream=True)  # at once: no wait for the replica's cache to expire
+    spans = await replica.store.query_spans(rollout_id)
+    served = {tag_of(s): (s.attributes["rollway.backend_id"], s.attributes["rollway.model_version"]) for s in spans}
+    assert served == {"first": ("a", "v1"), "second": ("b", "v2")}
+    assert [r["body"]["messages"][0]["content"] for r in a.requests(limit=10)] == ["first"]
+    assert [r["body"]["messages"][0]["content"] for r in b.requests(limit=10)] == ["second"]
+
+
+async def test_a_pause_and_resume_through_one_replica_hold_and_release_calls_through_another(
+    gw: RunningGateway, replica: RunningGateway, backends: tuple[MockBackendProcess, MockBackendProcess]
+) -> None:
+    a, _ = backends
+    rollout_id, _ = await claim_one(gw.store)
+    client = replica.client(f"{replica.url}/rollout/{rollout_id}/v1")
+    assert await call(client, "before", stream=False)  # cached as running by the replica
+    await gw.state.registry.pause(ALIAS)
+    waiting = asyncio.create_task(call(client, "held", stream=False))
+    while replica.state.registry.waiting(ALIAS) == 0:  # the call arrives over HTTP: no event to await
+        assert not waiting.done()
+        await asyncio.sleep(0.01)
+    assert a.stats()["requests_total"] == 1
+    resumed = time.monotonic()
+    await gw.state.registry.resume(ALIAS)
+    assert await asyncio.wait_for(waiting, 10)
+    # The waiting call asks the store for the catalog revision every 0.25 s: released well within the 2 s the
+    # replica's cached copy of the alias would otherwise have lived.
+    assert time.monotonic() - resumed < 1.5
+    assert [s.sequence_id for s in await replica.store.query_spans(rollout_id)] == [1, 2]
+
+
+async def test_a_key_revoked_through_one_replica_is_refused_by_another_after_its_next_call(
+    tmp_path: Path, backends: tuple[MockBackendProcess, MockBackendProcess]
+) -> None:
+    async with (
+        running_gateway(tmp_path, gateway_auth="keys") as one,
+        running_gateway(tmp_path, gateway_auth="keys") as other,
+    ):
+        await register(one.store, ALIAS, entry(backends[0], "a"), version="v1")
+        revoked_key, revoked = await one.store.mint_key("gateway", name="revoked")
+        _, kept = await one.store.mint_key("gateway", name="kept")
+        bad, good = other.client(api_key=revoked), other.client(api_key=kept)
+        assert await call(bad, "cached", stream=False)  # the replica caches the key for 5 s
+        await one.store.revoke_key(revoked_key.key_id)
+        assert await call(good, "sees the change", stream=False)  # its arrival reads the new catalog revision
+        with pytest.raises(openai.AuthenticationError):
+            await call(bad, "refused", stream=False)

@@ -65,3 +65,23 @@ async def test_a_swap_made_through_one_replica_reaches_the_others_new_calls_once
     # The call in flight keeps its configuration; within the TTL the replica still serves v1.
     assert (held.version, cached.version, later.version) == ("v1", "v1", "v2")
     assert [b.backend_id for b in later.config.backends] == ["b"]
+
+
+async def test_a_new_catalog_revision_makes_a_replica_reload_before_its_next_call(store: Store) -> None:
+    await store.put_model(ALIAS, [BACKEND], version="v1")
+    clock = Clock()
+    trainer, replica = ModelRegistry(store, ttl=TTL), ModelRegistry(store, ttl=TTL, clock=clock)
+    told: list[str] = []
+    replica.listen(lambda: told.append("changed"))
+    first = await store.catalog_revision()
+    assert replica.observe(first)  # the first revision it sees
+    (await replica.admit(ALIAS, wait_seconds=0)).release()  # cached: v1, and the clock never moves
+    swapped = await store.put_model(ALIAS, [{**BACKEND, "backend_id": "b"}], version="v2")
+    await trainer.swap(ALIAS, swapped)
+    assert not replica.observe(first)  # the revision it saw: nothing new, the cache stays
+    assert (await replica.admit(ALIAS, wait_seconds=0)).version == "v1"
+    assert replica.observe(await store.catalog_revision())  # as a call's arrival would read it
+    later = await replica.admit(ALIAS, wait_seconds=0)
+    assert (later.version, [b.backend_id for b in later.config.backends]) == ("v2", ["b"])
+    assert told == ["changed", "changed"]
+    assert not replica.observe(await store.catalog_revision())  # seen already: the cache stays

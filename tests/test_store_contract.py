@@ -1092,6 +1092,39 @@ async def test_put_get_list_delete_model(store: Store, clock: FakeClock) -> None
     assert [m.alias for m in await store.list_models()] == ["judge"]
 
 
+async def test_the_catalog_revision_moves_with_every_alias_or_key_change_and_each_call_reads_it(store: Store) -> None:
+    """What replicas rely on: a call's arrival tells the revision of aliases and keys it arrived under."""
+    await store.enqueue([{"input": {}}])
+    [claimed] = await store.claim("w")
+    rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+
+    async def seen() -> tuple[int, int, int]:  # read directly, on an attributed and an unattributed arrival
+        attributed = await store.begin_call(rollout_id, attempt_id)
+        unattributed = await store.begin_call(None, None)
+        return await store.catalog_revision(), attributed.catalog_revision, unattributed.catalog_revision
+
+    revisions = [await seen()]
+    backend = {"base_url": "http://vllm:8000/v1", "model": "qwen"}
+    key, _ = await store.mint_key("gateway")
+    revisions.append(await seen())  # minting a key changes nothing a replica has cached
+    for change in (
+        store.put_model("policy", [backend]),
+        store.put_model("policy", [backend], version="v2"),  # a swap
+        store.set_model_paused("policy", True),
+        store.set_model_paused("policy", False),
+        store.revoke_key(key.key_id),
+        store.delete_model("policy"),
+    ):
+        await change
+        revisions.append(await seen())
+    with pytest.raises(NotFoundError):
+        await store.delete_model("policy")  # refused: nothing changed
+    await store.enqueue([{"input": {}}])  # not the catalog
+    revisions.append(await seen())
+    assert [r[0] for r in revisions] == [0, 0, 1, 2, 3, 4, 5, 6, 6]
+    assert all(direct == attributed == unattributed for direct, attributed, unattributed in revisions)
+
+
 @pytest.mark.parametrize(
     "backends",
     [
