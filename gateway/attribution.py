@@ -56,13 +56,17 @@ class KeyCache:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._entries: OrderedDict[str, tuple[float, ApiKey | None]] = OrderedDict()
+        self._generation = 0  # moves on every forget: a lookup that began before one is not cached
 
     async def find(self, plain: str) -> ApiKey | None:
         now = time.monotonic()
         hit = self._entries.get(plain)
         if hit is not None and now - hit[0] < KEY_CACHE_TTL:
             return hit[1]
+        generation = self._generation
         found = await self._store.find_key(plain)
+        if generation != self._generation:  # forgotten meanwhile: what it read may predate a revocation
+            return await self._store.find_key(plain)
         self._entries[plain] = (now, found)
         self._entries.move_to_end(plain)
         if len(self._entries) > KEY_CACHE_SIZE:
@@ -70,6 +74,7 @@ class KeyCache:
         return found
 
     def forget(self, key_id: str | None = None) -> None:
+        self._generation += 1
         if key_id is None:
             self._entries.clear()
             return

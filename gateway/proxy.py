@@ -136,6 +136,12 @@ class Gateway:
             raise await self._refused(record, envelope(404, str(exc), "not_found_error", "model_not_found")) from None
         except StoreError as exc:  # the store failed while the call re-read the paused alias
             raise await self._refused(record, envelope(503, exc.message, "service_unavailable")) from None
+        except Exception as exc:  # anything else on the way (a database error the store did not wrap)
+            log.exception(
+                "call %s/%s seq %s failed before it was sent", record.rollout_id, record.attempt_id, record.sequence_id
+            )
+            err = envelope(500, f"internal error: {type(exc).__name__}", "server_error")
+            raise await self._refused(record, err) from None
         record.model_version = lease.version
         return Prepared(record=record, lease=lease, path=path, in_flight=self.metrics.call_started(alias))
 

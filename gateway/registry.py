@@ -103,15 +103,20 @@ class ModelRegistry:
         self._locks: dict[str, asyncio.Lock] = {}
         self._revision: int | None = None  # the catalog revision last seen
         self._listeners: list[Callable[[], None]] = []
+        # Moves on every invalidation and local change: a reload that began before one is thrown away (what it
+        # read may be older than the change) and done again.
+        self._generation = 0
+        self._poll_lock = asyncio.Lock()
+        self._polled_at = float("-inf")
 
     def listen(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` whenever ``observe`` sees the catalog change (the key cache forgets its keys)."""
         self._listeners.append(callback)
 
     def observe(self, revision: int) -> bool:
-        """The store's catalog revision, as a call's arrival read it: when it differs from the last one seen
+        """The store's catalog revision, as a call's arrival read it: when it is newer than the last one seen
         (or none was), forget every cached configuration and tell the listeners. True when it changed."""
-        if revision == self._revision:
+        if self._revision is not None and revision <= self._revision:
             return False
         self._revision = revision
         self.invalidate()
@@ -129,15 +134,22 @@ class ModelRegistry:
             state = self._states.get(alias)
             if state is not None and self._clock() - state.loaded_at < self._ttl:
                 return state
-            try:
-                config = await self._store.get_model(alias)
-            except NotFoundError:
-                self._states.pop(alias, None)
-                known = [m.alias for m in await self._store.list_models()]
-                raise UnknownAlias(alias, known) from None
-            return self._install(alias, config)
+            while True:
+                generation = self._generation
+                try:
+                    config = await self._store.get_model(alias)
+                except NotFoundError:
+                    if generation != self._generation:
+                        continue
+                    self._states.pop(alias, None)
+                    known = [m.alias for m in await self._store.list_models()]
+                    raise UnknownAlias(alias, known) from None
+                if generation == self._generation:
+                    return self._install(alias, config)
 
-    def _install(self, alias: str, config: ModelAlias) -> AliasState:
+    def _install(self, alias: str, config: ModelAlias, *, local: bool = False) -> AliasState:
+        if local:  # a change made here: a reload that read before it must not land after it
+            self._generation += 1
         state = self._states.get(alias)
         if state is None:
             state = AliasState(config=config, loaded_at=self._clock())
@@ -150,6 +162,7 @@ class ModelRegistry:
 
     def invalidate(self, alias: str | None = None) -> None:
         """Forget cached configuration (all aliases when ``alias`` is None); live state is kept."""
+        self._generation += 1
         for name, state in self._states.items():
             if alias is None or name == alias:
                 state.loaded_at = float("-inf")
@@ -170,7 +183,7 @@ class ModelRegistry:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(state.resumed.wait(), min(left, max(self._ttl, 0.01), PAUSE_POLL))
                     if state.paused:
-                        self.observe(await self._store.catalog_revision())
+                        await self.refresh()
                         state = await self.state(alias)
             finally:
                 held.waiting -= 1
@@ -180,16 +193,27 @@ class ModelRegistry:
         state.idle.clear()
         return Lease(alias=alias, config=state.config, _state=state)
 
+    async def refresh(self) -> None:
+        """Ask the store for the catalog revision and ``observe`` it: one read per half ``PAUSE_POLL`` however
+        many waiting calls ask."""
+        loop = asyncio.get_running_loop()
+        async with self._poll_lock:
+            if loop.time() - self._polled_at < PAUSE_POLL / 2:
+                return
+            revision = await self._store.catalog_revision()
+            self._polled_at = loop.time()
+        self.observe(revision)
+
     # -- control: pause, resume, drain, swap (the admin API calls these) --------------------------------
 
     async def pause(self, alias: str) -> ModelAlias:
         config = await self._store.set_model_paused(alias, True)
-        self._install(alias, config)
+        self._install(alias, config, local=True)
         return config
 
     async def resume(self, alias: str) -> ModelAlias:
         config = await self._store.set_model_paused(alias, False)
-        self._install(alias, config)
+        self._install(alias, config, local=True)
         return config
 
     async def drain(self, alias: str, timeout: float) -> bool:
@@ -201,7 +225,7 @@ class ModelRegistry:
 
     async def swap(self, alias: str, config: ModelAlias) -> None:
         """Install a new configuration: later calls use it, calls in flight keep theirs."""
-        self._install(alias, config)
+        self._install(alias, config, local=True)
 
     def in_flight(self, alias: str) -> int:
         state = self._states.get(alias)

@@ -268,9 +268,10 @@ async def test_a_pause_and_resume_through_one_replica_hold_and_release_calls_thr
     assert await call(client, "before", stream=False)  # cached as running by the replica
     await gw.state.registry.pause(ALIAS)
     waiting = asyncio.create_task(call(client, "held", stream=False))
-    while replica.state.registry.waiting(ALIAS) == 0:  # the call arrives over HTTP: no event to await
-        assert not waiting.done()
-        await asyncio.sleep(0.01)
+    async with asyncio.timeout(10):
+        while replica.state.registry.waiting(ALIAS) == 0:  # the call arrives over HTTP: no event to await
+            assert not waiting.done()
+            await asyncio.sleep(0.01)
     assert a.stats()["requests_total"] == 1
     resumed = time.monotonic()
     await gw.state.registry.resume(ALIAS)

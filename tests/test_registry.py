@@ -5,6 +5,7 @@ moves it, so what it has cached stays until then."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -29,18 +30,48 @@ async def test_a_call_waiting_on_a_paused_alias_wakes_when_another_replica_resum
     clock = Clock()
     trainer, replica = ModelRegistry(store, ttl=TTL), ModelRegistry(store, ttl=TTL, clock=clock)
     await trainer.pause(ALIAS)
-    assert (await replica.state(ALIAS)).paused  # loaded, and cached until the test moves the replica's clock
+    assert (await replica.state(ALIAS)).paused  # loaded, and cached: the replica's clock never moves
     waiting = asyncio.create_task(replica.admit(ALIAS, wait_seconds=30))
     await asyncio.sleep(0)  # one turn of the loop: the call runs until it waits for the resume
     assert replica.waiting(ALIAS) == 1
     await trainer.resume(ALIAS)
-    assert not waiting.done() and replica.waiting(ALIAS) == 1
-    clock.now += 2 * TTL  # the replica's cached copy is now old: the waiting call re-reads it
-    # Nothing in the replica's process resumed the alias: the call sees the resume when it re-reads it, not
-    # after the 30 s it may wait.
+    # Nothing in the replica's process resumed the alias and its cached copy never expires here: the call sees
+    # the resume through the catalog revision it asks the store for while it waits, not after its 30 s.
     lease = await asyncio.wait_for(waiting, 10)
     assert lease.version == "v1" and replica.in_flight(ALIAS) == 1 and replica.waiting(ALIAS) == 0
     lease.release()
+
+
+class GatedStore:
+    """The store, except that ``get_model`` reads, then waits for ``gate`` before it answers: a reload caught
+    between its read and its install."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.gate = asyncio.Event()
+        self.reading = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def get_model(self, alias: str) -> Any:
+        config = await self.store.get_model(alias)
+        self.reading.set()
+        await self.gate.wait()
+        return config
+
+
+async def test_a_reload_that_read_before_a_change_is_done_again_not_installed(store: Store) -> None:
+    await store.put_model(ALIAS, [BACKEND], version="v1")
+    gated = GatedStore(store)
+    replica = ModelRegistry(gated, ttl=TTL, clock=Clock())  # type: ignore[arg-type]
+    reload = asyncio.create_task(replica.state(ALIAS))  # reads v1, then waits at the gate
+    await gated.reading.wait()
+    await store.put_model(ALIAS, [{**BACKEND, "backend_id": "b"}], version="v2")  # through another replica
+    assert replica.observe(await store.catalog_revision())  # a later call's arrival sees the swap
+    gated.gate.set()
+    assert (await asyncio.wait_for(reload, 10)).config.version == "v2"  # read again: v1 is never installed
+    assert (await replica.admit(ALIAS, wait_seconds=0)).version == "v2"
 
 
 async def test_a_waiting_call_gives_up_at_its_bound_while_the_alias_stays_paused(store: Store) -> None:
