@@ -298,3 +298,21 @@ async def test_a_key_revoked_through_one_replica_is_refused_by_another_after_its
         assert await call(good, "sees the change", stream=False)  # its arrival reads the new catalog revision
         with pytest.raises(openai.AuthenticationError):
             await call(bad, "refused", stream=False)
+
+
+async def test_an_unexpected_error_while_a_call_waits_for_its_alias_ends_it_with_a_500_and_its_span(
+    gw: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rollout_id, _ = await claim_one(gw.store)
+    client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
+
+    async def broken(alias: str, wait_seconds: float) -> Any:
+        raise RuntimeError("database error the store did not wrap")
+
+    monkeypatch.setattr(gw.state.registry, "admit", broken)
+    with pytest.raises(openai.InternalServerError) as info:
+        await call(client, "refused", stream=False)
+    assert info.value.response.headers["x-rollway-sequence-id"] == "1"
+    [span] = await gw.store.query_spans(rollout_id)  # its sequence id was taken: no hole
+    assert (span.sequence_id, span.status.status_code) == (1, "ERROR")
+    assert span.attributes["http.response.status_code"] == 500
