@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -159,29 +160,38 @@ async def measure(args: argparse.Namespace, urls: dict[str, str], pids: dict[str
     return {"latency": latency, "cpu": cpu, "firsts": firsts}
 
 
-async def run(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory() as tmp, MockBackendProcess() as mock:
-        db = f"sqlite:///{tmp}/bench.db"
-        prefix = await prepare_store(db, mock.base_url)
-        bare_port = free_port()
-        forwarder = [sys.executable, str(ROOT / "bench" / "bare_forwarder.py")]
-        bare = start([*forwarder, "--port", str(bare_port), "--upstream", mock.url, "--announce"], "forwarding")
+@contextlib.asynccontextmanager
+async def proxies(mock: MockBackendProcess, tmp: str) -> AsyncIterator[tuple[dict[str, str], dict[str, int]]]:
+    """The bare forwarder and ``rollway serve`` (on a SQLite file in ``tmp``, one claimed rollout, calls
+    attributed by path) in front of ``mock``: their chat-completions URLs and process ids, by name."""
+    db = f"sqlite:///{tmp}/bench.db"
+    prefix = await prepare_store(db, mock.base_url)
+    bare_port = free_port()
+    forwarder = [sys.executable, str(ROOT / "bench" / "bare_forwarder.py")]
+    bare = start([*forwarder, "--port", str(bare_port), "--upstream", mock.url, "--announce"], "forwarding")
+    try:
         # Access log off, as for the bare forwarder: both proxies are measured doing their own work only.
         rollway = GatewayProcess(db, env={"ROLLWAY_ACCESS_LOG": "false"}).start()
-        rollway_port = int(rollway.url.rsplit(":", 1)[1])
         try:
-            urls = {
-                "direct": f"{mock.url}/v1/chat/completions",
-                "direct+capture": f"{mock.url}/v1/chat/completions",
-                "bare": f"http://127.0.0.1:{bare_port}/v1/chat/completions",
-                "rollway": f"http://127.0.0.1:{rollway_port}{prefix}/v1/chat/completions",
-            }
             assert rollway.pid is not None
-            results = await measure(args, urls, {"bare": bare.pid, "rollway": rollway.pid})
+            urls = {
+                "bare": f"http://127.0.0.1:{bare_port}/v1/chat/completions",
+                "rollway": f"{rollway.url}{prefix}/v1/chat/completions",
+            }
+            yield urls, {"bare": bare.pid, "rollway": rollway.pid}
         finally:
             rollway.stop()
-            bare.terminate()
-            bare.wait(timeout=15)
+    finally:
+        bare.terminate()
+        bare.wait(timeout=15)
+
+
+async def run(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp, MockBackendProcess() as mock:
+        async with proxies(mock, tmp) as (proxy_urls, pids):
+            direct = f"{mock.url}/v1/chat/completions"
+            urls = {"direct": direct, "direct+capture": direct, **proxy_urls}
+            results = await measure(args, urls, pids)
     report(results, args)
 
 

@@ -27,10 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gateway_bench import CHAT, cpu_seconds, free_port, prepare_store, start  # noqa: E402
+from gateway_bench import CHAT, cpu_seconds, proxies  # noqa: E402
 
 from gateway.mock import MockBackendProcess  # noqa: E402
-from gateway.process import GatewayProcess  # noqa: E402
 
 
 async def load(session: aiohttp.ClientSession, url: str, body: dict[str, Any], calls: int, concurrency: int) -> None:
@@ -51,21 +50,10 @@ async def load(session: aiohttp.ClientSession, url: str, body: dict[str, Any], c
 async def run(args: argparse.Namespace) -> None:
     body = {**CHAT, "mock": {"latency_ms": args.latency_ms}} if args.latency_ms else CHAT
     with tempfile.TemporaryDirectory() as tmp, MockBackendProcess() as mock:
-        db = f"sqlite:///{tmp}/bench.db"
-        prefix = await prepare_store(db, mock.base_url)
-        port = free_port()
-        forwarder = [sys.executable, str(ROOT / "bench" / "bare_forwarder.py")]
-        bare = start([*forwarder, "--port", str(port), "--upstream", mock.url, "--announce"], "forwarding")
-        rollway = GatewayProcess(db, env={"ROLLWAY_ACCESS_LOG": "false"}).start()
-        assert rollway.pid is not None
-        urls = {
-            "bare": f"http://127.0.0.1:{port}/v1/chat/completions",
-            "rollway": f"{rollway.url}{prefix}/v1/chat/completions",
-        }
-        pids = {"bare": bare.pid, "rollway": rollway.pid}
-        print(f"{args.calls} non-streaming calls x {args.repeat}, mock latency {args.latency_ms} ms (medians)")
-        print(f"{'concurrency':>11}{'bare ms/call':>14}{'calls/s':>9}{'rollway ms/call':>17}{'calls/s':>9}{'ratio':>7}")
-        try:
+        async with proxies(mock, tmp) as (urls, pids):
+            print(f"{args.calls} non-streaming calls x {args.repeat}, mock latency {args.latency_ms} ms (medians)")
+            print(f"{'concurrency':>11}{'bare ms/call':>14}{'calls/s':>9}{'rollway ms/call':>17}{'calls/s':>9}", end="")
+            print(f"{'ratio':>7}")
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
                 for concurrency in args.concurrency:
                     cpu: dict[str, float] = {}
@@ -83,10 +71,6 @@ async def run(args: argparse.Namespace) -> None:
                         f"{concurrency:>11}{cpu['bare'] * 1000:>14.3f}{rate['bare']:>9.0f}"
                         f"{cpu['rollway'] * 1000:>17.3f}{rate['rollway']:>9.0f}{cpu['rollway'] / cpu['bare']:>7.2f}"
                     )
-        finally:
-            rollway.stop()
-            bare.terminate()
-            bare.wait(timeout=15)
 
 
 def main() -> None:

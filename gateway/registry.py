@@ -134,18 +134,18 @@ class ModelRegistry:
             state = self._states.get(alias)
             if state is not None and self._clock() - state.loaded_at < self._ttl:
                 return state
-            while True:
+            generation = -1
+            while generation != self._generation:  # read again if the cache was invalidated meanwhile
                 generation = self._generation
                 try:
-                    config = await self._store.get_model(alias)
+                    config: ModelAlias | None = await self._store.get_model(alias)
                 except NotFoundError:
-                    if generation != self._generation:
-                        continue
-                    self._states.pop(alias, None)
-                    known = [m.alias for m in await self._store.list_models()]
-                    raise UnknownAlias(alias, known) from None
-                if generation == self._generation:
-                    return self._install(alias, config)
+                    config = None
+            if config is None:
+                self._states.pop(alias, None)
+                known = [m.alias for m in await self._store.list_models()]
+                raise UnknownAlias(alias, known)
+            return self._install(alias, config)
 
     def _install(self, alias: str, config: ModelAlias, *, local: bool = False) -> AliasState:
         if local:  # a change made here: a reload that read before it must not land after it

@@ -14,8 +14,8 @@ from typing import Any
 from sqlalchemy import Connection, delete, select, update
 
 from store import ids, models
-from store.dialect import upsert
 from store.errors import NotFoundError, StoreValidationError
+from store.lifecycle import bump_counter
 from store.schemas import ApiKey, Backend, KeyScope, ModelAlias
 
 M = models.model_aliases
@@ -71,8 +71,7 @@ def revision(conn: Connection) -> int:
 
 
 def _changed(conn: Connection) -> None:
-    stmt = upsert(conn, C).values(name=REVISION, value=1)
-    conn.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={"value": C.c.value + 1}))
+    bump_counter(conn, REVISION)
 
 
 def list_models(conn: Connection) -> list[ModelAlias]:

@@ -69,13 +69,16 @@ def require_latest(rollout: RowMapping, attempt: RowMapping) -> None:
         )
 
 
+def bump_counter(conn: Connection, name: str) -> int:
+    """Move the named counter (``counters``) forward by one, creating it at 1; its new value."""
+    stmt = upsert(conn, models.counters).values(name=name, value=1)
+    stmt = stmt.on_conflict_do_update(index_elements=["name"], set_={"value": models.counters.c.value + 1})
+    return int((conn.execute(stmt.returning(models.counters.c.value))).scalar_one())
+
+
 def next_finish_seq(conn: Connection) -> int:
     """The next position in the order rollouts finish (for incremental exports)."""
-    stmt = upsert(conn, models.counters).values(name=FINISH_COUNTER, value=1)
-    stmt = stmt.on_conflict_do_update(index_elements=["name"], set_={"value": models.counters.c.value + 1}).returning(
-        models.counters.c.value
-    )
-    return int((conn.execute(stmt)).scalar_one())
+    return bump_counter(conn, FINISH_COUNTER)
 
 
 def set_rollout_status(
