@@ -314,6 +314,13 @@ class AsyncRollwayClient(ExportsMixin):
     async def resume_model(self, alias: str) -> ModelView:
         return await self._t.model(ModelView, "POST", f"/models/{path_segment(alias)}/resume", repeatable=True)
 
+    async def drain_model(self, alias: str, timeout_seconds: float = 30.0) -> ModelView:
+        """Wait until no call of ``alias`` is in flight in any gateway replica (``drained`` says whether that
+        happened within ``timeout_seconds``). Pause the alias first, or new calls keep coming."""
+        body = {"timeout_seconds": timeout_seconds}
+        path = f"/models/{path_segment(alias)}/drain"
+        return await self._t.model(ModelView, "POST", path, json=body, wait=timeout_seconds, repeatable=True)
+
     async def swap_model(
         self,
         alias: str,

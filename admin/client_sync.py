@@ -157,6 +157,7 @@ class RollwayClient:
     delete_model = _blocking(AsyncRollwayClient.delete_model)
     pause_model = _blocking(AsyncRollwayClient.pause_model)
     resume_model = _blocking(AsyncRollwayClient.resume_model)
+    drain_model = _blocking(AsyncRollwayClient.drain_model)
     swap_model = _blocking(AsyncRollwayClient.swap_model)
     # remote agent servers
     list_agents = _blocking(AsyncRollwayClient.list_agents)

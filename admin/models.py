@@ -10,44 +10,57 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Response
 
 from admin.context import AdminContext, Context
-from admin.schemas import ModelPage, ModelPut, ModelView, SwapRequest
+from admin.schemas import DrainRequest, ModelPage, ModelPut, ModelView, SwapRequest
 from store import ModelAlias
 from store.catalog import action_path
 
 router = APIRouter(tags=["models"])
 
 
-def view(context: AdminContext, model: ModelAlias) -> ModelView:
-    return ModelView.of(model, context.models.in_flight(model.alias))
+async def view(context: AdminContext, model: ModelAlias, drained: bool | None = None) -> ModelView:
+    counts = await context.models.in_flight_everywhere([model])
+    return ModelView.of(model, counts[model.alias], drained)
 
 
 @router.get("/models", response_model=ModelPage)
 async def list_models(context: Context) -> ModelPage:
-    return ModelPage(items=[view(context, m) for m in await context.store.list_models()])
+    models = await context.store.list_models()
+    counts = await context.models.in_flight_everywhere(models)
+    return ModelPage(items=[ModelView.of(m, counts[m.alias]) for m in models])
 
 
 @router.post("/models/{alias:path}/pause", response_model=ModelView)
 async def pause(alias: str, context: Context) -> ModelView:
     """New calls wait (up to the pause bound, then 429 + Retry-After); calls in flight go on."""
-    return view(context, await context.models.pause(alias))
+    return await view(context, await context.models.pause(alias))
 
 
 @router.post("/models/{alias:path}/resume", response_model=ModelView)
 async def resume(alias: str, context: Context) -> ModelView:
-    return view(context, await context.models.resume(alias))
+    return await view(context, await context.models.resume(alias))
 
 
 @router.post("/models/{alias:path}/swap", response_model=ModelView)
 async def swap(alias: str, body: SwapRequest, context: Context) -> ModelView:
     """Install new backends and/or a new version for new calls; with `drain_timeout_seconds`, also wait until
-    the calls still running on the old configuration have finished."""
+    the calls still running on an earlier configuration, in every gateway replica, have finished (`drained`
+    says whether they did in time; `state.in_flight_old` counts those left)."""
     current = await context.store.get_model(alias)
     backends = body.backends if body.backends is not None else current.backends
     model = await context.store.put_model(alias, backends, version=body.version, sampling=current.sampling)
     await context.models.swap(alias, model)
+    drained = None
     if body.drain_timeout_seconds is not None:
-        await context.models.drain(alias, body.drain_timeout_seconds)
-    return view(context, model)
+        drained = await context.models.drain(alias, body.drain_timeout_seconds, old_only=True)
+    return await view(context, model, drained)
+
+
+@router.post("/models/{alias:path}/drain", response_model=ModelView)
+async def drain(alias: str, body: DrainRequest, context: Context) -> ModelView:
+    """Wait until no call of the alias is in flight in any gateway replica, up to `timeout_seconds` (`drained`
+    says whether that happened). Pause first: otherwise new calls keep arriving."""
+    drained = await context.models.drain(alias, body.timeout_seconds)
+    return await view(context, await context.store.get_model(alias), drained)
 
 
 # After the routes with a suffix: an alias may contain '/' ("Qwen/Qwen2.5-7B"), so these match any rest of the
@@ -62,7 +75,7 @@ def _not_an_action(method: str, alias: str) -> None:
 @router.get("/models/{alias:path}", response_model=ModelView)
 async def get_model(alias: str, context: Context) -> ModelView:
     _not_an_action("GET", alias)
-    return view(context, await context.store.get_model(alias))
+    return await view(context, await context.store.get_model(alias))
 
 
 @router.put("/models/{alias:path}", response_model=ModelView)
@@ -71,7 +84,7 @@ async def put_model(alias: str, body: ModelPut, context: Context) -> ModelView:
     _not_an_action("PUT", alias)
     model = await context.store.put_model(alias, body.backends, version=body.version, sampling=body.sampling)
     await context.models.swap(alias, model)
-    return view(context, model)
+    return await view(context, model)
 
 
 @router.delete("/models/{alias:path}", status_code=204)

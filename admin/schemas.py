@@ -171,7 +171,8 @@ class BackendView(BaseModel):
 
 class ModelState(BaseModel):
     paused: bool
-    in_flight: int
+    in_flight: int  # calls of the alias in flight in every gateway replica
+    in_flight_old: int = 0  # of those, calls still on an earlier configuration (what a swap's drain waits for)
 
 
 class ModelView(BaseModel):
@@ -180,15 +181,17 @@ class ModelView(BaseModel):
     version: str
     sampling: dict[str, Any] | None
     state: ModelState
+    drained: bool | None = None  # drain, swap with a drain: whether the calls it waited for all ended in time
 
     @classmethod
-    def of(cls, model: ModelAlias, in_flight: int) -> ModelView:
+    def of(cls, model: ModelAlias, in_flight: tuple[int, int], drained: bool | None = None) -> ModelView:
         return cls(
             alias=model.alias,
             backends=[BackendView.of(b) for b in model.backends],
             version=model.version,
             sampling=model.sampling,
-            state=ModelState(paused=model.paused, in_flight=in_flight),
+            state=ModelState(paused=model.paused, in_flight=in_flight[0], in_flight_old=in_flight[1]),
+            drained=drained,
         )
 
 
@@ -206,6 +209,10 @@ class SwapRequest(Body):
     backends: list[Backend] | None = Field(default=None, min_length=1, max_length=256)
     version: str | None = Field(default=None, min_length=1, max_length=128)
     drain_timeout_seconds: float | None = Field(default=None, ge=0, le=600)
+
+
+class DrainRequest(Body):
+    timeout_seconds: float = Field(default=30.0, ge=0, le=600)
 
 
 class KeyRequest(Body):

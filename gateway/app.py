@@ -26,6 +26,7 @@ from gateway.dispatcher import Dispatcher
 from gateway.metrics import Metrics
 from gateway.proxy import Gateway
 from gateway.registry import ModelRegistry
+from gateway.replicas import ReplicaReporter, new_replica
 from gateway.routing import Router
 from gateway.settings import Settings
 from store import ConflictError, NotFoundError, Store
@@ -46,6 +47,7 @@ class AppState:
     keys: KeyCache
     metrics: Metrics
     dispatcher: Dispatcher
+    reporter: ReplicaReporter
 
 
 class _RollwayApp(FastAPI):
@@ -80,7 +82,8 @@ def create_app(settings: Settings) -> FastAPI:
             watchdog_interval=settings.watchdog_interval,
         )
         await seed_models(store, settings)
-        registry = ModelRegistry(store)
+        replica = new_replica()
+        registry = ModelRegistry(store, replica_id=replica.replica_id)
         router = Router()
         metrics = Metrics()
         metrics.attach(store, router)
@@ -101,8 +104,11 @@ def create_app(settings: Settings) -> FastAPI:
         await gateway.start()
         keys = KeyCache(store)
         registry.listen(keys.forget)  # the catalog changed (a key revoked through another replica, maybe)
+        registry.listen(metrics.catalog_changes.inc)
         dispatcher = Dispatcher(settings, store)
         await dispatcher.start()
+        reporter = ReplicaReporter(store, registry, replica)
+        await reporter.start()
         app.state.rollway = AppState(
             settings=settings,
             store=store,
@@ -112,6 +118,7 @@ def create_app(settings: Settings) -> FastAPI:
             keys=keys,
             metrics=metrics,
             dispatcher=dispatcher,
+            reporter=reporter,
         )
         app.state.admin = AdminContext(
             store=store, models=registry, keys=keys, admin_token=settings.admin_token, public_url=settings.public_url
@@ -119,6 +126,7 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             yield
         finally:
+            await reporter.close()
             await dispatcher.close()
             await gateway.close()
             if exporter is not None:

@@ -277,6 +277,17 @@ _model_action("resume", "resume", "Resume a paused ALIAS.")
 _model_action("delete", "delete", "Delete ALIAS.")
 
 
+@admin_command(models, "drain")
+@click.argument("alias")
+@click.option("--timeout", type=click.FloatRange(0, 600), default=30.0, show_default=True, help="Seconds to wait.")
+@JSON_OPTION
+def models_drain(connection: Connection, alias: str, timeout: float, as_json: bool) -> None:
+    """Wait until no call of ALIAS is in flight in any gateway replica (pause it first); exit 1 on timeout."""
+    from gateway.commands import drain_model
+
+    drain_model(connection, alias, timeout, as_json)
+
+
 @main.group()
 def triplets() -> None:
     """Export training data."""

@@ -249,6 +249,17 @@ def model_action(connection: Connection, action: str, alias: str | None, as_json
         show_models(models, as_json)
 
 
+def drain_model(connection: Connection, alias: str, timeout: float, as_json: bool) -> None:
+    """Wait for the alias's calls in flight (every replica); exit 1 if some are left when the time is up."""
+    model = run(connection, lambda c: c.drain_model(alias, timeout))
+    show_models([model], as_json)
+    if not model.drained:
+        err_console().print(
+            f"{model.state.in_flight} call(s) of {alias} still in flight after {timeout:g}s", highlight=False
+        )
+        raise SystemExit(1)
+
+
 def put_model(connection: Connection, alias: str, backend: dict[str, Any], version: str | None, as_json: bool) -> None:
     show_models([run(connection, lambda c: c.put_model(alias, [backend], version=version))], as_json)
 

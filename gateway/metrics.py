@@ -140,6 +140,12 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.catalog_changes = Counter(
+            "rollway_catalog_changes",
+            "New catalog revisions (model alias or key changes, here or through another replica) this process took"
+            " in, each dropping its cached aliases and keys; the first one it sees after starting included.",
+            registry=r,
+        )
         self.scrape_errors = Counter(
             "rollway_metrics_store_errors", "Scrapes that could not read the store in time.", registry=r
         )

@@ -110,7 +110,12 @@ class Gateway:
         bad input (unknown alias, unknown/stale rollout); from here on every call gets exactly one span."""
         alias = body["model"]
         await self.registry.state(alias)  # unknown alias → UnknownAlias, before any sequence id is taken
-        ticket = await self.store.begin_call(who.rollout_id, who.attempt_id)
+        arrival = self.registry.arrival(alias)  # in flight for a drain from before the catalog is read
+        try:
+            ticket = await self.store.begin_call(who.rollout_id, who.attempt_id)
+        except BaseException:
+            arrival.done()
+            raise
         self.registry.observe(ticket.catalog_revision)  # a change made through another replica: reload first
         record = CallRecord(
             operation=operation,
@@ -127,7 +132,7 @@ class Gateway:
         record.deadline = ticket.deadline
         record.osmosis = who.osmosis
         try:
-            lease = await self.registry.admit(alias, self.settings.pause_wait_seconds)
+            lease = await self.registry.admit(alias, self.settings.pause_wait_seconds, arrival)
         except AliasPaused as exc:
             err = envelope(429, str(exc), "rate_limit_exceeded", "model_paused")
             err.headers.append((b"retry-after", str(int(exc.retry_after)).encode()))

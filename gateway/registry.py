@@ -10,22 +10,42 @@ forward in the change's own transaction. Each call's arrival transaction reads i
 gateway tells the registry (``observe``) before the call takes its lease: a registry that sees a revision it
 has not seen forgets its cached configuration, so a call that arrives after a swap, pause, resume or deletion
 made through another replica committed is served as that change says. The TTL stays as a backstop.
+
+Drain counts the calls of every replica: each process reports its calls in flight per alias and per
+configuration (``gateway.replicas``), and ``drain`` waits until every live replica has reported since the
+drain began and none of them, this one included, still has a call of the alias (or, after a swap, of an
+earlier configuration of it). A call counts from before its arrival transaction (``arrival``) — a call that
+read the catalog before a change may still take a lease on the old configuration — until it ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from store import ModelAlias, NotFoundError, Store
+from store import ModelAlias, NotFoundError, Store, StoreError
+from store.replicas import ReplicaReport
 
 DEFAULT_TTL = 2.0
 #: How often a call waiting on a paused alias asks the store whether the catalog changed (a resume made
 #: through another replica).
 PAUSE_POLL = 0.25
+#: How often a drain reads the other replicas' reports.
+DRAIN_POLL = 0.1
+#: The configuration key of calls between their arrival and their lease (their configuration is not known yet).
+ARRIVING = "*"
+
+
+def config_key(config: ModelAlias) -> str:
+    """What a call is served by, as a short stable digest: the version and each backend's identity (not its
+    weight, concurrency or credentials). Equal on every replica for the same stored configuration."""
+    served = [config.version, [(b.backend_id, b.base_url, b.kind, b.model, b.version) for b in config.backends]]
+    return hashlib.sha256(json.dumps(served).encode()).hexdigest()[:16]
 
 
 class AliasPaused(Exception):
@@ -53,11 +73,17 @@ class AliasState:
     in_flight: int = 0
     waiting: int = 0  # calls waiting for it to resume
     resumed: asyncio.Event = field(default_factory=asyncio.Event)
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    released: asyncio.Event = field(default_factory=asyncio.Event)  # set whenever a lease ends
+    by_key: dict[str, int] = field(default_factory=dict)  # in flight per configuration key
+    key: str = ""
 
     def __post_init__(self) -> None:
-        self.idle.set()
+        self.key = config_key(self.config)
         self.set_paused(self.config.paused)
+
+    def old(self, current: str) -> int:
+        """Calls in flight on a configuration other than ``current``."""
+        return sum(n for key, n in self.by_key.items() if key != current)
 
     @property
     def paused(self) -> bool:
@@ -77,6 +103,7 @@ class Lease:
     alias: str
     config: ModelAlias
     _state: AliasState
+    _key: str = ""
     _released: bool = False
 
     @property
@@ -87,16 +114,49 @@ class Lease:
         if self._released:
             return
         self._released = True
-        self._state.in_flight -= 1
-        if self._state.in_flight == 0:
-            self._state.idle.set()
+        state = self._state
+        state.in_flight -= 1
+        if (left := state.by_key[self._key] - 1) > 0:
+            state.by_key[self._key] = left
+        else:
+            del state.by_key[self._key]
+        state.released.set()
+
+
+class Arrival:
+    """A call on its way to a lease: counted as in flight (configuration unknown) from before its arrival
+    transaction until it holds a lease, waits on a paused alias, or fails (``done``)."""
+
+    __slots__ = ("_alias", "_counts", "_done")
+
+    def __init__(self, counts: dict[str, int], alias: str) -> None:
+        self._counts, self._alias, self._done = counts, alias, False
+        counts[alias] = counts.get(alias, 0) + 1
+
+    def done(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        if (left := self._counts[self._alias] - 1) > 0:
+            self._counts[self._alias] = left
+        else:
+            del self._counts[self._alias]
 
 
 class ModelRegistry:
     """Aliases → configuration and live state (see module docstring)."""
 
-    def __init__(self, store: Store, *, ttl: float = DEFAULT_TTL, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        ttl: float = DEFAULT_TTL,
+        clock: Callable[[], float] = time.monotonic,
+        replica_id: str | None = None,
+    ) -> None:
         self._store = store
+        self.replica_id = replica_id  # this process in the replicas' reports (None: not reporting)
+        self._arriving: dict[str, int] = {}
         self._ttl = ttl
         self._clock = clock
         self._states: dict[str, AliasState] = {}
@@ -155,6 +215,8 @@ class ModelRegistry:
             state = AliasState(config=config, loaded_at=self._clock())
             self._states[alias] = state
         else:
+            if config is not state.config:
+                state.key = config_key(config)
             state.config = config
             state.loaded_at = self._clock()
             state.set_paused(config.paused)
@@ -167,13 +229,27 @@ class ModelRegistry:
             if alias is None or name == alias:
                 state.loaded_at = float("-inf")
 
-    async def admit(self, alias: str, wait_seconds: float) -> Lease:
+    def arrival(self, alias: str) -> Arrival:
+        """Count a call of ``alias`` as in flight from now (before its arrival transaction) until ``admit`` or
+        ``Arrival.done``: the replicas' reports must include calls that read the catalog before a change."""
+        return Arrival(self._arriving, alias)
+
+    async def admit(self, alias: str, wait_seconds: float, arrival: Arrival | None = None) -> Lease:
         """Take a lease on ``alias``, waiting up to ``wait_seconds`` while it is paused. A resume in this process
         wakes the waiters at once; one in another process sharing the database (a replica) is seen when the
         waiter next asks the store for the catalog revision (every ``PAUSE_POLL`` seconds) or its copy of the
-        alias outlives the TTL."""
+        alias outlives the TTL. ``arrival`` ends when the call holds its lease, starts to wait, or fails."""
+        try:
+            return await self._admit(alias, wait_seconds, arrival)
+        finally:
+            if arrival is not None:
+                arrival.done()
+
+    async def _admit(self, alias: str, wait_seconds: float, arrival: Arrival | None) -> Lease:
         state = await self.state(alias)
         if state.paused:
+            if arrival is not None:
+                arrival.done()  # it will lease what is current when the alias resumes: not a call to drain
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait_seconds
             held = state
@@ -190,8 +266,8 @@ class ModelRegistry:
             if state.paused:
                 raise AliasPaused(alias, retry_after=max(1.0, wait_seconds))
         state.in_flight += 1
-        state.idle.clear()
-        return Lease(alias=alias, config=state.config, _state=state)
+        state.by_key[state.key] = state.by_key.get(state.key, 0) + 1
+        return Lease(alias=alias, config=state.config, _state=state, _key=state.key)
 
     async def refresh(self) -> None:
         """Ask the store for the catalog revision and ``observe`` it: one read per half ``PAUSE_POLL`` however
@@ -216,12 +292,65 @@ class ModelRegistry:
         self._install(alias, config, local=True)
         return config
 
-    async def drain(self, alias: str, timeout: float) -> bool:
-        """Wait until no call of ``alias`` is in flight in this process; False on timeout."""
+    async def drain(self, alias: str, timeout: float, *, old_only: bool = False) -> bool:
+        """Wait until no call of ``alias`` is in flight in any replica (``old_only``: none on a configuration
+        other than the stored one — what a swap waits for); False on timeout. Another replica's report counts
+        once it was written after the drain began (see ``gateway.replicas``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        config = await self._store.get_model(alias)  # NotFoundError for an alias that does not exist
         state = await self.state(alias)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(state.idle.wait(), timeout)
-        return state.in_flight == 0
+        current = config_key(config) if old_only else None
+        since = await self._store.catalog_revision() if self.replica_id is not None else 0
+        while True:
+            state.released.clear()
+            local = state.in_flight if current is None else state.old(current)
+            remote = await self._remote(alias, current, since)
+            if local == 0 and remote == 0:
+                return True
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.released.wait(), min(left, DRAIN_POLL) if remote else left)
+
+    async def _remote(self, alias: str, current: str | None, since: int) -> int:
+        """The other replicas' calls of ``alias`` (of configurations other than ``current`` when given), or 1
+        while one of them has not reported since revision ``since`` (or their reports cannot be read)."""
+        if self.replica_id is None:
+            return 0
+        try:
+            reports = await self._store.live_replicas(exclude=self.replica_id)
+        except StoreError:
+            return 1
+        if any(report.revision < since for report in reports):
+            return 1
+        return sum(_count(report, alias, current) for report in reports)
+
+    async def in_flight_everywhere(self, models: list[ModelAlias]) -> dict[str, tuple[int, int]]:
+        """Per alias: calls in flight in every live replica, and of those the calls on an earlier configuration
+        than ``models`` gives (the other replicas as of their last reports)."""
+        reports: list[ReplicaReport] = []
+        if self.replica_id is not None:
+            with contextlib.suppress(StoreError):
+                reports = await self._store.live_replicas(exclude=self.replica_id)
+        counts: dict[str, tuple[int, int]] = {}
+        for model in models:
+            current = config_key(model)
+            state = self._states.get(model.alias)
+            total = 0 if state is None else state.in_flight
+            old = 0 if state is None else state.old(current)
+            total += sum(_count(report, model.alias, None) for report in reports)
+            old += sum(_count(report, model.alias, current) for report in reports)
+            counts[model.alias] = (total, old)
+        return counts
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        """This process's calls in flight: alias → configuration key (``ARRIVING`` before the lease) → calls."""
+        counts = {alias: dict(state.by_key) for alias, state in self._states.items() if state.by_key}
+        for alias, n in self._arriving.items():
+            counts.setdefault(alias, {})[ARRIVING] = n
+        return counts
 
     async def swap(self, alias: str, config: ModelAlias) -> None:
         """Install a new configuration: later calls use it, calls in flight keep theirs."""
@@ -235,3 +364,8 @@ class ModelRegistry:
         """Calls of this process waiting for ``alias`` to resume."""
         state = self._states.get(alias)
         return 0 if state is None else state.waiting
+
+
+def _count(report: ReplicaReport, alias: str, current: str | None) -> int:
+    by_key = report.in_flight.get(alias, {})
+    return sum(n for key, n in by_key.items() if current is None or key != current)

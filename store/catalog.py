@@ -26,7 +26,7 @@ C = models.counters
 REVISION = "catalog"
 #: An alias's control routes (``POST /admin/v1/models/{alias}/pause`` ...). Aliases may contain '/'
 #: ("Qwen/Qwen2.5-7B"), so one whose last segment is one of these could not be told apart from its action.
-ACTIONS = frozenset({"pause", "resume", "swap"})
+ACTIONS = frozenset({"pause", "resume", "swap", "drain"})
 
 
 def action_path(alias: str) -> tuple[str, str] | None:

@@ -202,6 +202,21 @@ class AgentServerRow(SQLModel, table=True):
     updated_time: float
 
 
+class GatewayReplicaRow(SQLModel, table=True):
+    """A gateway process serving on this database and its last report of the calls it has in flight, so a drain
+    through one replica waits for the calls of every other (``store.replicas``)."""
+
+    __tablename__ = "gateway_replicas"
+
+    replica_id: str = Field(primary_key=True, max_length=64)
+    host: str = Field(max_length=255)
+    pid: int
+    started_time: float
+    reported_time: float
+    revision: int = Field(default=0, sa_type=BigInteger)  # the catalog revision the report was written under
+    in_flight: Any = _json(nullable=False)  # {alias: {configuration key: calls}}
+
+
 rollouts = RolloutRow.__table__  # type: ignore[attr-defined]
 attempts = AttemptRow.__table__  # type: ignore[attr-defined]
 spans = SpanRow.__table__  # type: ignore[attr-defined]
@@ -212,3 +227,4 @@ model_aliases = ModelAliasRow.__table__  # type: ignore[attr-defined]
 api_keys = ApiKeyRow.__table__  # type: ignore[attr-defined]
 workers = WorkerRow.__table__  # type: ignore[attr-defined]
 agent_servers = AgentServerRow.__table__  # type: ignore[attr-defined]
+gateway_replicas = GatewayReplicaRow.__table__  # type: ignore[attr-defined]

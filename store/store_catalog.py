@@ -3,11 +3,12 @@ one read or one write operation)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from store import catalog, resources
+from store import catalog, replicas, resources
 from store.plumbing import StorePlumbing
+from store.replicas import ReplicaInfo, ReplicaReport
 from store.schemas import ApiKey, Backend, KeyScope, ModelAlias, Page, ResourcesUpdate
 
 
@@ -91,3 +92,19 @@ class CatalogMixin(StorePlumbing):
     async def revoke_key(self, key_id: str) -> ApiKey:
         now = self.clock()
         return await self._write(lambda conn: catalog.revoke_key(conn, key_id, now))
+
+    # -- gateway replicas -------------------------------------------------------------------------------
+
+    async def report_replica(self, info: ReplicaInfo, snapshot: Callable[[], Mapping[str, Mapping[str, int]]]) -> int:
+        """Write this gateway process's calls in flight (``snapshot`` is called inside the transaction, after
+        the catalog revision was read — see ``store.replicas``); the revision it was written under."""
+        now = self.clock()
+        return await self._write(lambda conn: replicas.report(conn, info, snapshot, now))
+
+    async def live_replicas(self, *, exclude: str | None = None) -> list[ReplicaReport]:
+        """The last reports of the gateway processes still alive (but ``exclude``)."""
+        now = self.clock()
+        return await self._read(lambda conn: replicas.live(conn, now, exclude=exclude))
+
+    async def leave_replica(self, replica_id: str) -> None:
+        await self._write(lambda conn: replicas.leave(conn, replica_id))

@@ -174,6 +174,10 @@ async def test_resources_models_and_keys(client: AsyncRollwayClient, mock: MockB
     assert not (await client.resume_model("m")).state.paused
     swapped = await client.swap_model("m", version="v2", drain_timeout_seconds=1)
     assert swapped.version == "v2" and [m.alias for m in await client.list_models()] == ["m"]
+    assert swapped.drained is True and swapped.state.in_flight_old == 0
+    drained = await client.drain_model("m", timeout_seconds=1)
+    assert drained.drained is True and drained.state.in_flight == 0
+    assert (await client.get_model("m")).drained is None  # only a drain's answer says
     await client.delete_model("m")
     assert await client.list_models() == []
 
@@ -342,6 +346,7 @@ async def test_a_write_without_a_key_is_not_sent_again_once_it_may_have_arrived(
         "attempt status": lambda c: c.update_attempt(rid, aid, metadata={"step": 1}),
         "pause": lambda c: c.pause_model("policy"),
         "resume": lambda c: c.resume_model("policy"),
+        "drain": lambda c: c.drain_model("policy", 1),
         "cancel": lambda c: c.cancel(rid),
     }
     for name, write in repeatable.items():

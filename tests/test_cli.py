@@ -104,6 +104,8 @@ def test_models_put_list_swap_pause_resume(gateway: GatewayProcess) -> None:
     swapped = as_json(rollway(gateway, "models", "swap", "policy", "--version", "v9", "--json"))
     assert swapped[0]["version"] == "v9" and swapped[0]["backends"][0]["backend_id"] == "b1"
     assert as_json(rollway(gateway, "models", "pause", "policy", "--json"))[0]["state"]["paused"] is True
+    drained = as_json(rollway(gateway, "models", "drain", "policy", "--timeout", "5", "--json"))[0]
+    assert drained["drained"] is True and drained["state"]["in_flight"] == 0
     assert as_json(rollway(gateway, "models", "resume", "policy", "--json"))[0]["state"]["paused"] is False
     table = rollway(gateway, "models", "list")
     assert table.exit_code == 0 and "policy" in table.stdout and "serving" in table.stdout

@@ -257,6 +257,9 @@ async def test_a_swap_through_one_replica_applies_to_the_next_call_through_anoth
     assert served == {"first": ("a", "v1"), "second": ("b", "v2")}
     assert [r["body"]["messages"][0]["content"] for r in a.requests(limit=10)] == ["first"]
     assert [r["body"]["messages"][0]["content"] for r in b.requests(limit=10)] == ["second"]
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(f"{replica.url}/metrics")).text
+    assert "rollway_catalog_changes_total 2.0" in metrics  # the revision it started with, then the swap
 
 
 async def test_a_pause_and_resume_through_one_replica_hold_and_release_calls_through_another(
@@ -280,6 +283,34 @@ async def test_a_pause_and_resume_through_one_replica_hold_and_release_calls_thr
     # replica's cached copy of the alias would otherwise have lived.
     assert time.monotonic() - resumed < 1.5
     assert [s.sequence_id for s in await replica.store.query_spans(rollout_id)] == [1, 2]
+
+
+async def test_a_drain_through_one_replica_waits_for_the_calls_in_flight_through_another(
+    gw: RunningGateway, replica: RunningGateway, backends: tuple[MockBackendProcess, MockBackendProcess]
+) -> None:
+    """The weight-update cycle with replicas: pause and drain through one; a call the other is serving on the
+    old weights ends (its span written) before the drain answers. Before, the drain counted only its own
+    process's calls and answered at once."""
+    a, _ = backends
+    a.configure(latency_ms=1500)
+    rollout_id, _ = await claim_one(gw.store)
+    slow = asyncio.create_task(call(replica.client(f"{replica.url}/rollout/{rollout_id}/v1"), "slow", stream=True))
+    await wait_requests(a, 1)  # at the backend, in flight in the other replica
+    async with httpx.AsyncClient(base_url=f"{gw.url}/admin/v1", timeout=30) as admin:
+        (await admin.post(f"/models/{ALIAS}/pause")).raise_for_status()
+        answer = await admin.post(f"/models/{ALIAS}/drain", json={"timeout_seconds": 20})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["drained"] is True and answer.json()["state"]["in_flight"] == 0
+        assert replica.state.registry.in_flight(ALIAS) == 0
+        assert [tag_of(s) for s in await gw.store.query_spans(rollout_id)] == ["slow"]
+        assert await asyncio.wait_for(slow, 10)
+        late = asyncio.create_task(call(replica.client(f"{replica.url}/rollout/{rollout_id}/v1"), "late", False))
+        (await admin.post(f"/models/{ALIAS}/resume")).raise_for_status()
+        assert await asyncio.wait_for(late, 10)
+        again = await admin.post(f"/models/{ALIAS}/drain", json={"timeout_seconds": 10})
+        assert again.json()["drained"] is True  # nothing in flight anywhere (once the other has reported)
+        missing = await admin.post("/models/nope/drain", json={})
+        assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
 
 
 async def test_a_key_revoked_through_one_replica_is_refused_by_another_after_its_next_call(
@@ -306,7 +337,7 @@ async def test_an_unexpected_error_while_a_call_waits_for_its_alias_ends_it_with
     rollout_id, _ = await claim_one(gw.store)
     client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
 
-    async def broken(alias: str, wait_seconds: float) -> Any:
+    async def broken(alias: str, *_: Any) -> Any:
         raise RuntimeError("database error the store did not wrap")
 
     monkeypatch.setattr(gw.state.registry, "admit", broken)

@@ -1143,7 +1143,7 @@ async def test_invalid_model_backends_are_refused(store: Store, backends: list[d
 
 async def test_an_alias_ending_in_an_action_name_is_refused(store: Store) -> None:
     backend = [{"base_url": "http://a", "model": "m"}]
-    for alias in ("policy/pause", "Qwen/Qwen2.5/resume", "a/swap"):
+    for alias in ("policy/pause", "Qwen/Qwen2.5/resume", "a/swap", "b/drain"):
         with pytest.raises(StoreValidationError, match="names an action"):
             await store.put_model(alias, backend)
     assert await store.list_models() == []

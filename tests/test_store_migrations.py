@@ -26,8 +26,9 @@ HEAD_TABLES = {
     "api_keys",
     "workers",
     "agent_servers",
+    "gateway_replicas",
 }
-ADDED_AFTER_0001 = {"model_aliases", "api_keys", "workers", "agent_servers"}
+ADDED_AFTER_0001 = {"model_aliases", "api_keys", "workers", "agent_servers", "gateway_replicas"}
 
 
 async def _run(engine: AsyncEngine | Engine, fn: Callable[[Connection], Any], *, write: bool = False) -> Any:

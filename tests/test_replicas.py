@@ -1,0 +1,146 @@
+"""Drains that see every replica: each gateway process reports its calls in flight per alias and configuration
+(``gateway.replicas`` → ``store.replicas``), and ``ModelRegistry.drain`` waits for the other replicas' calls
+too. Two registries (each with its reporter) over one database stand for two gateway processes; the store runs
+on both engines."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sqlalchemy import Connection, func, select
+
+from gateway.registry import ARRIVING, ModelRegistry, config_key
+from gateway.replicas import ReplicaReporter, new_replica
+from store import Store, models
+from store.replicas import FORGET_SECONDS, STALE_SECONDS
+from tests.conftest import FakeClock
+
+ALIAS = "policy"
+BACKEND = {"backend_id": "a", "base_url": "http://127.0.0.1:9/v1", "kind": "vllm", "model": "m"}
+B_BACKEND = {**BACKEND, "backend_id": "b"}
+
+
+def replica(store: Store) -> tuple[ModelRegistry, ReplicaReporter]:
+    """One gateway process's registry and reporter (no background loop: the tests call ``tick``)."""
+    info = new_replica()
+    registry = ModelRegistry(store, replica_id=info.replica_id)
+    return registry, ReplicaReporter(store, registry, info)
+
+
+async def test_a_report_holds_arriving_and_leased_calls_by_configuration(store: Store) -> None:
+    v1 = await store.put_model(ALIAS, [BACKEND], version="v1")
+    registry, reporter = replica(store)
+    arriving = registry.arrival(ALIAS)  # before its arrival transaction: configuration not known yet
+    assert registry.snapshot() == {ALIAS: {ARRIVING: 1}}
+    lease = await registry.admit(ALIAS, 0, arriving)
+    assert registry.snapshot() == {ALIAS: {config_key(v1): 1}}
+    await reporter.report()
+    [seen] = await store.live_replicas()
+    assert seen.info == reporter.info and seen.in_flight == {ALIAS: {config_key(v1): 1}}
+    assert seen.revision == await store.catalog_revision()
+    lease.release()
+    assert registry.snapshot() == {}
+    await reporter.report()
+    assert [r.in_flight for r in await store.live_replicas()] == [{}]
+    assert await store.live_replicas(exclude=reporter.info.replica_id) == []
+    await reporter.close()
+    assert await store.live_replicas() == []  # a replica that stops leaves
+
+
+async def test_a_call_that_waits_on_a_paused_alias_is_not_counted_while_it_waits(store: Store) -> None:
+    await store.put_model(ALIAS, [BACKEND], version="v1")
+    registry, _ = replica(store)
+    await registry.pause(ALIAS)
+    waiting = asyncio.create_task(registry.admit(ALIAS, 30, registry.arrival(ALIAS)))
+    await asyncio.sleep(0)  # one turn of the loop: the call runs until it waits for the resume
+    assert registry.waiting(ALIAS) == 1
+    assert registry.snapshot() == {}  # it will lease what is current at the resume: nothing for a drain
+    v2 = await store.put_model(ALIAS, [B_BACKEND], version="v2")
+    await registry.swap(ALIAS, v2)
+    await registry.resume(ALIAS)
+    lease = await asyncio.wait_for(waiting, 10)
+    assert lease.version == "v2" and registry.snapshot() == {ALIAS: {config_key(v2): 1}}
+    lease.release()
+
+
+async def test_a_swap_drain_waits_for_calls_on_earlier_configurations_only(store: Store) -> None:
+    await store.put_model(ALIAS, [BACKEND], version="v1")
+    registry, _ = replica(store)
+    old = await registry.admit(ALIAS, 0)
+    v2 = await store.put_model(ALIAS, [B_BACKEND], version="v2")
+    await registry.swap(ALIAS, v2)
+    new = await registry.admit(ALIAS, 0)
+    assert (old.version, new.version) == ("v1", "v2")
+    assert await registry.in_flight_everywhere([v2]) == {ALIAS: (2, 1)}
+    assert await registry.drain(ALIAS, 0, old_only=True) is False
+    old.release()
+    assert await registry.drain(ALIAS, 0, old_only=True) is True  # the call on v2 is not waited for
+    assert await registry.drain(ALIAS, 0) is False  # a plain drain waits for every call
+    new.release()
+    assert await registry.drain(ALIAS, 0) is True
+
+
+async def test_a_drain_waits_for_another_replicas_calls_until_it_reports_them_ended(store: Store) -> None:
+    await store.put_model(ALIAS, [BACKEND], version="v1")
+    (trainer, trainer_reporter), (other, other_reporter) = replica(store), replica(store)
+    await trainer_reporter.report()
+    held = await other.admit(ALIAS, 0)
+    await other_reporter.report()
+    await trainer.pause(ALIAS)  # through the trainer's replica, while the other one has a call in flight
+    assert await trainer.drain(ALIAS, 0) is False
+    await other_reporter.tick()  # the catalog moved: it reports, its call counted
+    assert await trainer.drain(ALIAS, 0) is False
+    assert await trainer.in_flight_everywhere([await store.get_model(ALIAS)]) == {ALIAS: (1, 0)}
+    drain = asyncio.create_task(trainer.drain(ALIAS, 30))
+    held.release()
+    assert await trainer.drain(ALIAS, 0) is False  # ended, but not reported yet
+    await other_reporter.tick()  # its counts changed: it reports
+    assert await asyncio.wait_for(drain, 10) is True  # the waiting drain sees it on its next read
+    assert (await other.state(ALIAS)).paused  # the reporter's revision read reached its registry's cache
+
+
+async def test_a_drain_waits_for_a_report_written_after_it_began(store: Store) -> None:
+    """A replica that has not reported since the pause may hold a call that read the catalog before it."""
+    await store.put_model(ALIAS, [BACKEND], version="v1")
+    (trainer, _), (_, other_reporter) = replica(store), replica(store)
+    await other_reporter.report()  # idle, before the pause
+    await trainer.pause(ALIAS)
+    assert await trainer.drain(ALIAS, 0) is False  # its last report is older than the pause
+    await other_reporter.tick()
+    assert await trainer.drain(ALIAS, 0) is True
+
+
+async def test_an_idle_replica_reports_only_on_change_or_heartbeat(store: Store, clock: FakeClock) -> None:
+    await store.put_model(ALIAS, [BACKEND], version="v1")
+    registry, reporter = replica(store)
+    assert not (await registry.state(ALIAS)).paused  # cached for the registry's TTL
+    await reporter.report()
+    [first] = await store.live_replicas()
+    clock.advance(1)
+    await reporter.tick()  # nothing changed, heartbeat not due
+    assert [r.reported_time for r in await store.live_replicas()] == [first.reported_time]
+    await store.set_model_paused(ALIAS, True)  # a change made elsewhere
+    await reporter.tick()
+    [second] = await store.live_replicas()
+    assert second.reported_time == first.reported_time + 1 and second.revision > first.revision
+    assert (await registry.state(ALIAS)).paused  # the reporter observed the revision: reloaded without a call
+
+
+async def test_replicas_not_heard_from_are_left_out_then_forgotten(store: Store, clock: FakeClock) -> None:
+    await store.put_model(ALIAS, [BACKEND], version="v1")
+    (gone, gone_reporter), (trainer, trainer_reporter) = replica(store), replica(store)
+    await gone.admit(ALIAS, 0)  # never released: the process died with its call
+    await gone_reporter.report()
+    await trainer.pause(ALIAS)
+    clock.advance(STALE_SECONDS + 1)
+    await trainer_reporter.report()
+    assert [r.info.replica_id for r in await store.live_replicas()] == [trainer_reporter.info.replica_id]
+    assert await trainer.drain(ALIAS, 0) is True  # a dead replica's calls are not waited for
+    assert await store.read(rows) == 2  # left out, still stored
+    clock.advance(FORGET_SECONDS)
+    await trainer_reporter.report()  # any report removes rows gone quiet for an hour
+    assert await store.read(rows) == 1
+
+
+def rows(conn: Connection) -> int:
+    return int(conn.execute(select(func.count()).select_from(models.gateway_replicas)).scalar_one())
