@@ -56,10 +56,10 @@ async def swap(alias: str, body: SwapRequest, context: Context) -> ModelView:
 
 
 @router.post("/models/{alias:path}/drain", response_model=ModelView)
-async def drain(alias: str, body: DrainRequest, context: Context) -> ModelView:
+async def drain(alias: str, context: Context, body: DrainRequest | None = None) -> ModelView:
     """Wait until no call of the alias is in flight in any gateway replica, up to `timeout_seconds` (`drained`
     says whether that happened). Pause first: otherwise new calls keep arriving."""
-    drained = await context.models.drain(alias, body.timeout_seconds)
+    drained = await context.models.drain(alias, (body or DrainRequest()).timeout_seconds)
     return await view(context, await context.store.get_model(alias), drained)
 
 

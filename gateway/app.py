@@ -126,7 +126,7 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             yield
         finally:
-            await reporter.close()
+            await reporter.close()  # logs, never raises
             await dispatcher.close()
             await gateway.close()
             if exporter is not None:

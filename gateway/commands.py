@@ -254,9 +254,8 @@ def drain_model(connection: Connection, alias: str, timeout: float, as_json: boo
     model = run(connection, lambda c: c.drain_model(alias, timeout))
     show_models([model], as_json)
     if not model.drained:
-        err_console().print(
-            f"{model.state.in_flight} call(s) of {alias} still in flight after {timeout:g}s", highlight=False
-        )
+        left = f"{model.state.in_flight} call(s) in flight, or a replica had not reported yet"
+        err_console().print(f"{alias} not drained within {timeout:g}s ({left})", highlight=False)
         raise SystemExit(1)
 
 

@@ -113,20 +113,20 @@ class Gateway:
         arrival = self.registry.arrival(alias)  # in flight for a drain from before the catalog is read
         try:
             ticket = await self.store.begin_call(who.rollout_id, who.attempt_id)
+            self.registry.observe(ticket.catalog_revision)  # a change made through another replica: reload first
+            record = CallRecord(
+                operation=operation,
+                alias=alias,
+                request=body,
+                stream=bool(body.get("stream")),
+                start_time=time.time(),
+                rollout_id=ticket.rollout_id,
+                attempt_id=ticket.attempt_id,
+                sequence_id=ticket.sequence_id,
+            )
         except BaseException:
-            arrival.done()
+            arrival.done()  # ``admit`` ends it from here on
             raise
-        self.registry.observe(ticket.catalog_revision)  # a change made through another replica: reload first
-        record = CallRecord(
-            operation=operation,
-            alias=alias,
-            request=body,
-            stream=bool(body.get("stream")),
-            start_time=time.time(),
-            rollout_id=ticket.rollout_id,
-            attempt_id=ticket.attempt_id,
-            sequence_id=ticket.sequence_id,
-        )
         if trace is not None:
             record.trace_id, record.parent_id = trace
         record.deadline = ticket.deadline

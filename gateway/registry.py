@@ -15,7 +15,8 @@ Drain counts the calls of every replica: each process reports its calls in fligh
 configuration (``gateway.replicas``), and ``drain`` waits until every live replica has reported since the
 drain began and none of them, this one included, still has a call of the alias (or, after a swap, of an
 earlier configuration of it). A call counts from before its arrival transaction (``arrival``) — a call that
-read the catalog before a change may still take a lease on the old configuration — until it ends.
+read the catalog before a change may still take a lease on the old configuration — until it ends; while it
+has no lease yet, only for drains that began under a newer catalog revision than it arrived under.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,9 +37,12 @@ DEFAULT_TTL = 2.0
 #: How often a call waiting on a paused alias asks the store whether the catalog changed (a resume made
 #: through another replica).
 PAUSE_POLL = 0.25
-#: How often a drain reads the other replicas' reports.
+#: How often a drain reads the other replicas' reports, and how much longer than its timeout its reads may take.
 DRAIN_POLL = 0.1
-#: The configuration key of calls between their arrival and their lease (their configuration is not known yet).
+DRAIN_GRACE = 1.0
+#: The configuration key of calls between their arrival and their lease (their configuration is not known yet) is
+#: this prefix + the catalog revision the process had seen when the call arrived: a drain that began under a
+#: revision no newer than that need not wait for it (its lease comes from a configuration read after the change).
 ARRIVING = "*"
 
 
@@ -124,23 +129,24 @@ class Lease:
 
 
 class Arrival:
-    """A call on its way to a lease: counted as in flight (configuration unknown) from before its arrival
-    transaction until it holds a lease, waits on a paused alias, or fails (``done``)."""
+    """A call on its way to a lease: counted as in flight (configuration unknown; ``revision``: the catalog
+    revision its process had seen when it arrived) from before its arrival transaction until it holds a lease,
+    waits on a paused alias, or fails (``done``)."""
 
-    __slots__ = ("_alias", "_counts", "_done")
+    __slots__ = ("_counts", "_done", "_slot")
 
-    def __init__(self, counts: dict[str, int], alias: str) -> None:
-        self._counts, self._alias, self._done = counts, alias, False
-        counts[alias] = counts.get(alias, 0) + 1
+    def __init__(self, counts: dict[tuple[str, int], int], alias: str, revision: int) -> None:
+        self._counts, self._slot, self._done = counts, (alias, revision), False
+        counts[self._slot] = counts.get(self._slot, 0) + 1
 
     def done(self) -> None:
         if self._done:
             return
         self._done = True
-        if (left := self._counts[self._alias] - 1) > 0:
-            self._counts[self._alias] = left
+        if (left := self._counts[self._slot] - 1) > 0:
+            self._counts[self._slot] = left
         else:
-            del self._counts[self._alias]
+            del self._counts[self._slot]
 
 
 class ModelRegistry:
@@ -156,7 +162,7 @@ class ModelRegistry:
     ) -> None:
         self._store = store
         self.replica_id = replica_id  # this process in the replicas' reports (None: not reporting)
-        self._arriving: dict[str, int] = {}
+        self._arriving: dict[tuple[str, int], int] = {}  # (alias, revision seen) → calls not leased yet
         self._ttl = ttl
         self._clock = clock
         self._states: dict[str, AliasState] = {}
@@ -232,7 +238,7 @@ class ModelRegistry:
     def arrival(self, alias: str) -> Arrival:
         """Count a call of ``alias`` as in flight from now (before its arrival transaction) until ``admit`` or
         ``Arrival.done``: the replicas' reports must include calls that read the catalog before a change."""
-        return Arrival(self._arriving, alias)
+        return Arrival(self._arriving, alias, -1 if self._revision is None else self._revision)
 
     async def admit(self, alias: str, wait_seconds: float, arrival: Arrival | None = None) -> Lease:
         """Take a lease on ``alias``, waiting up to ``wait_seconds`` while it is paused. A resume in this process
@@ -294,25 +300,39 @@ class ModelRegistry:
 
     async def drain(self, alias: str, timeout: float, *, old_only: bool = False) -> bool:
         """Wait until no call of ``alias`` is in flight in any replica (``old_only``: none on a configuration
-        other than the stored one — what a swap waits for); False on timeout. Another replica's report counts
-        once it was written after the drain began (see ``gateway.replicas``)."""
+        other than the stored one — what a swap waits for); False on timeout (the store's reads get at most
+        ``DRAIN_GRACE`` seconds more). Another replica's report counts once it was written after the drain
+        began (see ``gateway.replicas``)."""
+        try:
+            async with asyncio.timeout(timeout + DRAIN_GRACE):
+                return await self._drain(alias, timeout, old_only)
+        except TimeoutError:
+            return False
+
+    async def _drain(self, alias: str, timeout: float, old_only: bool) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         config = await self._store.get_model(alias)  # NotFoundError for an alias that does not exist
+        since = await self._store.catalog_revision()
+        self.observe(since)  # from here on, calls of this process lease a configuration read after the change
         state = await self.state(alias)
         current = config_key(config) if old_only else None
-        since = await self._store.catalog_revision() if self.replica_id is not None else 0
         while True:
-            state.released.clear()
-            local = state.in_flight if current is None else state.old(current)
             remote = await self._remote(alias, current, since)
+            local = (state.in_flight if current is None else state.old(current)) + self._arrived(alias, since)
             if local == 0 and remote == 0:
                 return True
             left = deadline - loop.time()
             if left <= 0:
                 return False
+            state.released.clear()  # a hint only (other drains clear it too): never wait longer than the poll
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(state.released.wait(), min(left, DRAIN_POLL) if remote else left)
+                async with asyncio.timeout(min(left, DRAIN_POLL)):
+                    await state.released.wait()
+
+    def _arrived(self, alias: str, since: int) -> int:
+        """Calls of this process not leased yet that arrived before it saw revision ``since``."""
+        return sum(n for (name, revision), n in self._arriving.items() if name == alias and revision < since)
 
     async def _remote(self, alias: str, current: str | None, since: int) -> int:
         """The other replicas' calls of ``alias`` (of configurations other than ``current`` when given), or 1
@@ -325,11 +345,11 @@ class ModelRegistry:
             return 1
         if any(report.revision < since for report in reports):
             return 1
-        return sum(_count(report, alias, current) for report in reports)
+        return sum(_count(report, alias, current, since) for report in reports)
 
     async def in_flight_everywhere(self, models: list[ModelAlias]) -> dict[str, tuple[int, int]]:
-        """Per alias: calls in flight in every live replica, and of those the calls on an earlier configuration
-        than ``models`` gives (the other replicas as of their last reports)."""
+        """Per alias: calls in flight in every live replica (the others as of their last reports; calls not
+        leased yet included), and of those the calls leased on an earlier configuration than ``models``."""
         reports: list[ReplicaReport] = []
         if self.replica_id is not None:
             with contextlib.suppress(StoreError):
@@ -338,18 +358,21 @@ class ModelRegistry:
         for model in models:
             current = config_key(model)
             state = self._states.get(model.alias)
-            total = 0 if state is None else state.in_flight
-            old = 0 if state is None else state.old(current)
-            total += sum(_count(report, model.alias, None) for report in reports)
-            old += sum(_count(report, model.alias, current) for report in reports)
+            total = self._arrived(model.alias, sys.maxsize)
+            old = 0
+            if state is not None:
+                total, old = total + state.in_flight, state.old(current)
+            total += sum(_count(report, model.alias, None, sys.maxsize) for report in reports)
+            old += sum(_count(report, model.alias, current, -1) for report in reports)
             counts[model.alias] = (total, old)
         return counts
 
     def snapshot(self) -> dict[str, dict[str, int]]:
-        """This process's calls in flight: alias → configuration key (``ARRIVING`` before the lease) → calls."""
+        """This process's calls in flight: alias → configuration key (for calls not leased yet, ``ARRIVING`` +
+        the revision seen when they arrived) → calls."""
         counts = {alias: dict(state.by_key) for alias, state in self._states.items() if state.by_key}
-        for alias, n in self._arriving.items():
-            counts.setdefault(alias, {})[ARRIVING] = n
+        for (alias, revision), n in self._arriving.items():
+            counts.setdefault(alias, {})[f"{ARRIVING}{revision}"] = n
         return counts
 
     async def swap(self, alias: str, config: ModelAlias) -> None:
@@ -366,6 +389,20 @@ class ModelRegistry:
         return 0 if state is None else state.waiting
 
 
-def _count(report: ReplicaReport, alias: str, current: str | None) -> int:
-    by_key = report.in_flight.get(alias, {})
-    return sum(n for key, n in by_key.items() if current is None or key != current)
+def _count(report: ReplicaReport, alias: str, current: str | None, since: int) -> int:
+    """A report's calls of ``alias``: leased ones on a configuration other than ``current`` (all when None),
+    and calls not leased yet that arrived under a revision older than ``since``."""
+    total = 0
+    for key, n in report.in_flight.get(alias, {}).items():
+        if key.startswith(ARRIVING):
+            total += n if _revision_of(key) < since else 0
+        elif current is None or key != current:
+            total += n
+    return total
+
+
+def _revision_of(key: str) -> int:
+    try:
+        return int(key[len(ARRIVING) :])
+    except ValueError:  # not one this version writes: count it
+        return -1

@@ -20,12 +20,19 @@ from collections.abc import Mapping
 
 from gateway.registry import ModelRegistry
 from store import Store, StoreError
-from store.replicas import ReplicaInfo
+from store.replicas import STALE_SECONDS, ReplicaInfo
 
 log = logging.getLogger("rollway.replicas")
 
 TICK = 0.25
 HEARTBEAT = 2.0
+LEAVE_SECONDS = 5.0
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, StoreError):
+        return exc.message
+    return "timed out" if isinstance(exc, TimeoutError) else repr(exc)
 
 
 def new_replica() -> ReplicaInfo:
@@ -43,6 +50,7 @@ class ReplicaReporter:
         self._reported_at = float("-inf")
         self._revision = -1
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
         self._failing = False
 
     async def start(self) -> None:
@@ -50,18 +58,25 @@ class ReplicaReporter:
         self._task = asyncio.create_task(self._run(), name="rollway-replica-reporter")
 
     async def close(self) -> None:
+        """Stop reporting and remove this replica's row (its calls have ended: uvicorn stops the application
+        after them). A store that cannot take the delete in ``LEAVE_SECONDS`` leaves the row to go stale."""
+        self._stopping.set()  # the loop ends at its next turn even if a cancellation is lost on the way
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        with contextlib.suppress(StoreError):
-            await self._store.leave_replica(self.info.replica_id)
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                async with asyncio.timeout(LEAVE_SECONDS):
+                    await self._task
+        try:
+            await asyncio.wait_for(self._store.leave_replica(self.info.replica_id), LEAVE_SECONDS)
+        except Exception as exc:
+            log.warning("could not remove this replica's row (%s); others take it for gone later", _reason(exc))
 
     async def report(self) -> None:
         """Write this process's counts now (taken inside the store's transaction, after the revision)."""
         taken: dict[str, dict[str, int]] = {}
 
         def snapshot() -> dict[str, dict[str, int]]:
+            taken.clear()  # a transaction the store retried takes the counts again
             taken.update(self._registry.snapshot())
             return taken
 
@@ -81,13 +96,17 @@ class ReplicaReporter:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(TICK)
-            try:
-                await self.tick()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(TICK):
+                    await self._stopping.wait()
+            if self._stopping.is_set():
+                return
+            try:  # bounded: a replica whose report is this late is about to be taken for gone elsewhere
+                async with asyncio.timeout(STALE_SECONDS / 2):
+                    await self.tick()
             except Exception as exc:  # the store is down or locked for long: keep serving, say so once
                 if not self._failing:
-                    reason = exc.message if isinstance(exc, StoreError) else repr(exc)
-                    log.warning("could not report this replica's calls in flight: %s", reason)
+                    log.warning("could not report this replica's calls in flight: %s", _reason(exc))
                 self._failing = True
             else:
                 self._failing = False

@@ -21,8 +21,9 @@ from store import catalog, models
 from store.dialect import upsert
 
 G = models.gateway_replicas
-#: A replica reports at least every ``gateway.replicas.HEARTBEAT`` seconds; a row older than this is a dead one.
-STALE_SECONDS = 10.0
+#: A replica reports at least every ``gateway.replicas.HEARTBEAT`` seconds; a row older than this is a dead one
+#: (or one that could not write for that long: its spans could not be written either).
+STALE_SECONDS = 15.0
 FORGET_SECONDS = 3600.0
 
 #: alias → configuration key → calls in flight.

@@ -298,7 +298,9 @@ async def test_a_drain_through_one_replica_waits_for_the_calls_in_flight_through
     await wait_requests(a, 1)  # at the backend, in flight in the other replica
     async with httpx.AsyncClient(base_url=f"{gw.url}/admin/v1", timeout=30) as admin:
         (await admin.post(f"/models/{ALIAS}/pause")).raise_for_status()
-        answer = await admin.post(f"/models/{ALIAS}/drain", json={"timeout_seconds": 20})
+        short = await admin.post(f"/models/{ALIAS}/drain", json={"timeout_seconds": 0.2})
+        assert short.status_code == 200 and short.json()["drained"] is False  # the call is still at A
+        answer = await admin.post(f"/models/{ALIAS}/drain")  # the default timeout, 30 s
         assert answer.status_code == 200, answer.text
         assert answer.json()["drained"] is True and answer.json()["state"]["in_flight"] == 0
         assert replica.state.registry.in_flight(ALIAS) == 0
@@ -311,6 +313,38 @@ async def test_a_drain_through_one_replica_waits_for_the_calls_in_flight_through
         assert again.json()["drained"] is True  # nothing in flight anywhere (once the other has reported)
         missing = await admin.post("/models/nope/drain", json={})
         assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+
+
+async def test_a_call_between_its_arrival_and_its_lease_holds_a_drain_through_another_replica(
+    gw: RunningGateway, replica: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call whose arrival read the catalog before a pause may still lease the old configuration: it counts
+    for a drain elsewhere from before its arrival transaction, not only from its lease."""
+    rollout_id, _ = await claim_one(gw.store)
+    client = replica.client(f"{replica.url}/rollout/{rollout_id}/v1")
+    assert await call(client, "first", stream=False)  # the replica caches the alias as running
+    reached, gate = asyncio.Event(), asyncio.Event()
+    arrive = replica.store.begin_call
+
+    async def held(*args: Any) -> Any:
+        ticket = await arrive(*args)  # the catalog read before the pause
+        reached.set()
+        await gate.wait()
+        return ticket
+
+    monkeypatch.setattr(replica.store, "begin_call", held)
+    racing = asyncio.create_task(call(client, "racing", stream=False))
+    await asyncio.wait_for(reached.wait(), 10)
+    await gw.state.registry.pause(ALIAS)
+    await replica.state.reporter.report()
+    try:
+        assert await gw.state.registry.drain(ALIAS, 0) is False
+    finally:
+        gate.set()
+    assert await gw.state.registry.drain(ALIAS, 10) is True
+    assert replica.state.registry.in_flight(ALIAS) == 0  # it either ran (on v1) and ended, or waits
+    await gw.state.registry.resume(ALIAS)
+    assert await asyncio.wait_for(racing, 10)
 
 
 async def test_a_key_revoked_through_one_replica_is_refused_by_another_after_its_next_call(

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from sqlalchemy import Connection, func, select
 
-from gateway.registry import ARRIVING, ModelRegistry, config_key
+from gateway.registry import ARRIVING, AliasPaused, ModelRegistry, config_key
 from gateway.replicas import ReplicaReporter, new_replica
 from store import Store, models
 from store.replicas import FORGET_SECONDS, STALE_SECONDS
@@ -31,7 +32,7 @@ async def test_a_report_holds_arriving_and_leased_calls_by_configuration(store: 
     v1 = await store.put_model(ALIAS, [BACKEND], version="v1")
     registry, reporter = replica(store)
     arriving = registry.arrival(ALIAS)  # before its arrival transaction: configuration not known yet
-    assert registry.snapshot() == {ALIAS: {ARRIVING: 1}}
+    assert registry.snapshot() == {ALIAS: {f"{ARRIVING}-1": 1}}  # it had seen no catalog revision yet
     lease = await registry.admit(ALIAS, 0, arriving)
     assert registry.snapshot() == {ALIAS: {config_key(v1): 1}}
     await reporter.report()
@@ -144,3 +145,49 @@ async def test_replicas_not_heard_from_are_left_out_then_forgotten(store: Store,
 
 def rows(conn: Connection) -> int:
     return int(conn.execute(select(func.count()).select_from(models.gateway_replicas)).scalar_one())
+
+
+async def test_calls_not_leased_yet_hold_a_drain_only_if_they_arrived_before_it_began(store: Store) -> None:
+    """A call that arrived before the replica saw a pause may still lease the old configuration: it holds the
+    drain. One that arrived after will see the pause itself: under load there always is one, and it must not
+    hold the drain up."""
+    await store.put_model(ALIAS, [BACKEND], version="v1")
+    (trainer, _), (other, other_reporter) = replica(store), replica(store)
+    other.observe(await store.catalog_revision())
+    before = other.arrival(ALIAS)  # read the catalog before the pause, no lease yet
+    await trainer.pause(ALIAS)
+    await other_reporter.report()
+    assert await trainer.drain(ALIAS, 0) is False
+    other.observe(await store.catalog_revision())  # as its next call's arrival would
+    after = other.arrival(ALIAS)
+    before.done()
+    await other_reporter.report()
+    assert await trainer.drain(ALIAS, 0) is True  # ``after`` arrived under the pause's revision
+    assert await trainer.in_flight_everywhere([await store.get_model(ALIAS)]) == {ALIAS: (1, 0)}
+    after.done()
+
+
+async def test_a_drain_counts_its_own_processs_calls_that_arrived_before_it_saw_the_change(store: Store) -> None:
+    """Paused through one replica, drained through another (a load balancer in front of the admin API): the
+    draining replica's own call that read the catalog before the pause is waited for, and the drain makes the
+    replica see the pause, so its next calls wait."""
+    await store.put_model(ALIAS, [BACKEND], version="v1")
+    (trainer, _), (other, _) = replica(store), replica(store)
+    other.observe(await store.catalog_revision())
+    assert not (await other.state(ALIAS)).paused  # cached
+    racing = other.arrival(ALIAS)
+    await trainer.pause(ALIAS)
+    assert await other.drain(ALIAS, 0) is False  # its cached copy says running: the call could lease v1
+    with pytest.raises(AliasPaused):  # the drain made the replica see the pause: the call waits instead
+        await other.admit(ALIAS, 0, racing)
+    assert await other.drain(ALIAS, 0) is True
+
+
+async def test_concurrent_drains_each_see_a_call_end(store: Store) -> None:
+    await store.put_model(ALIAS, [BACKEND], version="v1")
+    registry, _ = replica(store)
+    lease = await registry.admit(ALIAS, 0)
+    drains = [asyncio.create_task(registry.drain(ALIAS, 60)) for _ in range(3)]
+    await asyncio.sleep(0)
+    lease.release()
+    assert await asyncio.wait_for(asyncio.gather(*drains), 5) == [True, True, True]
