@@ -70,6 +70,7 @@ def test_schemathesis_finds_no_server_error(tmp_path: Path) -> None:
                 "fuzzing",
                 "--seed",
                 "1",
+                "--generation-deterministic",
                 "--include-path-regex",
                 "^/admin/v1",
                 "--exclude-path-regex",
