@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from store import ModelAlias, NotFoundError, Store, StoreError
 from store.replicas import ReplicaReport
@@ -75,7 +76,6 @@ class AliasState:
 
     config: ModelAlias
     loaded_at: float
-    in_flight: int = 0
     waiting: int = 0  # calls waiting for it to resume
     resumed: asyncio.Event = field(default_factory=asyncio.Event)
     released: asyncio.Event = field(default_factory=asyncio.Event)  # set whenever a lease ends
@@ -85,6 +85,10 @@ class AliasState:
     def __post_init__(self) -> None:
         self.key = config_key(self.config)
         self.set_paused(self.config.paused)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(self.by_key.values())
 
     def old(self, current: str) -> int:
         """Calls in flight on a configuration other than ``current``."""
@@ -119,13 +123,8 @@ class Lease:
         if self._released:
             return
         self._released = True
-        state = self._state
-        state.in_flight -= 1
-        if (left := state.by_key[self._key] - 1) > 0:
-            state.by_key[self._key] = left
-        else:
-            del state.by_key[self._key]
-        state.released.set()
+        _decrement(self._state.by_key, self._key)
+        self._state.released.set()
 
 
 class Arrival:
@@ -143,10 +142,15 @@ class Arrival:
         if self._done:
             return
         self._done = True
-        if (left := self._counts[self._slot] - 1) > 0:
-            self._counts[self._slot] = left
-        else:
-            del self._counts[self._slot]
+        _decrement(self._counts, self._slot)
+
+
+def _decrement(counts: dict[Any, int], key: Any) -> None:
+    """One fewer under ``key``; a count that reaches 0 goes (snapshots list only what is in flight)."""
+    if (left := counts[key] - 1) > 0:
+        counts[key] = left
+    else:
+        del counts[key]
 
 
 class ModelRegistry:
@@ -271,7 +275,6 @@ class ModelRegistry:
                 held.waiting -= 1
             if state.paused:
                 raise AliasPaused(alias, retry_after=max(1.0, wait_seconds))
-        state.in_flight += 1
         state.by_key[state.key] = state.by_key.get(state.key, 0) + 1
         return Lease(alias=alias, config=state.config, _state=state, _key=state.key)
 
@@ -337,23 +340,24 @@ class ModelRegistry:
     async def _remote(self, alias: str, current: str | None, since: int) -> int:
         """The other replicas' calls of ``alias`` (of configurations other than ``current`` when given), or 1
         while one of them has not reported since revision ``since`` (or their reports cannot be read)."""
-        if self.replica_id is None:
-            return 0
-        try:
-            reports = await self._store.live_replicas(exclude=self.replica_id)
-        except StoreError:
-            return 1
-        if any(report.revision < since for report in reports):
+        reports = await self._peers()
+        if reports is None or any(report.revision < since for report in reports):
             return 1
         return sum(_count(report, alias, current, since) for report in reports)
+
+    async def _peers(self) -> list[ReplicaReport] | None:
+        """The other live replicas' last reports ([] when this registry does not report); None: unreadable."""
+        if self.replica_id is None:
+            return []
+        try:
+            return await self._store.live_replicas(exclude=self.replica_id)
+        except StoreError:
+            return None
 
     async def in_flight_everywhere(self, models: list[ModelAlias]) -> dict[str, tuple[int, int]]:
         """Per alias: calls in flight in every live replica (the others as of their last reports; calls not
         leased yet included), and of those the calls leased on an earlier configuration than ``models``."""
-        reports: list[ReplicaReport] = []
-        if self.replica_id is not None:
-            with contextlib.suppress(StoreError):
-                reports = await self._store.live_replicas(exclude=self.replica_id)
+        reports = await self._peers() or []
         counts: dict[str, tuple[int, int]] = {}
         for model in models:
             current = config_key(model)
