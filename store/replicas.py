@@ -53,14 +53,16 @@ def report(
 ) -> int:
     """Write ``info``'s counts as ``snapshot`` gives them after the catalog revision was read; the revision."""
     revision = catalog.revision(conn)
-    counts = {alias: {key: n for key, n in by_key.items() if n} for alias, by_key in snapshot().items()}
+    counts = {
+        alias: {k: n for k, n in by_key.items() if n} for alias, by_key in snapshot().items() if any(by_key.values())
+    }
     values = {
         "host": info.host[:255],
         "pid": info.pid,
         "started_time": info.started_time,
         "reported_time": now,
         "revision": revision,
-        "in_flight": {alias: by_key for alias, by_key in counts.items() if by_key},
+        "in_flight": counts,
     }
     stmt = upsert(conn, G).values(replica_id=info.replica_id, **values)
     conn.execute(stmt.on_conflict_do_update(index_elements=["replica_id"], set_=values))
