@@ -31,26 +31,35 @@ class SSEDecoder:
     def _events(self, buffer: bytes) -> Iterator[tuple[bytes, bytes | None]]:
         while True:
             start = self._pos
-            cut, length = _event_end(buffer, start)
+            cut, length, one_line = _event_end(buffer, start)
             if cut < 0:
                 return
             self._pos = cut + length
-            yield buffer[start : self._pos], _data_of(buffer[start:cut])
+            if one_line and buffer.startswith(b"data:", start) and buffer.find(b"\r", start, cut) < 0:
+                # The usual event, one ``data:`` line: its data without splitting it into lines.
+                yield buffer[start : self._pos], buffer[start + 5 : cut].lstrip(b" ")
+            else:
+                yield buffer[start : self._pos], _data_of(buffer[start:cut])
 
     def rest(self) -> bytes:
         """What was fed after the last complete event."""
         return self._buffer[self._pos :]
 
 
-def _event_end(buffer: bytes, start: int) -> tuple[int, int]:
-    """Where the first event from ``start`` ends (a blank line: LF LF or CR LF CR LF) and the separator's
-    length; (-1, 0) when it has not ended yet. ``bytes.find``, not a regex: five times faster here."""
-    lf = buffer.find(b"\n\n", start)
-    # A CRLF blank line before the first LF LF ends no later than two bytes after it (and holds no LF LF).
-    crlf = buffer.find(b"\r\n\r\n", start, len(buffer) if lf < 0 else lf + 2)
-    if crlf >= 0:
-        return crlf, 4
-    return lf, 2 if lf >= 0 else 0
+def _event_end(buffer: bytes, start: int) -> tuple[int, int, bool]:
+    """Where the first event from ``start`` ends (a blank line: LF LF or CR LF CR LF), the separator's length, and
+    whether the event is one line; (-1, 0, False) when it has not ended yet. It steps from line feed to line
+    feed (``find`` of one byte is a ``memchr``; of two bytes, in CPython, several times slower per byte)."""
+    newline = buffer.find(b"\n", start)
+    first = newline
+    while newline >= 0:
+        following = buffer[newline + 1 : newline + 3]
+        if following[:1] == b"\n":
+            return newline, 2, newline == first
+        if following == b"\r\n" and newline > start and buffer[newline - 1] == 13:  # CR LF CR LF
+            return newline - 1, 4, newline == first
+        newline = buffer.find(b"\n", newline + 1)
+    return -1, 0, False
 
 
 def _data_of(event: bytes) -> bytes | None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+import re
+
 from gateway.streaming import SSEDecoder
 
 STREAM = (
@@ -60,3 +63,28 @@ def test_events_are_cut_as_they_are_asked_for() -> None:
     assert decoder.rest() == STREAM[len(EVENTS[0][0]) :]
     assert list(events) == EVENTS[1:]
     assert decoder.rest() == b""
+
+
+def _reference(stream: bytes) -> tuple[list[tuple[bytes, bytes | None]], bytes]:
+    """Events by the plain definition: each ends at the earliest blank line (LF LF or CR LF CR LF); its data is
+    the ``data:`` lines' values (a leading space dropped), joined by LF."""
+    events, start = [], 0
+    while (found := re.search(rb"\r\n\r\n|\n\n", stream[start:])) is not None:
+        end = start + found.end()
+        lines = stream[start : start + found.start()].splitlines()
+        data = [line[5:].lstrip(b" ") for line in lines if line.startswith(b"data:")]
+        events.append((stream[start:end], b"\n".join(data) if data else None))
+        start = end
+    return events, stream[start:]
+
+
+def test_random_streams_split_anywhere_give_the_events_of_the_plain_definition() -> None:
+    """Single-line ``data:`` events take a short path; this holds it to the definition for every kind of line
+    end (LF, CR LF, a lone CR inside an event, a CR LF line closed by a bare LF), comments, other fields."""
+    pieces = [b"data: ", b"data:", b"event: x", b": note", b'{"k": "v"}', b"[DONE]", b"  ", b"\n", b"\r\n", b"\r"]
+    rng = random.Random(20261122)
+    for _ in range(3000):
+        stream = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 14)))
+        splits = sorted(rng.randint(0, len(stream)) for _ in range(rng.randint(0, 3)))
+        reads = [stream[a:b] for a, b in zip([0, *splits], [*splits, len(stream)], strict=True)]
+        assert cut(reads) == _reference(stream), (stream, splits)
