@@ -1,0 +1,148 @@
+"""A/B of Rollway checkouts on the gateway hot path: CPU per call of each, side by side in one run.
+
+On a shared 2-core VM, CPU per call drifts by ±10 % between minutes, so two runs of ``gateway_bench.py`` at
+different times cannot tell a 5 % change. This starts the mock backend, the bare forwarder and one
+``rollway serve`` per checkout (``--tree``, e.g. a ``git worktree`` of another commit; each on its own SQLite
+file created by that checkout's own store code), then measures them in rounds, alternating the order, and
+compares each checkout with the first *within the same round* (paired ratios: drift hits both alike).
+
+    git worktree add /tmp/rollway-old <commit>
+    python bench/gateway_ab.py --tree . --tree /tmp/rollway-old [--rounds 15] [--calls 500]
+
+Prints per target: median CPU per call over the rounds, the median (and interquartile range) of the per-round
+ratio to the bare forwarder, and of the per-round ratio to the first tree; and median p50 latency.
+
+The servers run from a scratch working directory: ``python -c`` puts the working directory first on
+``sys.path``, so started from a checkout every server would import *that* checkout, whatever ``PYTHONPATH``
+says. Each server is asked which ``gateway`` package it imported before it is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from gateway_bench import CHAT, cpu_seconds, free_port, pct, sequential, start  # noqa: E402
+
+from gateway.mock import MockBackendProcess  # noqa: E402
+from gateway.process import GatewayProcess  # noqa: E402
+
+PREPARE = (
+    "import asyncio, sys; sys.path[:0] = [{tree!r}, {tree!r} + '/bench']; import gateway, gateway_bench; "
+    "print(gateway.__file__); print(asyncio.run(gateway_bench.prepare_store({db!r}, {mock!r})))"
+)
+
+
+def prepare(tree: str, db: str, mock_url: str, cwd: str) -> str:
+    """Create ``db`` with ``tree``'s own store code (schema, pragmas); the attempt path prefix."""
+    code = PREPARE.format(tree=tree, db=db, mock=mock_url)
+    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, check=True)
+    imported, prefix = out.stdout.strip().splitlines()[-2:]
+    _check(tree, imported)
+    return prefix
+
+
+def imported_by(tree: str, cwd: str) -> str:
+    """The ``gateway`` package a server started like the ones here imports."""
+    env = {**os.environ, "PYTHONPATH": tree}
+    code = "import gateway; print(gateway.__file__)"
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True).stdout
+
+
+def _check(tree: str, imported: str) -> None:
+    if not Path(imported.strip()).resolve().is_relative_to(Path(tree).resolve()):
+        raise SystemExit(f"a server for {tree} would import {imported.strip()}: not the checkout asked for")
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    return pct(values, 0.25), statistics.median(values), pct(values, 0.75)
+
+
+async def run(args: argparse.Namespace) -> None:
+    trees: list[str] = args.tree
+    with tempfile.TemporaryDirectory() as scratch, MockBackendProcess() as mock:
+        os.chdir(scratch)  # see the module docstring: not a checkout's directory
+        bare_port = free_port()
+        forwarder = [sys.executable, str(ROOT / "bench" / "bare_forwarder.py")]
+        bare = start([*forwarder, "--port", str(bare_port), "--upstream", mock.url, "--announce"], "forwarding")
+        servers: list[GatewayProcess] = []
+        try:
+            urls = {"bare": f"http://127.0.0.1:{bare_port}/v1/chat/completions"}
+            pids = {"bare": bare.pid}
+            for index, tree in enumerate(trees):
+                _check(tree, imported_by(tree, scratch))
+                db = f"sqlite:///{scratch}/tree{index}.db"
+                prefix = prepare(tree, db, mock.base_url, scratch)
+                env = {"ROLLWAY_ACCESS_LOG": "false", "PYTHONPATH": tree}
+                server = GatewayProcess(db, env=env).start()
+                servers.append(server)
+                assert server.pid is not None
+                name = f"{index}: {tree}"
+                urls[name], pids[name] = f"{server.url}{prefix}/v1/chat/completions", server.pid
+            results = await measure(urls, pids, args)
+        finally:
+            for server in servers:
+                server.stop()
+            bare.terminate()
+            bare.wait(timeout=15)
+    report(results, list(urls), args)
+
+
+async def measure(urls: dict[str, str], pids: dict[str, int], args: argparse.Namespace) -> dict[str, Any]:
+    cpu: dict[str, list[float]] = {name: [] for name in urls}
+    p50: dict[str, list[float]] = {name: [] for name in urls}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        for name in urls:  # warm up connections and caches
+            await sequential(session, urls[name], 100, CHAT)
+        for round_ in range(args.rounds):
+            order = list(urls) if round_ % 2 == 0 else list(reversed(urls))
+            for name in order:
+                before = cpu_seconds(pids[name])
+                latencies = await sequential(session, urls[name], args.calls, CHAT)
+                cpu[name].append((cpu_seconds(pids[name]) - before) / args.calls)
+                p50[name].append(pct(latencies, 0.5))
+            print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
+    return {"cpu": cpu, "p50": p50}
+
+
+def report(results: dict[str, Any], names: list[str], args: argparse.Namespace) -> None:
+    cpu, p50 = results["cpu"], results["p50"]
+    first = names[1]
+    print(f"\nGateway A/B: {args.calls} sequential non-streaming calls per target per round, {args.rounds} rounds")
+    print(f"{'target':<40}{'CPU/call ms':>12}{'/ bare (IQR)':>22}{'/ tree 0 (IQR)':>22}{'p50 ms':>9}")
+    for name in names:
+        to_bare = quartiles([a / b for a, b in zip(cpu[name], cpu["bare"], strict=True)])
+        to_first = quartiles([a / b for a, b in zip(cpu[name], cpu[first], strict=True)])
+        print(
+            f"{name[-40:]:<40}{statistics.median(cpu[name]) * 1000:>12.3f}"
+            f"{to_bare[1]:>10.3f} ({to_bare[0]:.2f}-{to_bare[2]:.2f})"
+            f"{to_first[1]:>10.3f} ({to_first[0]:.2f}-{to_first[2]:.2f})"
+            f"{statistics.median(p50[name]) * 1000:>9.3f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tree", action="append", required=True, help="a Rollway checkout (repeat; first = base)")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=500)
+    args = parser.parse_args()
+    args.tree = [str(Path(tree).resolve()) for tree in args.tree]
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()
