@@ -1,20 +1,20 @@
 """A/B of Rollway checkouts on the gateway hot path: CPU per call of each, side by side in one run.
 
-On a shared 2-core VM, CPU per call drifts by ±10 % between minutes, so two runs of ``gateway_bench.py`` at
+On a shared 2-core VM, CPU per call drifts by 10 % or more between minutes, so two runs of ``gateway_bench.py`` at
 different times cannot tell a 5 % change. This starts the mock backend, the bare forwarder and one
 ``rollway serve`` per checkout (``--tree``, e.g. a ``git worktree`` of another commit; each on its own SQLite
 file created by that checkout's own store code), then measures them in rounds, alternating the order, and
-compares each checkout with the first *within the same round* (paired ratios: drift hits both alike).
+compares each checkout with the first *within the same round* (paired ratios: drift between rounds cancels).
 
     git worktree add /tmp/rollway-old <commit>
-    python bench/gateway_ab.py --tree . --tree /tmp/rollway-old [--rounds 15] [--calls 500]
+    python bench/gateway_ab.py --tree . --tree /tmp/rollway-old [--rounds 16] [--calls 500]
 
 Prints per target: median CPU per call over the rounds, the median (and interquartile range) of the per-round
 ratio to the bare forwarder, and of the per-round ratio to the first tree; and median p50 latency.
 
-The servers run from a scratch working directory: ``python -c`` puts the working directory first on
+The servers run with ``PYTHONSAFEPATH=1``: ``python -c`` otherwise puts the working directory first on
 ``sys.path``, so started from a checkout every server would import *that* checkout, whatever ``PYTHONPATH``
-says. Each server is asked which ``gateway`` package it imported before it is measured.
+says. Before a server starts, a probe with the same environment tells which ``gateway`` package it imports.
 """
 
 from __future__ import annotations
@@ -40,41 +40,40 @@ from gateway_bench import CHAT, cpu_seconds, free_port, pct, sequential, start  
 from gateway.mock import MockBackendProcess  # noqa: E402
 from gateway.process import GatewayProcess  # noqa: E402
 
+SAFE = {"PYTHONSAFEPATH": "1"}  # no working directory on sys.path (Python 3.11+)
 PREPARE = (
     "import asyncio, sys; sys.path[:0] = [{tree!r}, {tree!r} + '/bench']; import gateway, gateway_bench; "
     "print(gateway.__file__); print(asyncio.run(gateway_bench.prepare_store({db!r}, {mock!r})))"
 )
 
 
-def prepare(tree: str, db: str, mock_url: str, cwd: str) -> str:
+def _python(code: str, env: dict[str, str]) -> str:
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"python -c failed ({out.returncode}):\n{out.stderr}")
+    return out.stdout
+
+
+def prepare(tree: str, db: str, mock_url: str) -> str:
     """Create ``db`` with ``tree``'s own store code (schema, pragmas); the attempt path prefix."""
-    code = PREPARE.format(tree=tree, db=db, mock=mock_url)
-    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, check=True)
-    imported, prefix = out.stdout.strip().splitlines()[-2:]
+    imported, prefix = _python(PREPARE.format(tree=tree, db=db, mock=mock_url), SAFE).strip().splitlines()[-2:]
     _check(tree, imported)
     return prefix
 
 
-def imported_by(tree: str, cwd: str) -> str:
-    """The ``gateway`` package a server started like the ones here imports."""
-    env = {**os.environ, "PYTHONPATH": tree}
-    code = "import gateway; print(gateway.__file__)"
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True).stdout
-
-
 def _check(tree: str, imported: str) -> None:
-    if not Path(imported.strip()).resolve().is_relative_to(Path(tree).resolve()):
+    if not Path(imported.strip()).resolve().is_relative_to(tree):
         raise SystemExit(f"a server for {tree} would import {imported.strip()}: not the checkout asked for")
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
-    return pct(values, 0.25), statistics.median(values), pct(values, 0.75)
+    low, median, high = statistics.quantiles(values, n=4, method="inclusive")
+    return low, median, high
 
 
 async def run(args: argparse.Namespace) -> None:
     trees: list[str] = args.tree
     with tempfile.TemporaryDirectory() as scratch, MockBackendProcess() as mock:
-        os.chdir(scratch)  # see the module docstring: not a checkout's directory
         bare_port = free_port()
         forwarder = [sys.executable, str(ROOT / "bench" / "bare_forwarder.py")]
         bare = start([*forwarder, "--port", str(bare_port), "--upstream", mock.url, "--announce"], "forwarding")
@@ -83,11 +82,10 @@ async def run(args: argparse.Namespace) -> None:
             urls = {"bare": f"http://127.0.0.1:{bare_port}/v1/chat/completions"}
             pids = {"bare": bare.pid}
             for index, tree in enumerate(trees):
-                _check(tree, imported_by(tree, scratch))
-                db = f"sqlite:///{scratch}/tree{index}.db"
-                prefix = prepare(tree, db, mock.base_url, scratch)
-                env = {"ROLLWAY_ACCESS_LOG": "false", "PYTHONPATH": tree}
-                server = GatewayProcess(db, env=env).start()
+                env = {"ROLLWAY_ACCESS_LOG": "false", "PYTHONPATH": tree, **SAFE}
+                _check(tree, _python("import gateway; print(gateway.__file__)", env))
+                prefix = prepare(tree, f"sqlite:///{scratch}/tree{index}.db", mock.base_url)
+                server = GatewayProcess(f"sqlite:///{scratch}/tree{index}.db", env=env).start()
                 servers.append(server)
                 assert server.pid is not None
                 name = f"{index}: {tree}"
@@ -126,8 +124,9 @@ def report(results: dict[str, Any], names: list[str], args: argparse.Namespace) 
     for name in names:
         to_bare = quartiles([a / b for a, b in zip(cpu[name], cpu["bare"], strict=True)])
         to_first = quartiles([a / b for a, b in zip(cpu[name], cpu[first], strict=True)])
+        label = name if len(name) <= 39 else f"{name[:3]}...{name[-33:]}"
         print(
-            f"{name[-40:]:<40}{statistics.median(cpu[name]) * 1000:>12.3f}"
+            f"{label:<40}{statistics.median(cpu[name]) * 1000:>12.3f}"
             f"{to_bare[1]:>10.3f} ({to_bare[0]:.2f}-{to_bare[2]:.2f})"
             f"{to_first[1]:>10.3f} ({to_first[0]:.2f}-{to_first[2]:.2f})"
             f"{statistics.median(p50[name]) * 1000:>9.3f}"
@@ -137,7 +136,7 @@ def report(results: dict[str, Any], names: list[str], args: argparse.Namespace) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tree", action="append", required=True, help="a Rollway checkout (repeat; first = base)")
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=16, help="an even number runs both orders equally often")
     parser.add_argument("--calls", type=int, default=500)
     args = parser.parse_args()
     args.tree = [str(Path(tree).resolve()) for tree in args.tree]

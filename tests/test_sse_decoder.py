@@ -67,7 +67,7 @@ def test_events_are_cut_as_they_are_asked_for() -> None:
 
 def _reference(stream: bytes) -> tuple[list[tuple[bytes, bytes | None]], bytes]:
     """Events by the plain definition: each ends at the earliest blank line (LF LF or CR LF CR LF); its data is
-    the ``data:`` lines' values (a leading space dropped), joined by LF."""
+    the ``data:`` lines' values (leading spaces dropped), joined by LF."""
     events, start = [], 0
     while (found := re.search(rb"\r\n\r\n|\n\n", stream[start:])) is not None:
         end = start + found.end()
@@ -76,6 +76,17 @@ def _reference(stream: bytes) -> tuple[list[tuple[bytes, bytes | None]], bytes]:
         events.append((stream[start:end], b"\n".join(data) if data else None))
         start = end
     return events, stream[start:]
+
+
+def test_line_ends_and_spaces_the_short_path_must_not_take() -> None:
+    for stream in (
+        b"\n\r\ndata: x\n\n\r",  # a CR LF blank line right after the event's start must not look before it
+        b"data:   x\n\ndata:y\r\n\r\n",  # every leading space dropped; no space at all
+        b"data: a\r\nb\r\n\r\ndata: a\rdata: b\n\n",  # CR LF lines; a lone CR ends a line too
+        b"data: a\ndata: b\r\n\r\n: c\n\n",  # two lines, then a comment
+    ):
+        assert cut([stream]) == _reference(stream), stream
+        assert cut([stream[i : i + 1] for i in range(len(stream))]) == _reference(stream), stream
 
 
 def test_random_streams_split_anywhere_give_the_events_of_the_plain_definition() -> None:
