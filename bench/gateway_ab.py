@@ -42,8 +42,8 @@ from gateway.process import GatewayProcess  # noqa: E402
 
 SAFE = {"PYTHONSAFEPATH": "1"}  # no working directory on sys.path (Python 3.11+)
 PREPARE = (
-    "import asyncio, sys; sys.path[:0] = [{tree!r}, {tree!r} + '/bench']; import gateway, gateway_bench; "
-    "print(gateway.__file__); print(asyncio.run(gateway_bench.prepare_store({db!r}, {mock!r})))"
+    "import asyncio, sys; sys.path[:0] = [{tree!r}, {tree!r} + '/bench']; import gateway_bench; "
+    "print(asyncio.run(gateway_bench.prepare_store({db!r}, {mock!r})))"
 )
 
 
@@ -55,10 +55,9 @@ def _python(code: str, env: dict[str, str]) -> str:
 
 
 def prepare(tree: str, db: str, mock_url: str) -> str:
-    """Create ``db`` with ``tree``'s own store code (schema, pragmas); the attempt path prefix."""
-    imported, prefix = _python(PREPARE.format(tree=tree, db=db, mock=mock_url), SAFE).strip().splitlines()[-2:]
-    _check(tree, imported)
-    return prefix
+    """Create ``db`` with ``tree``'s own store code (schema, pragmas; ``tree`` first on ``sys.path``); the attempt
+    path prefix."""
+    return _python(PREPARE.format(tree=tree, db=db, mock=mock_url), SAFE).strip().splitlines()[-1]
 
 
 def _check(tree: str, imported: str) -> None:
@@ -84,8 +83,9 @@ async def run(args: argparse.Namespace) -> None:
             for index, tree in enumerate(trees):
                 env = {"ROLLWAY_ACCESS_LOG": "false", "PYTHONPATH": tree, **SAFE}
                 _check(tree, _python("import gateway; print(gateway.__file__)", env))
-                prefix = prepare(tree, f"sqlite:///{scratch}/tree{index}.db", mock.base_url)
-                server = GatewayProcess(f"sqlite:///{scratch}/tree{index}.db", env=env).start()
+                db = f"sqlite:///{scratch}/tree{index}.db"
+                prefix = prepare(tree, db, mock.base_url)
+                server = GatewayProcess(db, env=env).start()
                 servers.append(server)
                 assert server.pid is not None
                 name = f"{index}: {tree}"
