@@ -7,7 +7,11 @@ file created by that checkout's own store code), then measures them in rounds, a
 compares each checkout with the first *within the same round* (paired ratios: drift between rounds cancels).
 
     git worktree add /tmp/rollway-old <commit>
-    python bench/gateway_ab.py --tree . --tree /tmp/rollway-old [--rounds 16] [--calls 500]
+    python bench/gateway_ab.py --tree . --tree /tmp/rollway-old [--rounds 16] [--calls 500] [--floor]
+
+``--floor`` adds the bare forwarder recording every call durably in SQLite and nothing else
+(``bare_forwarder.py --record``: a sequence number at arrival, the bytes before the reply, each in its own
+transaction): the least any recording gateway on SQLite can cost per call.
 
 Prints per target: median CPU per call over the rounds, the median (and interquartile range) of the per-round
 ratio to the bare forwarder, and of the per-round ratio to the first tree; and median p50 latency.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
@@ -35,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gateway_bench import CHAT, cpu_seconds, free_port, pct, sequential, start  # noqa: E402
+from gateway_bench import CHAT, cpu_seconds, forwarder, pct, sequential  # noqa: E402
 
 from gateway.mock import MockBackendProcess  # noqa: E402
 from gateway.process import GatewayProcess  # noqa: E402
@@ -72,30 +77,26 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
 
 async def run(args: argparse.Namespace) -> None:
     trees: list[str] = args.tree
-    with tempfile.TemporaryDirectory() as scratch, MockBackendProcess() as mock:
-        bare_port = free_port()
-        forwarder = [sys.executable, str(ROOT / "bench" / "bare_forwarder.py")]
-        bare = start([*forwarder, "--port", str(bare_port), "--upstream", mock.url, "--announce"], "forwarding")
-        servers: list[GatewayProcess] = []
-        try:
-            urls = {"bare": f"http://127.0.0.1:{bare_port}/v1/chat/completions"}
-            pids = {"bare": bare.pid}
-            for index, tree in enumerate(trees):
-                env = {"ROLLWAY_ACCESS_LOG": "false", "PYTHONPATH": tree, **SAFE}
-                _check(tree, _python("import gateway; print(gateway.__file__)", env))
-                db = f"sqlite:///{scratch}/tree{index}.db"
-                prefix = prepare(tree, db, mock.base_url)
-                server = GatewayProcess(db, env=env).start()
-                servers.append(server)
-                assert server.pid is not None
-                name = f"{index}: {tree}"
-                urls[name], pids[name] = f"{server.url}{prefix}/v1/chat/completions", server.pid
-            results = await measure(urls, pids, args)
-        finally:
-            for server in servers:
-                server.stop()
-            bare.terminate()
-            bare.wait(timeout=15)
+    with contextlib.ExitStack() as stack:
+        scratch = stack.enter_context(tempfile.TemporaryDirectory())
+        mock = stack.enter_context(MockBackendProcess())
+        urls, pids = {}, {}
+        urls["bare"], pids["bare"] = stack.enter_context(forwarder(mock.url))
+        if args.floor:
+            urls["bare+sqlite"], pids["bare+sqlite"] = stack.enter_context(
+                forwarder(mock.url, "--record", f"{scratch}/floor.db")
+            )
+        for index, tree in enumerate(trees):
+            env = {"ROLLWAY_ACCESS_LOG": "false", "PYTHONPATH": tree, **SAFE}
+            _check(tree, _python("import gateway; print(gateway.__file__)", env))
+            db = f"sqlite:///{scratch}/tree{index}.db"
+            prefix = prepare(tree, db, mock.base_url)
+            server = GatewayProcess(db, env=env).start()
+            stack.callback(server.stop)
+            assert server.pid is not None
+            name = f"{index}: {tree}"
+            urls[name], pids[name] = f"{server.url}{prefix}/v1/chat/completions", server.pid
+        results = await measure(urls, pids, args)
     report(results, list(urls), args)
 
 
@@ -118,7 +119,7 @@ async def measure(urls: dict[str, str], pids: dict[str, int], args: argparse.Nam
 
 def report(results: dict[str, Any], names: list[str], args: argparse.Namespace) -> None:
     cpu, p50 = results["cpu"], results["p50"]
-    first = names[1]
+    first = names[2] if args.floor else names[1]
     print(f"\nGateway A/B: {args.calls} sequential non-streaming calls per target per round, {args.rounds} rounds")
     print(f"{'target':<40}{'CPU/call ms':>12}{'/ bare (IQR)':>22}{'/ tree 0 (IQR)':>22}{'p50 ms':>9}")
     for name in names:
@@ -138,6 +139,7 @@ def main() -> None:
     parser.add_argument("--tree", action="append", required=True, help="a Rollway checkout (repeat; first = base)")
     parser.add_argument("--rounds", type=int, default=16, help="an even number runs both orders equally often")
     parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--floor", action="store_true", help="also the bare forwarder recording durably in SQLite")
     args = parser.parse_args()
     args.tree = [str(Path(tree).resolve()) for tree in args.tree]
     asyncio.run(run(args))

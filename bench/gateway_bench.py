@@ -2,6 +2,9 @@
 
 - direct: the client calls the mock backend;
 - bare:   through ``bench/bare_forwarder.py`` (uvicorn + the same aiohttp client, no parsing or recording);
+- bare+sqlite: the bare forwarder also recording each call durably in SQLite and nothing else (a sequence number
+  in its own transaction at arrival, the request and answer bytes committed before the reply: what the product's
+  contract asks of any recording gateway, with none of Rollway's parsing) — the floor for Rollway's CPU;
 - rollway: through ``rollway serve`` (attribution by path, capture, span durable on SQLite before the reply).
 
 Prints, as medians over repetitions: latency p50/p99 at concurrency 1 (non-streaming), the latency each
@@ -24,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -133,8 +136,9 @@ async def prepare_store(db: str, mock_url: str) -> str:
     return f"/rollout/{claim.rollout.rollout_id}/attempt/{claim.attempt.attempt_id}"
 
 
-TARGETS = ("direct", "direct+capture", "bare", "rollway")
-PROXIES = ("bare", "rollway")
+TARGETS = ("direct", "direct+capture", "bare", "bare+sqlite", "rollway")
+PROXIES = ("bare", "bare+sqlite", "rollway")
+STREAMED = ("direct", "direct+capture", "bare", "rollway")  # bare+sqlite reads a stream whole before replying
 
 
 async def measure(args: argparse.Namespace, urls: dict[str, str], pids: dict[str, int]) -> dict[str, Any]:
@@ -143,7 +147,7 @@ async def measure(args: argparse.Namespace, urls: dict[str, str], pids: dict[str
     stream = {name: {**paced, **CAPTURE} if name == "direct+capture" else paced for name in TARGETS}
     latency: dict[str, list[tuple[float, float]]] = {name: [] for name in TARGETS}
     cpu: dict[str, list[float]] = {name: [] for name in PROXIES}
-    firsts: dict[str, list[float]] = {name: [] for name in TARGETS}
+    firsts: dict[str, list[float]] = {name: [] for name in STREAMED}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for name in TARGETS:  # warm up connections and caches
             await sequential(session, urls[name], 30, chat[name])
@@ -160,30 +164,40 @@ async def measure(args: argparse.Namespace, urls: dict[str, str], pids: dict[str
     return {"latency": latency, "cpu": cpu, "firsts": firsts}
 
 
+@contextlib.contextmanager
+def forwarder(upstream: str, *options: str) -> Iterator[tuple[str, int]]:
+    """``bench/bare_forwarder.py`` in front of ``upstream`` (with ``options``, e.g. ``--record FILE``): its
+    chat-completions URL and process id."""
+    port = free_port()
+    command = [sys.executable, str(ROOT / "bench" / "bare_forwarder.py"), "--port", str(port), "--upstream", upstream]
+    process = start([*command, *options, "--announce"], "forwarding")
+    try:
+        yield f"http://127.0.0.1:{port}/v1/chat/completions", process.pid
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+
 @contextlib.asynccontextmanager
 async def proxies(mock: MockBackendProcess, tmp: str) -> AsyncIterator[tuple[dict[str, str], dict[str, int]]]:
-    """The bare forwarder and ``rollway serve`` (on a SQLite file in ``tmp``, one claimed rollout, calls
-    attributed by path) in front of ``mock``: their chat-completions URLs and process ids, by name."""
+    """The bare forwarder (plain, and recording in ``tmp``) and ``rollway serve`` (on a SQLite file in ``tmp``,
+    one claimed rollout, calls attributed by path) in front of ``mock``: their chat-completions URLs and process
+    ids, by name."""
     db = f"sqlite:///{tmp}/bench.db"
     prefix = await prepare_store(db, mock.base_url)
-    bare_port = free_port()
-    forwarder = [sys.executable, str(ROOT / "bench" / "bare_forwarder.py")]
-    bare = start([*forwarder, "--port", str(bare_port), "--upstream", mock.url, "--announce"], "forwarding")
-    try:
+    with forwarder(mock.url) as bare, forwarder(mock.url, "--record", f"{tmp}/floor.db") as floor:
         # Access log off, as for the bare forwarder: both proxies are measured doing their own work only.
         rollway = GatewayProcess(db, env={"ROLLWAY_ACCESS_LOG": "false"}).start()
         try:
             assert rollway.pid is not None
-            urls = {
-                "bare": f"http://127.0.0.1:{bare_port}/v1/chat/completions",
-                "rollway": f"{rollway.url}{prefix}/v1/chat/completions",
+            served = {
+                "bare": bare,
+                "bare+sqlite": floor,
+                "rollway": (f"{rollway.url}{prefix}/v1/chat/completions", rollway.pid),
             }
-            yield urls, {"bare": bare.pid, "rollway": rollway.pid}
+            yield {name: url for name, (url, _) in served.items()}, {name: pid for name, (_, pid) in served.items()}
         finally:
             rollway.stop()
-    finally:
-        bare.terminate()
-        bare.wait(timeout=15)
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -204,8 +218,10 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
     for name in TARGETS:
         cpu_ms = f"{statistics.median(cpu[name]) * ms:>14.3f}" if name in cpu else ""
         print(f"{name:<16}{med[name][0] * ms:>10.3f}{med[name][1] * ms:>10.3f}{cpu_ms}")
-    ratio = statistics.median(cpu["rollway"]) / statistics.median(cpu["bare"])
+    bare = statistics.median(cpu["bare"])
+    ratio, floor = statistics.median(cpu["rollway"]) / bare, statistics.median(cpu["bare+sqlite"]) / bare
     print(f"\nRollway CPU per call / bare forwarder CPU per call: {ratio:.2f}x (target <= 1.5x)")
+    print(f"Durable SQLite recording alone (bare+sqlite) / bare forwarder: {floor:.2f}x (the floor)")
     for base in ("direct", "direct+capture"):
         added = [(med["rollway"][i] - med[base][i]) * ms for i in (0, 1)]
         print(
