@@ -70,7 +70,16 @@ def test_logs_are_json_lines_with_the_request_id_and_no_secret(tmp_path: Path, m
         assert httpx.post(f"{process.url}/v1/chat/completions", json=BODY, headers=call).status_code == 200
         wrong = {"authorization": "Bearer sk-rw-not-a-real-key", "x-request-id": "agent-call-8"}
         assert httpx.post(f"{process.url}/v1/chat/completions", json=BODY, headers=wrong).status_code == 401
-        lines = _wait_for_lines(process, ["agent-call-7", "agent-call-8", "admin-call-1"])
+        # The admin token as a path prefix opens only the Agent-lightning and OTLP routes; an agent pointed at
+        # that address for its LLM calls gets a 404, and a wrong token a 401 -- neither token in the log.
+        for path, status, request_id in [
+            ("/t/not-the-admin-token-5678/v1/agl/health", 401, "path-token-1"),
+            (f"/t/{TOKEN}/v1/chat/completions", 404, "path-token-2"),
+            (f"/t/{TOKEN}/admin/v1/stats", 404, "path-token-3"),
+        ]:
+            sent = httpx.post(f"{process.url}{path}", json=BODY, headers={"x-request-id": request_id})
+            assert sent.status_code == status
+        lines = _wait_for_lines(process, ["agent-call-7", "agent-call-8", "admin-call-1", "path-token-3"])
     records = [json.loads(line) for line in lines if line.startswith("{")]
     assert len(records) == len(lines)  # every line is a JSON object
     assert {"ts", "level", "logger", "msg", "request_id"} <= set(records[0])
@@ -82,6 +91,9 @@ def test_logs_are_json_lines_with_the_request_id_and_no_secret(tmp_path: Path, m
     assert by_id["admin-call-1"]["logger"] == "uvicorn.access"
     text = "\n".join(lines)
     assert TOKEN not in text and key not in text and "sk-rw-not-a-real-key" not in text
+    assert "not-the-admin-token-5678" not in text
+    assert by_id["path-token-2"]["path"] == "/t/redacted/v1/chat/completions" and by_id["path-token-2"]["status"] == 404
+    assert "/t/redacted/v1/agl/health" in text
 
 
 def _wait_for_lines(process: GatewayProcess, needles: list[str], timeout: float = 10.0) -> list[str]:
