@@ -62,7 +62,11 @@ class KeyCache:
         now = time.monotonic()
         hit = self._entries.get(plain)
         if hit is not None and now - hit[0] < KEY_CACHE_TTL:
-            return hit[1]
+            key = hit[1]
+            if key is None or key.expires_time is None or key.expires_time > self._store.clock():
+                return key
+            del self._entries[plain]  # expired while cached
+            return None
         generation = self._generation
         found = await self._store.find_key(plain)
         if generation != self._generation:  # forgotten meanwhile: what it read may predate a revocation

@@ -15,7 +15,10 @@ import httpx
 import openai
 import pytest
 
+from gateway.attribution import KeyCache
 from gateway.mock import MockBackendProcess
+from store import Store
+from tests.conftest import FakeClock
 from tests.gateway_harness import RunningGateway, claim_one, register, running_gateway
 
 MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
@@ -258,6 +261,16 @@ async def test_revoked_or_unknown_rollout_key_is_401(gw: RunningGateway, http: h
     with pytest.raises(openai.AuthenticationError):
         await gw.client(api_key=key).chat.completions.create(**GOOD)
     assert [s.sequence_id for s in await gw.store.query_spans(rollout_id)] == [1]
+
+
+async def test_a_cached_key_stops_working_when_it_expires(store: Store, clock: FakeClock) -> None:
+    _, plain = await store.mint_key("gateway", expires_time=clock.now + 10)
+    keys = KeyCache(store)
+    assert await keys.find(plain) is not None  # now cached
+    clock.advance(9.9)
+    assert await keys.find(plain) is not None
+    clock.advance(0.1)
+    assert await keys.find(plain) is None
 
 
 async def test_required_keys(tmp_path: Path, mock: MockBackendProcess) -> None:
