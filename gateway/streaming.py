@@ -87,6 +87,16 @@ class ChoiceAccumulator:
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
         self.prompt_token_ids: list[int] | None = None
+        self.delta_text: dict[str, list[str]] = {}  # other text the deltas carried (reasoning_content, refusal)
+        self.delta_other: dict[str, Any] = {}  # other delta fields: the last value seen
+        self.fields: dict[str, Any] = {}  # other fields of the choice (vLLM's stop_reason): the last value seen
+
+
+#: What ``_feed_choice`` reads itself; any other field of a choice, or of a chat delta, is kept as it comes
+#: (text concatenated, anything else the last non-null value), so the span's response is the message the call
+#: would have answered without streaming -- reasoning text included.
+_CHOICE_KEYS = frozenset({"index", "delta", "logprobs", "finish_reason", "token_ids", "prompt_token_ids", "text"})
+_DELTA_KEYS = frozenset({"role", "content", "tool_calls"})
 
 
 class StreamAccumulator:
@@ -123,6 +133,9 @@ class StreamAccumulator:
             acc.token_ids.extend(choice["token_ids"])
         if choice.get("finish_reason") is not None:
             acc.finish_reason = choice["finish_reason"]
+        for key, value in choice.items():
+            if value is not None and key not in _CHOICE_KEYS:
+                acc.fields[key] = value
         logprobs = choice.get("logprobs")
         if self.operation == "chat":
             delta = choice.get("delta") or {}
@@ -130,6 +143,13 @@ class StreamAccumulator:
                 acc.role = delta["role"]
             if delta.get("content"):
                 acc.text.append(delta["content"])
+            for key, value in delta.items():
+                if value is None or key in _DELTA_KEYS:
+                    continue
+                if isinstance(value, str):
+                    acc.delta_text.setdefault(key, []).append(value)
+                else:
+                    acc.delta_other[key] = value
             for call in delta.get("tool_calls") or ():
                 slot = acc.tool_calls.setdefault(
                     call.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
@@ -160,9 +180,11 @@ class StreamAccumulator:
         choices = []
         for index in sorted(self.choices):
             acc = self.choices[index]
-            out: dict[str, Any] = {"index": index, "finish_reason": acc.finish_reason}
+            out: dict[str, Any] = {"index": index, "finish_reason": acc.finish_reason, **acc.fields}
             if self.operation == "chat":
                 message: dict[str, Any] = {"role": acc.role or "assistant", "content": "".join(acc.text) or None}
+                message.update(acc.delta_other)
+                message.update((key, "".join(parts)) for key, parts in acc.delta_text.items())
                 if acc.tool_calls:
                     message["tool_calls"] = [acc.tool_calls[i] for i in sorted(acc.tool_calls)]
                 out["message"] = message

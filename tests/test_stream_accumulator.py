@@ -1,0 +1,50 @@
+"""The stream accumulator rebuilds the answer a non-streamed call would have given (the span's response)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.streaming import StreamAccumulator
+
+
+def chunk(delta: dict[str, Any], finish: str | None = None, **choice: Any) -> dict[str, Any]:
+    body = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "stop_reason": None, **choice}
+    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "m", "choices": [body]}
+
+
+def test_reasoning_refusal_and_stop_reason_survive_streaming() -> None:
+    acc = StreamAccumulator("chat")
+    for piece in [
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"reasoning_content": "Let me "}),
+        chunk({"reasoning_content": "think.", "content": None}),
+        chunk({"content": "4"}),
+        chunk({"content": "2"}),
+        chunk({"refusal": None}, "stop", stop_reason=128009),
+    ]:
+        acc.feed(piece)
+    [choice] = acc.response()["choices"]
+    assert choice["message"] == {"role": "assistant", "content": "42", "reasoning_content": "Let me think."}
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", 128009)
+
+
+def test_a_streamed_refusal_is_kept_and_other_delta_fields_keep_their_last_value() -> None:
+    acc = StreamAccumulator("chat")
+    for piece in [
+        chunk({"role": "assistant", "refusal": "I can"}),
+        chunk({"refusal": "not help.", "annotations": [{"type": "x", "n": 1}]}),
+        chunk({"annotations": [{"type": "x", "n": 2}]}, "stop"),
+    ]:
+        acc.feed(piece)
+    message = acc.response()["choices"][0]["message"]
+    assert message["refusal"] == "I cannot help."
+    assert message["content"] is None
+    assert message["annotations"] == [{"type": "x", "n": 2}]
+
+
+def test_text_completion_choices_keep_their_extra_fields() -> None:
+    acc = StreamAccumulator("text_completion")
+    acc.feed({"id": "cmpl-1", "choices": [{"index": 0, "text": "a", "stop_reason": None, "finish_reason": None}]})
+    acc.feed({"id": "cmpl-1", "choices": [{"index": 0, "text": "b", "stop_reason": "</s>", "finish_reason": "stop"}]})
+    [choice] = acc.response()["choices"]
+    assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == ("ab", "stop", "</s>")
