@@ -84,7 +84,9 @@ class DataPlane:
                 if not err.counted:
                     scope["app"].state.rollway.gateway.metrics.observe_rejected(match["op"], err.status)
                 if not reply.started:
-                    headers = [(b"content-type", b"application/json"), rid_header, *err.headers]
+                    headers = [rid_header, *err.headers]
+                    if not any(name == b"content-type" for name, _ in err.headers):  # a backend's error has its own
+                        headers.insert(0, (b"content-type", b"application/json"))
                     await reply.start(err.status, headers)
                     await reply.body(err.body, more=False)
         finally:
@@ -207,6 +209,9 @@ class DataPlane:
                 record.error_type = f"http_{err.status}"
                 await gateway.finish(record)
             err.counted = True
+            # The call has its ids (and its span): the error tells them like any answer (not the request id:
+            # the caller adds that to every answer).
+            err.headers = [*(h for h in headers if h[0].startswith(b"x-rollway-")), *err.headers]
             raise err from None
         finally:
             state["over"] = True

@@ -256,7 +256,8 @@ class Gateway:
         response, backend, injected = await self.connect(prepared, body)
         ok = response.status < 500
         try:
-            if record.stream and response.status == 200:
+            if record.stream and response.status == 200 and response.content_type != "application/json":
+                # (a backend may answer a streamed request with one JSON body, e.g. embeddings: passed as such)
                 await self._stream(record, response, injected, reply, headers)
             else:
                 await self._whole(record, response, injected, reply, headers)
@@ -288,12 +289,14 @@ class Gateway:
         record.ttft_seconds = time.time() - record.start_time
         out = raw
         if response.status < 400:
-            parsed = orjson.loads(raw)
+            parsed = _json_object(raw)
+            if parsed is None:
+                raise envelope(502, "the backend's answer is not a JSON object", "upstream_error", "bad_response")
             record.response = parsed
-            if record.osmosis and isinstance(parsed, dict):
+            if record.osmosis:
                 answer = capture.stripped(parsed, injected) if injected.any else parsed
                 out = orjson.dumps(capture.with_traingate_fields(answer, parsed, record.operation))
-            elif injected.any and isinstance(parsed, dict):
+            elif injected.any:
                 out = orjson.dumps(capture.stripped(parsed, injected))
         else:
             record.error = raw[:2000].decode(errors="replace")
@@ -329,8 +332,11 @@ class Gateway:
                     if payload == DONE:
                         done_event = raw
                         continue
-                    chunk = orjson.loads(payload)
-                    if isinstance(chunk, dict) and _stream_error(chunk, responses):
+                    chunk = _json_object(payload)
+                    if chunk is None:  # not an event of the API: passed on as it came, nothing to record of it
+                        out.append(raw)
+                        continue
+                    if _stream_error(chunk, responses):
                         record.error = orjson.dumps(chunk.get("error") or chunk).decode()
                         record.error_type = "stream_error"
                         out.append(raw)
@@ -385,6 +391,15 @@ class Gateway:
             await reply.body(b"data: " + not_recorded().body + b"\n\n", more=False)
             return
         await reply.body(done_event or b"", more=False)
+
+
+def _json_object(data: bytes) -> dict[str, Any] | None:
+    """``data`` parsed, when it is a JSON object (what every answer and stream event of the API is)."""
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
 
 
 def _stream_error(chunk: dict[str, Any], responses: bool) -> bool:

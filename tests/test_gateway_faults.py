@@ -102,6 +102,8 @@ async def test_persistent_5xx_gives_the_backends_last_answer_and_one_span(
         assert span.status.status_code == "ERROR"
         assert span.attributes["rollway.retry_count"] == 2
         assert span.attributes["http.response.status_code"] == 502
+        assert len(response.headers.get_list("content-type")) == 1  # the backend's, not also the gateway's
+        assert response.headers["x-rollway-sequence-id"] == str(span.sequence_id)
 
 
 async def test_one_backend_down_all_calls_succeed_via_the_other(tmp_path: Path, mock: MockBackendProcess) -> None:
@@ -291,6 +293,7 @@ async def test_read_timeout_before_the_answer_is_a_504(tmp_path: Path, mock: Moc
         span = await one_span(gw, None)
         assert span.status.status_code == "ERROR"
         assert span.attributes["http.response.status_code"] == 504
+        assert response.headers["x-rollway-sequence-id"] == str(span.sequence_id)
 
 
 async def test_the_rollouts_deadline_cuts_a_hung_call_short(tmp_path: Path, mock: MockBackendProcess) -> None:
@@ -432,3 +435,49 @@ async def test_a_completion_the_store_could_not_record_is_not_handed_over(
         answer = await client.chat.completions.with_raw_response.create(model="policy", messages=MESSAGES, max_tokens=4)
         assert answer.headers["x-rollway-sequence-id"] == "2"
         assert [s.sequence_id for s in await gw.store.query_spans(rollout_id)] == [2]
+
+
+async def test_a_stream_event_that_is_not_json_is_passed_on_and_the_call_goes_on(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    async with gateway(tmp_path, vllm(mock)) as gw:
+        rollout_id, _ = await claim_one(gw.store)
+        mock.add_faults({"kind": "garbage_event", "after_chunks": 3, "body": "{not json"})
+        body = {"model": "policy", "messages": MESSAGES, "max_tokens": 12, "stream": True, **LONG}
+        async with httpx.AsyncClient(timeout=10) as http:
+            response = await http.post(f"{gw.url}/rollout/{rollout_id}/v1/chat/completions", json=body)
+        assert response.status_code == 200
+        events = [line[len("data: ") :] for line in response.text.splitlines() if line.startswith("data: ")]
+        assert "{not json" in events and events[-1] == "[DONE]"  # passed on where it came; the stream finished
+        span = await one_span(gw, rollout_id)
+        assert span.status.status_code == "OK"
+        assert len(span.attributes["rollway.response_token_ids"]) == 12  # every token, before and after it
+
+
+async def test_a_streamed_request_answered_with_one_json_body_gets_that_body(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """The backend answers ``stream: true`` with plain JSON (the mock, like vLLM, does for embeddings)."""
+    async with gateway(tmp_path, vllm(mock)) as gw, httpx.AsyncClient(timeout=10) as http:
+        body = {"model": "policy", "input": "hello", "stream": True}
+        direct = await http.post(f"{mock.url}/v1/embeddings", json={**body, "model": "mock-model"})
+        assert direct.headers["content-type"].startswith("application/json")
+        response = await http.post(f"{gw.url}/v1/embeddings", json=body)
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"].startswith("application/json")
+        assert response.json()["data"] == direct.json()["data"]
+        span = await one_span(gw, None)
+        assert span.status.status_code == "OK"
+
+
+async def test_a_backend_answer_that_is_not_a_json_object_is_a_502(tmp_path: Path, mock: MockBackendProcess) -> None:
+    async with gateway(tmp_path, vllm(mock)) as gw:
+        mock.add_faults({"kind": "status", "status": 200, "body": "not an object"})
+        async with httpx.AsyncClient(timeout=10) as http:
+            response = await http.post(f"{gw.url}/v1/chat/completions", json={"model": "policy", "messages": MESSAGES})
+        error = assert_envelope(response, 502)
+        assert (error["type"], error["code"]) == ("upstream_error", "bad_response")
+        span = await one_span(gw, None)
+        assert span.status.status_code == "ERROR"
+        assert span.attributes["http.response.status_code"] == 502
+        assert (await gw.client().chat.completions.create(model="policy", messages=MESSAGES)).choices

@@ -303,6 +303,8 @@ class _Endpoint:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         record.stage = "streaming"
         sent = 0
+        if rule is not None and rule.kind == "garbage_event":
+            events = _with_garbage(events, rule)
         for number, step in enumerate(events):
             if await watch.sleep(ttft if number == 0 else token_delay):
                 return
@@ -334,6 +336,18 @@ def _sse(steps: list[list[dict[str, Any]]], named: bool) -> list[list[bytes]]:
     events = [[b"data: " + _dumps(chunk) + b"\n\n" for chunk in step] for step in steps]
     events[-1].append(b"data: [DONE]\n\n")
     return events
+
+
+def _with_garbage(events: list[list[bytes]], rule: FaultRule) -> list[list[bytes]]:
+    """``events`` with one more, whose data is the rule's ``body`` (not JSON), after ``after_chunks`` events."""
+    data = rule.body if isinstance(rule.body, str) else "{not json"
+    garbage = b"data: " + data.encode() + b"\n\n"
+    out, seen = [], 0
+    for step in events:
+        cut = rule.after_chunks - seen
+        out.append([*step[:cut], garbage, *step[cut:]] if 0 <= cut < len(step) else step)
+        seen += len(step)
+    return out
 
 
 def _log_abort(rule: FaultRule, record: RequestRecord) -> None:

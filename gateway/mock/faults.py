@@ -8,12 +8,15 @@ A fault rule (JSON, ``POST /mock/faults``)::
     {"kind": "stall_mid_stream", "after_chunks": 3}     # send N events, then nothing until the client leaves
     {"kind": "hang"}                                    # never answer until the client leaves
     {"kind": "delay", "ms": 500}                        # answer normally, ``ms`` later
+    {"kind": "garbage_event", "after_chunks": 3, "body": "{not json"}  # one event whose data is not JSON
 
 ``times`` is how many requests the rule fires for (default 1; ``null`` for every request until removed).
 ``match`` (optional) narrows it: a string is a model name; an object may hold ``model``, ``path`` and
 ``stream`` (bool). Without ``path`` a rule matches only the generation routes (``POST /v1/...``), never
 ``/v1/models`` or ``/health``. The first rule that matches fires; ``drop_mid_stream`` on a non-streamed request
-sends the headers and half the body, then aborts.
+sends the headers and half the body, then aborts. ``garbage_event`` slips one ``data:`` event holding ``body``
+(a string; default ``{not json``) into a stream after N events and then goes on; a non-streamed answer is
+unchanged.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-FaultKind = Literal["status", "rate_limit", "drop_mid_stream", "stall_mid_stream", "hang", "delay"]
+FaultKind = Literal["status", "rate_limit", "drop_mid_stream", "stall_mid_stream", "hang", "delay", "garbage_event"]
 KINDS: frozenset[str] = frozenset(FaultKind.__args__)  # type: ignore[attr-defined]
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"})
 
