@@ -33,7 +33,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PATH = re.compile(
     r"^(?:/rollout/(?P<rollout>[^/]+)(?:/attempt/(?P<attempt>[^/]+))?)?"
-    r"/v1/(?P<op>chat/completions|completions|responses|embeddings|models)/?$"
+    r"/v1/(?P<op>chat/completions|completions|responses|embeddings|models)(?:(?<=models)/(?P<model>.+?))?/?$"
 )
 STORE_STATUS = {
     NotFoundError: (404, "not_found_error"),
@@ -103,7 +103,10 @@ class DataPlane:
         if op_path == "models":
             if method != "GET":
                 raise envelope(405, "use GET for /v1/models", "invalid_request_error")
-            await self._models(gateway, reply, rid_header)
+            if match["model"] is None:
+                await self._models(gateway, reply, rid_header)
+            else:
+                await self._model(gateway, unquote(match["model"]), reply, rid_header)
             return
         if method != "POST":
             raise envelope(405, f"use POST for /v1/{op_path}", "invalid_request_error")
@@ -156,6 +159,16 @@ class DataPlane:
         ]
         await reply.start(200, [(b"content-type", b"application/json"), rid_header])
         await reply.body(orjson.dumps({"object": "list", "data": data}), more=False)
+
+    async def _model(self, gateway: Gateway, alias: str, reply: AsgiReply, rid_header: tuple[bytes, bytes]) -> None:
+        """``GET /v1/models/{alias}`` (the SDK's ``models.retrieve``)."""
+        try:
+            model = await gateway.store.get_model(alias)
+        except NotFoundError:
+            raise envelope(404, f"the model '{alias}' does not exist", "not_found_error", "model_not_found") from None
+        data = {"id": model.alias, "object": "model", "created": int(model.created_time), "owned_by": "rollway"}
+        await reply.start(200, [(b"content-type", b"application/json"), rid_header])
+        await reply.body(orjson.dumps(data), more=False)
 
     async def _run_watched(
         self,

@@ -279,6 +279,9 @@ async def test_embeddings_and_models(gw: RunningGateway, direct: AsyncOpenAI) ->
     assert span.attributes["rollway.trainable"] is False
     models = await client.models.list()
     assert [m.id for m in models.data] == ["policy"]
+    assert (await client.models.retrieve("policy")) == models.data[0]
+    with pytest.raises(openai.NotFoundError):
+        await client.models.retrieve("no-such-model")
 
 
 async def test_concurrent_calls_of_one_attempt_get_gap_free_sequence_ids(gw: RunningGateway) -> None:
