@@ -47,7 +47,9 @@ def prepare(
         upstream["return_token_ids"] = True
         injected.token_ids = True
     if operation == "chat":
-        if not upstream.get("logprobs"):
+        # A client's ``top_logprobs`` without ``logprobs`` goes as it came (the backend refuses it, as it would
+        # a direct call): asking for logprobs here would overwrite it and answer what the backend refuses.
+        if not upstream.get("logprobs") and upstream.get("top_logprobs") is None:
             upstream["logprobs"] = True
             upstream["top_logprobs"] = 0
             injected.logprobs = True
@@ -133,6 +135,8 @@ class CallRecord:
     sequence_id: int | None = None
     trace_id: str = field(default_factory=lambda: secrets.token_hex(16))
     parent_id: str | None = None
+    trace_flags: str = "01"  # the caller's, when it sent a trace context (sampled by default)
+    trace_state: str | None = None  # the caller's ``tracestate``, passed on
     span_id: str = field(default_factory=lambda: secrets.token_hex(8))
     backend: Backend | None = None
     model_version: str | None = None
@@ -236,19 +240,31 @@ def _host(url: str) -> str:
     return rest.split("/", 1)[0]
 
 
-def parse_traceparent(value: str | None) -> tuple[str, str] | None:
-    """(trace_id, parent span id) from a W3C ``traceparent`` header, or None when absent or invalid."""
+@dataclass(frozen=True)
+class Trace:
+    """The caller's W3C trace context: the call's span continues its trace under its span, with its flags
+    (sampled or not) and its ``tracestate``, both passed on to the backend unchanged."""
+
+    trace_id: str
+    parent_id: str
+    flags: str = "01"
+    state: str | None = None
+
+
+def parse_traceparent(value: str | None, state: str | None = None) -> Trace | None:
+    """The trace context of a W3C ``traceparent`` header (and ``tracestate``), or None when absent or invalid."""
     if not value:
         return None
     parts = value.strip().split("-")
     if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff":
         return None
-    trace_id, span_id = parts[1].lower(), parts[2].lower()
-    if len(trace_id) != 32 or len(span_id) != 16 or not _hex(trace_id + span_id):
+    trace_id, span_id, flags = parts[1].lower(), parts[2].lower(), parts[3][:2].lower()
+    if len(trace_id) != 32 or len(span_id) != 16 or len(flags) != 2 or not _hex(trace_id + span_id + flags):
         return None
     if trace_id == "0" * 32 or span_id == "0" * 16:
         return None
-    return trace_id, span_id
+    state = state.strip() if state else None
+    return Trace(trace_id, span_id, flags, state if state and len(state) <= 512 else None)
 
 
 def _hex(text: str) -> bool:
@@ -259,5 +275,5 @@ def _hex(text: str) -> bool:
     return True
 
 
-def traceparent(trace_id: str, span_id: str) -> str:
-    return f"00-{trace_id}-{span_id}-01"
+def traceparent(trace_id: str, span_id: str, flags: str = "01") -> str:
+    return f"00-{trace_id}-{span_id}-{flags}"

@@ -131,7 +131,11 @@ class DataPlane:
         try:
             who = await attribute(rollout, attempt, headers, parsed, keys, gateway.settings.gateway_auth == "keys")
             prepared = await gateway.begin(
-                capture.OPERATIONS[op_path], op_path, parsed, who, capture.parse_traceparent(headers.get("traceparent"))
+                capture.OPERATIONS[op_path],
+                op_path,
+                parsed,
+                who,
+                capture.parse_traceparent(headers.get("traceparent"), headers.get("tracestate")),
             )
         except AuthError as exc:
             raise envelope(

@@ -18,7 +18,7 @@ import orjson
 
 from gateway import capture
 from gateway.attribution import Attribution
-from gateway.capture import CallRecord, Injected
+from gateway.capture import CallRecord, Injected, Trace, traceparent
 from gateway.metrics import Metrics
 from gateway.registry import AliasPaused, Lease, ModelRegistry, UnknownAlias
 from gateway.routing import Router
@@ -104,7 +104,7 @@ class Gateway:
         await self.upstream.close()
 
     async def begin(
-        self, operation: str, path: str, body: dict[str, Any], who: Attribution, trace: tuple[str, str] | None
+        self, operation: str, path: str, body: dict[str, Any], who: Attribution, trace: Trace | None
     ) -> Prepared:
         """Everything that happens before the backend is called. Raises CallError with nothing recorded for
         bad input (unknown alias, unknown/stale rollout); from here on every call gets exactly one span."""
@@ -128,7 +128,8 @@ class Gateway:
             arrival.done()  # ``admit`` ends it from here on
             raise
         if trace is not None:
-            record.trace_id, record.parent_id = trace
+            record.trace_id, record.parent_id = trace.trace_id, trace.parent_id
+            record.trace_flags, record.trace_state = trace.flags, trace.state
         record.deadline = ticket.deadline
         record.osmosis = who.osmosis
         try:
@@ -216,7 +217,7 @@ class Gateway:
                         backend,
                         prepared.path,
                         orjson.dumps(upstream_body),
-                        trace=(record.trace_id, record.span_id),
+                        trace=(traceparent(record.trace_id, record.span_id, record.trace_flags), record.trace_state),
                         deadline=deadline,
                     )
             except UpstreamFailure as exc:

@@ -13,7 +13,6 @@ import time
 
 import aiohttp
 
-from gateway.capture import traceparent
 from store import Backend
 
 
@@ -50,12 +49,15 @@ class Upstream:
         path: str,
         payload: bytes,
         *,
-        trace: tuple[str, str],
+        trace: tuple[str, str | None],
         deadline: float | None,
     ) -> aiohttp.ClientResponse:
-        """POST ``payload`` to ``{backend.base_url}/{path}``; the response is returned unread."""
+        """POST ``payload`` to ``{backend.base_url}/{path}`` with ``trace`` (``traceparent``, ``tracestate``); the
+        response is returned unread."""
         assert self._session is not None, "upstream session not started"
-        headers = {"Content-Type": "application/json", "traceparent": traceparent(*trace)}
+        headers = {"Content-Type": "application/json", "traceparent": trace[0]}
+        if trace[1]:
+            headers["tracestate"] = trace[1]
         if backend.api_key is not None:
             headers["Authorization"] = f"Bearer {backend.api_key.get_secret_value()}"
         # The session's timeouts unless the rollout's deadline is sooner. (Passing ``timeout=None`` to aiohttp

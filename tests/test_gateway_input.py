@@ -291,16 +291,33 @@ async def test_required_keys(tmp_path: Path, mock: MockBackendProcess) -> None:
         assert len(await gw.store.query_spans(None)) == 1  # the gateway key's call
 
 
+async def test_top_logprobs_without_logprobs_gets_the_backends_answer(
+    gw: RunningGateway, mock: MockBackendProcess, http: httpx.AsyncClient
+) -> None:
+    body = {**GOOD, "top_logprobs": 3}
+    direct = await http.post(f"{mock.url}/v1/chat/completions", json=body)
+    through = await http.post(f"{gw.url}/v1/chat/completions", json=body)
+    assert direct.status_code == through.status_code == 400
+    assert through.json() == direct.json()
+    assert mock.requests(path="/v1/chat/completions")[-1]["body"]["top_logprobs"] == 3  # not overwritten
+
+
 async def test_traceparent_is_continued(gw: RunningGateway, mock: MockBackendProcess) -> None:
     rollout_id, _ = await claim_one(gw.store)
     trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
     client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
     await client.chat.completions.create(**GOOD, extra_headers={"traceparent": f"00-{trace_id}-{parent}-01"})
     await client.chat.completions.create(**GOOD, extra_headers={"traceparent": "00-zz-not-a-trace"})
-    first, second = await gw.store.query_spans(rollout_id)
+    unsampled = {"traceparent": f"00-{trace_id}-{parent}-00", "tracestate": "vendor=abc,other=1"}
+    await client.chat.completions.create(**GOOD, extra_headers=unsampled)
+    first, second, third = await gw.store.query_spans(rollout_id)
     assert (first.trace_id, first.parent_id) == (trace_id, parent)
     assert first.span_id != parent
     assert second.trace_id != trace_id and second.parent_id is None  # an invalid header starts a new trace
     upstream = mock.requests(path="/v1/chat/completions")
     assert upstream[0]["headers"]["traceparent"] == f"00-{trace_id}-{first.span_id}-01"
+    assert "tracestate" not in upstream[0]["headers"]
     assert upstream[1]["headers"]["traceparent"] == f"00-{second.trace_id}-{second.span_id}-01"
+    # The caller's flags (here: not sampled) and tracestate go on to the backend unchanged.
+    assert upstream[2]["headers"]["traceparent"] == f"00-{trace_id}-{third.span_id}-00"
+    assert upstream[2]["headers"]["tracestate"] == "vendor=abc,other=1"
