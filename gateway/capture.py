@@ -211,6 +211,9 @@ class CallRecord:
         details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
         if details.get("cached_tokens") is not None:
             attributes["rollway.usage.cached_tokens"] = details["cached_tokens"]
+        if self.operation == "responses":
+            attributes["gen_ai.response.finish_reasons"] = [_responses_finish_reason(response)]
+            return False  # the Responses API returns no token ids
         choices = response.get("choices") or []
         if not choices:
             return False
@@ -233,6 +236,26 @@ class CallRecord:
                 for i, c in enumerate(choices)
             ]
         return prompt_ids is not None and first.get("token_ids") is not None
+
+
+#: The Responses API's ends in the chat API's words (``incomplete_details.reason``, when it is one of these).
+_INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
+
+
+def _responses_finish_reason(response: dict[str, Any]) -> str | None:
+    """Why a Responses API answer ended, as chat's ``finish_reason``: ``stop``, ``tool_calls`` (it ends with
+    a function call), ``length``, ``content_filter``, ``error`` (failed); None while it has no end status."""
+    status = response.get("status")
+    if status == "completed":
+        output = response.get("output") or []
+        calls = any(isinstance(item, dict) and item.get("type") == "function_call" for item in output)
+        return "tool_calls" if calls else "stop"
+    if status == "incomplete":
+        reason = (response.get("incomplete_details") or {}).get("reason")
+        return _INCOMPLETE.get(reason, reason) if isinstance(reason, str) else "length"
+    if status == "failed":
+        return "error"
+    return None
 
 
 def _host(url: str) -> str:

@@ -149,6 +149,15 @@ async def test_responses_api_is_passed_through_and_recorded(
     assert recorded["output"][0]["content"][0]["text"] == answer.output_text
     assert answer.usage is not None and attrs["gen_ai.usage.output_tokens"] == answer.usage.output_tokens
     assert attrs["rollway.trainable"] is False  # the Responses API returns no token ids
+    assert attrs["gen_ai.response.finish_reasons"] == ["stop"]
+
+
+async def test_a_responses_answer_cut_at_max_output_tokens_says_length(gw: RunningGateway) -> None:
+    client, rollout_id, attempt_id = await rollout_client(gw, "path")
+    answer = await client.responses.create(model="policy", input="Tell me a long story.", max_output_tokens=2)
+    assert answer.status == "incomplete"
+    [span] = await gw.store.query_spans(rollout_id, attempt_id)
+    assert span.attributes["gen_ai.response.finish_reasons"] == ["length"]
 
 
 async def test_a_responses_stream_that_breaks_off_records_its_text_so_far(
