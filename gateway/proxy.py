@@ -257,7 +257,8 @@ class Gateway:
         response, backend, injected = await self.connect(prepared, body)
         ok = response.status < 500
         try:
-            if record.stream and response.status == 200 and response.content_type != "application/json":
+            streamed = not response.headers.get("Content-Type", "").startswith("application/json")
+            if record.stream and response.status == 200 and streamed:
                 # (a backend may answer a streamed request with one JSON body, e.g. embeddings: passed as such)
                 await self._stream(record, response, injected, reply, headers)
             else:
