@@ -3,8 +3,11 @@ back as ``since``), as JSON pages or streamed JSON Lines."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
+
+import httpx
 
 from admin.client_transport import Transport, query
 from admin.client_types import MergedTriplet, RollwayAPIError, Triplet
@@ -68,10 +71,11 @@ class ExportsMixin:
         while True:
             params = filters | query(rollout_id=rollout_ids, since=cursor, limit=page_size)
             params["format"] = "jsonl" if jsonl else "json"
-            count, next_cursor = 0, None
+            next_cursor: str | None = None
             if jsonl:
-                async for response, record in self._t.json_lines(self._t.build("GET", path, params=params)):
-                    next_cursor = next_cursor or response.headers.get(CURSOR_HEADER)
+                sent: dict[str, str | None] = {}  # the cursor header, also of a page with no lines
+                request = self._t.build("GET", path, params=params)
+                async for record in self._t.json_lines(request, functools.partial(_keep_cursor, sent)):
                     if isinstance(record, dict) and record.keys() == {"next_cursor"}:
                         next_cursor = record["next_cursor"]
                         continue
@@ -79,15 +83,16 @@ class ExportsMixin:
                         error = record["error"] if isinstance(record["error"], dict) else {}
                         message = str(error.get("message", "the export failed mid-stream"))
                         raise RollwayAPIError(500, message, type=error.get("type"), code=error.get("code"))
-                    count += 1
                     yield record
+                next_cursor = next_cursor or sent.get("cursor")
             else:
                 page = (await self._t.request("GET", path, params=params)).json()
                 next_cursor = page.get("next_cursor")
                 for record in page.get("items", []):
-                    count += 1
                     yield record
-            if not next_cursor or count == 0 or next_cursor == cursor:
+            # A page may be empty yet move the cursor (its rollouts gave no records: cancelled before any call):
+            # the end is a cursor that no longer moves.
+            if not next_cursor or next_cursor == cursor:
                 return
             cursor = next_cursor
 
@@ -130,3 +135,7 @@ class ExportsMixin:
         )
         async for record in records:
             yield MergedTriplet.model_validate(record)
+
+
+def _keep_cursor(into: dict[str, str | None], response: httpx.Response) -> None:
+    into["cursor"] = response.headers.get(CURSOR_HEADER)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -156,14 +156,19 @@ class Transport:
         response = await self.request(method, path, **kwargs)
         return model.model_validate_json(response.content)
 
-    async def json_lines(self, request: httpx.Request) -> AsyncIterator[tuple[httpx.Response, Any]]:
-        """Stream a JSON Lines answer: ``(response, record)`` per non-empty line. Retries happen only before the
-        first byte; a stream that breaks later raises ``RollwayConnectionError``."""
+    async def json_lines(
+        self, request: httpx.Request, on_response: Callable[[httpx.Response], None] | None = None
+    ) -> AsyncIterator[Any]:
+        """Stream a JSON Lines answer: a record per non-empty line (``on_response`` is given the response as soon
+        as its headers arrive, also when no line follows). Retries happen only before the first byte; a stream
+        that breaks later raises ``RollwayConnectionError``."""
         response = await self.send(request, stream=True)
+        if on_response is not None:
+            on_response(response)
         try:
             async for line in response.aiter_lines():
                 if line.strip():
-                    yield response, json.loads(line)
+                    yield json.loads(line)
         except httpx.TransportError as exc:
             raise RollwayConnectionError(f"{request.method} {request.url}: stream broken: {exc!r}") from exc
         finally:

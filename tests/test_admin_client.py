@@ -149,6 +149,32 @@ async def test_a_rollout_round_trip_returns_typed_results(client: AsyncRollwayCl
     assert len(merged) == 1 and isinstance(merged[0], MergedTriplet) and 1 in merged[0].loss_mask
 
 
+async def test_exports_page_on_past_rollouts_that_give_no_rows(
+    client: AsyncRollwayClient, mock: MockBackendProcess
+) -> None:
+    """A page of rollouts that give no rows (cancelled before any call) is empty but moves the cursor: the
+    export goes on past it to the rollouts after."""
+    await client.put_model("policy", [{"base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}])
+
+    async def with_a_call() -> str:
+        await client.enqueue([{"input": {"question": "What is 2 + 3?"}}])
+        [claim] = await client.claim("worker-1")
+        async with AsyncOpenAI(base_url=claim.base_url, api_key=claim.api_key, max_retries=0) as llm:
+            await llm.chat.completions.create(model="policy", messages=[{"role": "user", "content": "2 + 3?"}])
+        await client.update_attempt(claim.rollout.rollout_id, status="succeeded")
+        return claim.rollout.rollout_id
+
+    first = await with_a_call()
+    for rollout in await client.enqueue([{"input": {"question": str(i)}} for i in range(3)]):
+        await client.cancel(rollout.rollout_id)
+    last = await with_a_call()
+    for jsonl in (False, True):
+        # Pages of two rollouts: [first, cancelled], [cancelled, cancelled] (no rows), [last].
+        assert [t.rollout_id async for t in client.iter_triplets(page_size=2, jsonl=jsonl)] == [first, last], jsonl
+        rows = [r async for r in client.iter_export("verl", page_size=2, jsonl=jsonl)]
+        assert [r["rollout_id"] for r in rows] == [first, last]
+
+
 async def test_listing_follows_the_cursor(client: AsyncRollwayClient) -> None:
     rollouts = await client.enqueue([{"input": i} for i in range(5)])
     page = await client.list_rollouts(limit=2)
