@@ -7,10 +7,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Path, Response
 
 from admin.context import Context
+from admin.route import AdminRoute
 from admin.schemas import AgentPage, AgentPut, AgentView
 from store import AgentServer
 
-router = APIRouter(tags=["agents"])
+router = APIRouter(tags=["agents"], route_class=AdminRoute)
 
 NAME = Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
 

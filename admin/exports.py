@@ -17,10 +17,11 @@ from fastapi.responses import Response
 
 from admin.adapters.trainers import slime_samples, verl_rows
 from admin.context import Context
+from admin.route import AdminRoute
 from admin.triplets import respond
 from store.exports import MAX_EXPORT_LIMIT, ExportRollout
 
-router = APIRouter(tags=["exports"])
+router = APIRouter(tags=["exports"], route_class=AdminRoute)
 
 Builder = Callable[[ExportRollout], list[dict[str, Any]]]
 FORMATS = {"slime": slime_samples, "verl": verl_rows}

@@ -7,9 +7,10 @@ import time
 from fastapi import APIRouter, Response
 
 from admin.context import Context
+from admin.route import AdminRoute
 from admin.schemas import KeyRequest, MintedKey
 
-router = APIRouter(tags=["keys"])
+router = APIRouter(tags=["keys"], route_class=AdminRoute)
 
 
 @router.post("/keys", status_code=201, response_model=MintedKey)

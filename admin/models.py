@@ -10,11 +10,12 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Response
 
 from admin.context import AdminContext, Context
+from admin.route import AdminRoute
 from admin.schemas import DrainRequest, ModelPage, ModelPut, ModelView, SwapRequest
 from store import ModelAlias
 from store.catalog import action_path
 
-router = APIRouter(tags=["models"])
+router = APIRouter(tags=["models"], route_class=AdminRoute)
 
 
 async def view(context: AdminContext, model: ModelAlias, drained: bool | None = None) -> ModelView:

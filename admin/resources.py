@@ -7,10 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from admin.context import Context
+from admin.route import AdminRoute
 from admin.schemas import ResourcesBody, ResourcesPage
 from store import NotFoundError, ResourcesUpdate
 
-router = APIRouter(tags=["resources"])
+router = APIRouter(tags=["resources"], route_class=AdminRoute)
 
 
 @router.post("/resources", status_code=201, response_model=ResourcesUpdate)
@@ -42,5 +43,6 @@ async def get(resources_id: str, context: Context) -> ResourcesUpdate:
 
 @router.put("/resources/{resources_id}", response_model=ResourcesUpdate)
 async def update(resources_id: str, body: ResourcesBody, context: Context) -> ResourcesUpdate:
-    """A new version (+1) of the bundle; it becomes the latest."""
-    return await context.store.update_resources(resources_id, body.resources)
+    """A new version (+1) of an existing bundle; it becomes the latest. An unknown id is a 404 (a new bundle
+    is a `POST /resources`)."""
+    return await context.store.update_resources(resources_id, body.resources, create=False)

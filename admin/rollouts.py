@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request
 
 from admin.context import AdminContext, Context
+from admin.route import AdminRoute
 from admin.schemas import (
     AttemptRequest,
     AttemptUpdate,
@@ -29,8 +30,9 @@ from admin.schemas import (
     WaitResponse,
 )
 from store import UNSET, Attempt, AttemptedRollout, Rollout, RolloutStatus, Span, TaskSpec, ids
+from store.schemas import Mode
 
-router = APIRouter(tags=["rollouts"])
+router = APIRouter(tags=["rollouts"], route_class=AdminRoute)
 
 REWARD_SPAN = "rollway.reward"
 #: A client's key for one logical request, the same on its retries (``Idempotency-Key``).
@@ -95,7 +97,7 @@ async def claim(
 async def list_rollouts(
     context: Context,
     status: Annotated[list[RolloutStatus] | None, Query()] = None,
-    mode: str | None = None,
+    mode: Mode | None = None,
     group_id: str | None = None,
     started_after: Annotated[float | None, Query(description="start_time >= this (Unix seconds)")] = None,
     started_before: Annotated[float | None, Query(description="start_time < this (Unix seconds)")] = None,
@@ -174,7 +176,7 @@ async def reward(
         end_time=now,
         attributes={"rollway.reward.name": body.name, "rollway.reward.value": body.value},
     )
-    [written] = await context.store.add_spans([span], idempotency_key)
+    [written] = await context.store.add_spans([span], idempotency_key, stamped=("start_time", "end_time"))
     return written
 
 

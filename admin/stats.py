@@ -7,9 +7,10 @@ import time
 from fastapi import APIRouter
 
 from admin.context import Context
+from admin.route import AdminRoute
 from admin.schemas import StatsView
 
-router = APIRouter(tags=["stats"])
+router = APIRouter(tags=["stats"], route_class=AdminRoute)
 
 
 @router.get("/stats", response_model=StatsView)

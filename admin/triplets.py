@@ -26,12 +26,13 @@ from fastapi.responses import Response, StreamingResponse
 
 from admin.adapters.triplets import dumps, merged_rows, triplets
 from admin.context import Context
+from admin.route import AdminRoute
 from store import Store
 from store.exports import MAX_EXPORT_LIMIT, ExportPage, ExportRollout
 
 log = logging.getLogger("rollway.admin")
 
-router = APIRouter(tags=["triplets"])
+router = APIRouter(tags=["triplets"], route_class=AdminRoute)
 
 #: Rollouts read and rendered per step.
 CHUNK = 500

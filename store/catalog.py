@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from typing import Any
+from urllib.parse import urlsplit
 
 from sqlalchemy import Connection, delete, select, update
 
@@ -97,6 +98,8 @@ def put_model(
         raise StoreValidationError(f"model '{alias}' needs at least one backend")
     if len({b.backend_id for b in backends}) != len(backends):
         raise StoreValidationError(f"model '{alias}' has two backends with the same backend_id")
+    for backend in backends:
+        _check_base_url(backend)
     row = (conn.execute(select(M).where(M.c.alias == alias))).mappings().first()
     if version is None:
         version = "1" if row is None else _next_version(row["version"])
@@ -112,6 +115,22 @@ def put_model(
         conn.execute(update(M).where(M.c.alias == alias).values(**values))
     _changed(conn)
     return get_model(conn, alias)
+
+
+def _check_base_url(backend: Backend) -> None:
+    """A backend is called at ``base_url`` + the API path over HTTP: anything but an http(s) URL with a host
+    would only fail on every call. Checked when an alias is put, not when one is read: an alias stored before
+    this check still loads (and can be put again with a good URL)."""
+    try:
+        url = urlsplit(backend.base_url)
+        usable = url.scheme in ("http", "https") and bool(url.hostname)
+    except ValueError:  # e.g. an unbalanced '[' in the host
+        usable = False
+    if not usable:
+        raise StoreValidationError(
+            f"backend '{backend.backend_id}' base_url must be an http:// or https:// URL with a host, "
+            f"got '{backend.base_url}'"
+        )
 
 
 def _next_version(version: str) -> str:

@@ -13,13 +13,13 @@ from typing import Any
 
 from sqlalchemy import Connection, Integer, RowMapping, Select, TextClause, bindparam, select, text, update
 
-from store import convert, ids, models
+from store import convert, ids, models, replays
 from store import resources as resources_ops
 from store.dialect import lock_rows, prebuilt, serialize_key, upsert
 from store.errors import ConflictError, StoreValidationError
 from store.lifecycle import load_rollout, set_rollout_status, sync_worker
 from store.schemas import AttemptedRollout, RolloutConfig, TaskSpec
-from store.states import ATTEMPT_TERMINAL, QUEUED, AttemptStatus, RolloutStatus
+from store.states import QUEUED, AttemptStatus, RolloutStatus
 
 R = models.rollouts
 A = models.attempts
@@ -85,10 +85,10 @@ def _row(
 
 def enqueue(conn: Connection, specs: list[TaskSpec], now: float, key: str | None = None) -> list[RowMapping]:
     """Insert the rollouts ``specs`` stand for; a client ``rollout_id`` that exists returns the stored one, and
-    so does a repeated idempotency ``key`` (the ids it derives exist)."""
+    a repeated idempotency ``key`` returns what its first request queued (``replays.enqueued_before``)."""
     latest = _resolve_resources(conn, specs)
     planned: list[dict[str, Any]] = []
-    keyed: list[dict[str, Any]] = []  # the rows whose ids derive from the key (not the client's own ids)
+    keyed: list[tuple[dict[str, Any], TaskSpec]] = []  # rows whose ids derive from the key, with their task
     seen: set[str] = set()
     for position, spec in enumerate(specs):
         for rollout_id, group_id, group_index in expand(spec, None if key is None else (key, position)):
@@ -98,26 +98,19 @@ def enqueue(conn: Connection, specs: list[TaskSpec], now: float, key: str | None
             seen.add(rid)
             planned.append(_row(spec, rid, (group_id, group_index), RolloutStatus.QUEUING, latest, now))
             if key is not None and not spec.rollout_id:
-                keyed.append(planned[-1])
+                keyed.append((planned[-1], spec))
     if key is None and not any(s.rollout_id for s in specs):
         conn.execute(R.insert(), planned)
         return [_as_mapping(r) for r in planned]
+    if key is not None:
+        serialize_key(conn, key)
+        if (earlier := replays.enqueued_before(conn, key, specs, planned, keyed)) is not None:
+            return earlier
     # Idempotent enqueue: skip ids that already exist (a concurrent insert is absorbed by ON CONFLICT).
     conn.execute(upsert(conn, R).on_conflict_do_nothing(index_elements=["rollout_id"]), planned)
     rows = conn.execute(select(R).where(R.c.rollout_id.in_([r["rollout_id"] for r in planned]))).mappings().all()
     by_id = {r["rollout_id"]: r for r in rows}
-    if key is not None:
-        _check_same_request(key, keyed, by_id)
     return [by_id[r["rollout_id"]] for r in planned]
-
-
-def _check_same_request(key: str, planned: list[dict[str, Any]], stored: dict[str, RowMapping]) -> None:
-    """A key sent again must come with the request it was first sent with (the same inputs, in the same
-    places); else it is the client's mistake, not a retry, and nothing is returned as if it were."""
-    for row in planned:
-        have = stored[row["rollout_id"]]
-        if (have["input"], have["mode"], have["group_index"]) != (row["input"], row["mode"], row["group_index"]):
-            raise ConflictError(f"idempotency key '{key}' was already used for a different request")
 
 
 class _Mapping(dict[str, Any]):
@@ -226,43 +219,6 @@ def _build_worker(conn: Connection, busy: bool) -> Any:
     )
 
 
-def _build_attempt_exists(conn: Connection) -> Any:
-    return select(A.c.pk).where(A.c.attempt_id == bindparam("aid"))
-
-
-def _claimed_before(conn: Connection, key: str, worker_id: str | None, limit: int) -> list[AttemptedRollout]:
-    """What an earlier claim with idempotency ``key`` handed out (its attempts' ids derive from the key), as
-    the rollouts and attempts are now; empty when there was none."""
-    first = ids.derived("at-", key, 0)  # a claim that handed out anything made this attempt
-    if conn.execute(prebuilt(conn, "attempt_exists", _build_attempt_exists), {"aid": first}).first() is None:
-        return []
-    wanted = [first, *(ids.derived("at-", key, i) for i in range(1, limit))]
-    attempts = conn.execute(select(A).where(A.c.attempt_id.in_(wanted))).mappings().all()
-    if any(a["worker_id"] != worker_id for a in attempts):
-        raise ConflictError(f"idempotency key '{key}' was already used by another worker's claim")
-    place = {attempt_id: i for i, attempt_id in enumerate(wanted)}
-    attempts = sorted(attempts, key=lambda a: place[a["attempt_id"]])
-    rollout_ids = [a["rollout_id"] for a in attempts]
-    rollouts = {r["rollout_id"]: r for r in conn.execute(select(R).where(R.c.rollout_id.in_(rollout_ids))).mappings()}
-    for a in attempts:  # a retry long after the claim: its attempt may be over, and must not be run again
-        if a["status"] in ATTEMPT_TERMINAL or rollouts[a["rollout_id"]]["latest_attempt_id"] != a["attempt_id"]:
-            raise ConflictError(f"the claim made with idempotency key '{key}' is over (attempt {a['attempt_id']})")
-    return _as_they_are(conn, [(rollouts[a["rollout_id"]], a) for a in attempts])
-
-
-def _as_they_are(conn: Connection, pairs: list[tuple[RowMapping, RowMapping]]) -> list[AttemptedRollout]:
-    """Stored rollouts with one attempt each, as they are now (a keyed request sent again gets these)."""
-    found = resources_ops.many(conn, {r["resources_id"] for r, _ in pairs if r["resources_id"]})
-    return [
-        AttemptedRollout(
-            rollout=convert.rollout(rollout),
-            attempt=convert.attempt(attempt),
-            resources=found.get(rollout["resources_id"] or ""),
-        )
-        for rollout, attempt in pairs
-    ]
-
-
 def claim(
     conn: Connection,
     worker_id: str | None,
@@ -280,7 +236,7 @@ def claim(
     first one handed out instead of more rollouts (which nobody would run)."""
     if key is not None:
         serialize_key(conn, key)
-        if earlier := _claimed_before(conn, key, worker_id, limit):
+        if earlier := replays.claimed_before(conn, key, worker_id, limit):
             return earlier
     name = "queue_head" if agent is None else "agent_queue_head"
     head = prebuilt(conn, name, partial(_build_queue_head, agent=agent is not None))
@@ -340,27 +296,17 @@ def start_rollout(
     rollout_id = spec.rollout_id or (None if key is None else ids.derived("ro-", key, 0))
     if key is not None:
         serialize_key(conn, key)
+    row = _row(spec, rollout_id or ids.rollout_id(), group, RolloutStatus.PREPARING, latest, now)
     if rollout_id:
         taken = conn.execute(select(R).where(R.c.rollout_id == rollout_id)).mappings().first()
         if taken is not None and spec.rollout_id is None:
-            return _started_before(conn, key or "", taken, spec, worker_id)
+            return replays.started_before(conn, key or "", taken, row, spec, worker_id)
         if taken is not None:
             raise ConflictError(f"rollout '{spec.rollout_id}' already exists")
-    row = _row(spec, rollout_id or ids.rollout_id(), group, RolloutStatus.PREPARING, latest, now)
     row["pk"] = (conn.execute(R.insert().values(**row).returning(R.c.pk))).scalar_one()
     rollout = _as_mapping(row)
     attempt = _new_attempt(conn, rollout, worker_id, now)
     return (_attempted(conn, [(rollout, attempt)], now))[0]
-
-
-def _started_before(
-    conn: Connection, key: str, rollout: RowMapping, spec: TaskSpec, worker_id: str | None
-) -> AttemptedRollout:
-    first = conn.execute(select(A).where(A.c.rollout_id == rollout["rollout_id"], A.c.sequence_id == 1))
-    attempt = first.mappings().one()
-    if (rollout["input"], rollout["mode"], attempt["worker_id"]) != (spec.input, spec.mode, worker_id):
-        raise ConflictError(f"idempotency key '{key}' was already used for a different request")
-    return _as_they_are(conn, [(rollout, attempt)])[0]
 
 
 def start_attempt(
@@ -373,14 +319,8 @@ def start_attempt(
     if key is not None:
         serialize_key(conn, key)
         attempt_id = ids.derived("at-", key, -1)  # -1: not a claim's position
-        made = conn.execute(select(A).where(A.c.attempt_id == attempt_id)).mappings().first()
-        if made is not None:
-            if (made["rollout_id"], made["worker_id"]) != (rollout_id, worker_id):
-                raise ConflictError(f"idempotency key '{key}' was already used for a different request")
-            rollout = load_rollout(conn, rollout_id)
-            if made["status"] in ATTEMPT_TERMINAL or rollout["latest_attempt_id"] != attempt_id:
-                raise ConflictError(f"the attempt started with idempotency key '{key}' is over ({attempt_id})")
-            return _as_they_are(conn, [(rollout, made)])[0]
+        if (earlier := replays.attempt_started_before(conn, key, attempt_id, rollout_id, worker_id)) is not None:
+            return earlier
     rollout = load_rollout(conn, rollout_id)
     attempt = _new_attempt(conn, rollout, worker_id, now, attempt_id)
     return (_attempted(conn, [(rollout, attempt)], now))[0]

@@ -36,9 +36,14 @@ def add(conn: Connection, resources: dict[str, Any], now: float) -> ResourcesUpd
     return ResourcesUpdate.model_validate(row)
 
 
-def update(conn: Connection, resources_id: str, resources: dict[str, Any], now: float) -> ResourcesUpdate:
-    """A new version of ``resources_id`` (version 1 when the id is new, as Agent-lightning's upsert)."""
+def update(
+    conn: Connection, resources_id: str, resources: dict[str, Any], now: float, *, create: bool = True
+) -> ResourcesUpdate:
+    """A new version of ``resources_id``. An id that is new makes version 1 with ``create`` (Agent-lightning's
+    upsert), else it is a ``NotFoundError`` (the admin API's update: version + 1 of an existing bundle)."""
     current = _newest(conn, resources_id)
+    if current is None and not create:
+        raise NotFoundError(f"resources '{resources_id}' not found")
     row = {
         "resources_id": resources_id,
         "version": 1 if current is None else current.version + 1,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from store import ids
 from store.states import RETRYABLE, AttemptStatus, RolloutStatus
@@ -16,6 +16,24 @@ WorkerStatus = Literal["idle", "busy", "unknown"]
 StatusCode = Literal["UNSET", "OK", "ERROR"]
 
 T = TypeVar("T")
+
+#: What a client's own rollout or group id may hold besides letters and digits (of any script). Such ids are used
+#: as-is in URL paths (``/rollouts/{id}``, the claim's ``base_url``, ``/groups/{id}``): '/' would split the path
+#: (even encoded), and '?', '#', '%', spaces ... would end it or be read as escapes. Non-ASCII letters are kept:
+#: HTTP clients encode them in a path and the server decodes them.
+CLIENT_ID_PUNCTUATION = "-_.:~@+="
+
+
+def _addressable(value: str) -> str:
+    if not all(c.isalnum() or c in CLIENT_ID_PUNCTUATION for c in value):
+        allowed = " ".join(CLIENT_ID_PUNCTUATION)
+        raise ValueError(f"a rollout or group id may only hold letters, digits and {allowed} (it is used in URL paths)")
+    if value in (".", ".."):
+        raise ValueError("a rollout or group id must not be '.' or '..' (URLs drop such path segments)")
+    return value
+
+
+ClientId = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_addressable)]
 
 
 class RolloutConfig(BaseModel):
@@ -44,9 +62,9 @@ class TaskSpec(BaseModel):
 
     input: Any = None
     mode: Mode | None = None
-    group_id: str | None = Field(default=None, min_length=1, max_length=128)
+    group_id: ClientId | None = None
     group_size: int | None = Field(default=None, ge=1, le=4096)
-    rollout_id: str | None = Field(default=None, min_length=1, max_length=128)
+    rollout_id: ClientId | None = None
     resources_id: str | None = None
     config: RolloutConfig | None = None
     metadata: dict[str, Any] | None = None

@@ -9,6 +9,7 @@ Every span is a heartbeat for its attempt. Writes to a stale attempt are refused
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from typing import Any, Literal
 
 from sqlalchemy import Connection, Integer, RowMapping, bindparam, case, select
@@ -18,12 +19,16 @@ from store.dialect import prebuilt, serialize_key, sqlite_driver, upsert
 from store.engine import dumps, loads
 from store.errors import ConflictError, StoreValidationError
 from store.lifecycle import load_attempt, load_rollout, record_heartbeat, require_latest
+from store.replays import other_request
 from store.schemas import Span
 
 S = models.spans
 R = models.rollouts
+_SEQUENCE_KEY = ["rollout_id", "attempt_id", "sequence_id"]  # the columns of ``uq_spans_sequence``
+# A taken sequence id skips its row (``write_spans`` then names it in a ``ConflictError``).
 _SQLITE_INSERT = (
-    f"INSERT INTO spans ({', '.join(convert.SPAN_COLUMNS)}) VALUES ({', '.join('?' for _ in convert.SPAN_COLUMNS)})"
+    f"INSERT INTO spans ({', '.join(convert.SPAN_COLUMNS)}) VALUES ({', '.join('?' for _ in convert.SPAN_COLUMNS)}) "
+    f"ON CONFLICT ({', '.join(_SEQUENCE_KEY)}) DO NOTHING"
 )
 
 
@@ -42,16 +47,44 @@ def _as_is(value: Any) -> Any:
     return value
 
 
+def _build_insert(conn: Connection) -> Any:
+    return upsert(conn, S).on_conflict_do_nothing(index_elements=_SEQUENCE_KEY).returning(S.c.pk)
+
+
 def write_spans(conn: Connection, rows: list[tuple[Span, str, str, int]], now: float) -> None:
     """Insert spans given as (span, rollout_id, attempt_id, sequence_id). On SQLite straight through the
     driver with the JSON encoded here: SQLAlchemy's per-row parameter processing costs more than SQLite's own
-    insert. A reused sequence id fails the write (on SQLite with ``sqlite3.IntegrityError``)."""
+    insert. A sequence id already taken (stored, or twice in ``rows``) is a ``ConflictError`` naming it; the
+    caller's transaction is then rolled back, so nothing of the write is kept."""
     raw = sqlite_driver(conn)
     if raw is not None:
-        raw.executemany(_SQLITE_INSERT, [convert.span_values(*row, now, _json_text) for row in rows])
+        inserted = raw.executemany(_SQLITE_INSERT, [convert.span_values(*row, now, _json_text) for row in rows])
+        if inserted.rowcount != len(rows):
+            raise _taken(conn, rows)
         return
     columns = convert.SPAN_COLUMNS
-    conn.execute(S.insert(), [dict(zip(columns, convert.span_values(*row, now, _as_is), strict=True)) for row in rows])
+    values = [dict(zip(columns, convert.span_values(*row, now, _as_is), strict=True)) for row in rows]
+    if len(conn.execute(prebuilt(conn, "span_insert", _build_insert), values).all()) != len(rows):
+        raise _taken(conn, rows)
+
+
+def _taken(conn: Connection, rows: list[tuple[Span, str, str, int]]) -> ConflictError:
+    """The error for a write whose rows were skipped for a taken sequence id: names the first such id (held by
+    a span other than the row's own; the rows written before it hold theirs)."""
+    wanted: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for _, rollout_id, attempt_id, seq in rows:
+        wanted[(rollout_id, attempt_id)].append(seq)
+    holders: dict[tuple[str, str, int], str] = {}
+    for (rollout_id, attempt_id), seqs in wanted.items():
+        where = (S.c.rollout_id == rollout_id, S.c.attempt_id == attempt_id, S.c.sequence_id.in_(seqs))
+        for row in conn.execute(select(S.c.sequence_id, S.c.span_id).where(*where)):
+            holders[(rollout_id, attempt_id, row.sequence_id)] = row.span_id
+    for span, rollout_id, attempt_id, seq in rows:
+        holder = holders.get((rollout_id, attempt_id, seq))
+        if holder is not None and holder != span.span_id:
+            owner = f"attempt {attempt_id}" if attempt_id else "the unattributed spans"
+            return ConflictError(f"sequence_id {seq} of {owner} is already taken (by span '{holder}')")
+    return ConflictError("a sequence_id of the spans is already taken")
 
 
 Q = models.span_sequences
@@ -128,16 +161,19 @@ def add(conn: Connection, spans: list[Span], now: float) -> list[Span]:
     return written
 
 
-def add_keyed(conn: Connection, spans: list[Span], now: float, key: str) -> tuple[list[Span], int]:
+def add_keyed(
+    conn: Connection, spans: list[Span], now: float, key: str, stamped: Collection[str] = ()
+) -> tuple[list[Span], int]:
     """``add`` for a request sent with an idempotency key: every span of it as stored, and how many of them
     were written now.
 
     A span whose id derives from the key (``ids.derived_hex(key, position, "span")``: the admin API gives one
     to each span the request sent without an id) can only have been written by an earlier try of this request:
-    it is looked up across the rollout's attempts (a new attempt may have begun since), returned as stored, and
-    a stored one that differs from it (name, attributes, a named attempt) means the key was used for another
-    request. A span with the client's own id keeps that id's rule (one per attempt): already on its attempt,
-    it is returned as stored there."""
+    it is looked up across the rollout's attempts (a new attempt may have begun since) and returned as stored.
+    Finding one makes the request a try sent again, which must be the first one's request (``_same_request``).
+    A span with the client's own id keeps that id's rule (one per attempt): already on its attempt, it is
+    returned as stored there. ``stamped`` names fields the caller set on this try itself (a reward's time),
+    which are not the client's and are not compared."""
     serialize_key(conn, key)
     places = [_place(span) for span in spans]
     derived = {
@@ -145,22 +181,54 @@ def add_keyed(conn: Connection, spans: list[Span], now: float, key: str) -> tupl
         for i, (span, place) in enumerate(zip(spans, places, strict=True))
         if span.span_id == ids.derived_hex(key, i, "span")
     }
-    stored = _stored(conn, derived)
-    checked: set[tuple[str, str]] = set()
-    for span, place in zip(spans, places, strict=True):
-        earlier = stored.get(place)
-        if earlier is None or place in checked:
-            continue  # a span id twice in one request: the first is the one written
-        checked.add(place)
-        asked = (span.name, loads(dumps(span.attributes)), span.attempt_id or earlier.attempt_id)
-        if (earlier.name, earlier.attributes, earlier.attempt_id) != asked:
-            raise ConflictError(f"idempotency key '{key}' was already used for a different request")
+    # Where the first try had a span with a derived id that this request has not: after its last span (the
+    # first one was longer), and where this one gives a span its own id.
+    after = ids.derived_hex(key, len(spans), "span")
+    foreign = {(rollout_id, after) for rollout_id, _ in places}
+    foreign.update((p[0], ids.derived_hex(key, i, "span")) for i, p in enumerate(places) if p not in derived)
+    stored = _stored(conn, derived | foreign)
+    if stored:
+        _same_request(conn, key, list(zip(spans, places, strict=True)), derived, stored, stamped)
     fresh = [span for span, place in zip(spans, places, strict=True) if place not in stored]
     new = add(conn, fresh, now)
     written = {_place(s): s for s in new}
     skipped = [s for s in fresh if _place(s) not in written]
     stored.update(_on_their_attempts(conn, skipped))
     return [found for place in places if (found := written.get(place) or stored.get(place)) is not None], len(new)
+
+
+def _same_request(
+    conn: Connection,
+    key: str,
+    request: list[tuple[Span, tuple[str, str]]],
+    derived: set[tuple[str, str]],
+    stored: dict[tuple[str, str], Span],
+    stamped: Collection[str],
+) -> None:
+    """Refuse a request that found spans its key's first try wrote unless it is that request again (see
+    ``store.replays`` for why the stored spans are what it is compared with). The first try wrote all of its
+    spans in one transaction, so this one must find each of its spans with a derived id, and no derived id at a
+    place where it has none; each span with the client's own id must be stored in its rollout (the first try
+    wrote it, or found it there); and each span must hold what the request gives it."""
+    if stored.keys() != derived:
+        raise other_request(key)
+    own = {place for _, place in request if place not in derived}
+    if len(_stored(conn, own)) != len(own):
+        raise other_request(key)
+    for span, place in request:
+        if place in derived and not _same_span(span, stored[place], stamped):
+            raise other_request(key)
+
+
+def _same_span(asked: Span, stored: Span, stamped: Collection[str]) -> bool:
+    """Every field of ``asked`` as JSON stores it, but the ones the store fills in (the rollout, from the place;
+    the attempt and the sequence id, unless the request gives them) and the ``stamped`` ones."""
+    skip = {"rollout_id", *stamped}
+    if asked.attempt_id is None:
+        skip.add("attempt_id")
+    if asked.sequence_id is None:
+        skip.add("sequence_id")
+    return bool(loads(dumps(asked.model_dump(exclude=skip))) == loads(dumps(stored.model_dump(exclude=skip))))
 
 
 def _stored(conn: Connection, places: set[tuple[str, str]]) -> dict[tuple[str, str], Span]:

@@ -19,9 +19,13 @@ class CatalogMixin(StorePlumbing):
         now = self.clock()
         return await self._write(lambda conn: resources.add(conn, named, now))
 
-    async def update_resources(self, resources_id: str, named: dict[str, Any]) -> ResourcesUpdate:
+    async def update_resources(
+        self, resources_id: str, named: dict[str, Any], *, create: bool = True
+    ) -> ResourcesUpdate:
+        """A new version (+1) of the bundle; a new ``resources_id`` makes version 1, or with ``create=False`` is
+        a ``NotFoundError``."""
         now = self.clock()
-        return await self._write(lambda conn: resources.update(conn, resources_id, named, now))
+        return await self._write(lambda conn: resources.update(conn, resources_id, named, now, create=create))
 
     async def get_resources(self, resources_id: str) -> ResourcesUpdate:
         return await self._read(lambda conn: resources.get(conn, resources_id))

@@ -3,7 +3,7 @@ and reads."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -37,11 +37,16 @@ class SpansMixin(StorePlumbing):
         return (await self.allocate_sequence(rollout_id, attempt_id))[1]
 
     async def add_spans(
-        self, items: Sequence[Span | Mapping[str, Any]], idempotency_key: str | None = None
+        self,
+        items: Sequence[Span | Mapping[str, Any]],
+        idempotency_key: str | None = None,
+        *,
+        stamped: Collection[str] = (),
     ) -> list[Span]:
         """Write spans (each a heartbeat); returns the ones written, with their sequence ids. With an
-        ``idempotency_key``, every span of the request as stored: a retry of the request writes nothing twice
-        (``spans.add_keyed``)."""
+        ``idempotency_key``, every span of the request as stored: a retry of the request writes nothing twice,
+        and the key with other spans is a ``ConflictError`` (``spans.add_keyed``); ``stamped`` names the fields
+        the caller set on each try itself (e.g. the time a reward is recorded), left out of that comparison."""
         if any(isinstance(s, Span) for s in items):
             batch = [s.model_copy() if isinstance(s, Span) else Span.model_validate(s) for s in items]
         else:  # plain payloads: one validator call for the batch (~25 % less than one per span)
@@ -54,7 +59,7 @@ class SpansMixin(StorePlumbing):
             new = len(written)
         else:
             key = idempotency_key
-            written, new = await self._write(lambda conn: spans.add_keyed(conn, batch, now, key))
+            written, new = await self._write(lambda conn: spans.add_keyed(conn, batch, now, key, stamped))
         if self.span_observer is not None:
             self.span_observer(new)
         return written

@@ -423,13 +423,23 @@ async def test_begin_call_allocates_in_arrival_order_and_tells_the_rollout_deadl
         await store.begin_call("ro-missing", None)
 
 
-async def test_reusing_a_stored_sequence_id_is_a_conflict_and_writes_nothing(store: Store) -> None:
+async def test_reusing_a_stored_sequence_id_is_a_conflict_naming_it_and_writes_nothing(store: Store) -> None:
     rollout_id = await enqueue_one(store)
-    await store.claim("w1")
-    await store.add_span(span(rollout_id, sequence_id=1))
-    with pytest.raises(ConflictError):
+    [claimed] = await store.claim("w1")
+    aid = claimed.attempt.attempt_id
+    held = await store.add_span(span(rollout_id, sequence_id=1))
+    assert held is not None
+    taken = f"sequence_id 1 of attempt {aid} is already taken \\(by span '{held.span_id}'\\)"
+    with pytest.raises(ConflictError, match=taken):
         await store.add_spans([span(rollout_id, sequence_id=2), span(rollout_id, sequence_id=1)])
+    with pytest.raises(ConflictError, match=f"sequence_id 3 of attempt {aid} is already taken"):
+        await store.add_spans([span(rollout_id, sequence_id=3), span(rollout_id, sequence_id=3)])
+    with pytest.raises(ConflictError, match=taken):  # the gateway's write of a call's span
+        await store.record_call(Span.model_validate(span(rollout_id, aid, sequence_id=1)))
     assert [s.sequence_id for s in await store.query_spans(rollout_id)] == [1]
+    await store.add_span(span(None, sequence_id=1))
+    with pytest.raises(ConflictError, match="sequence_id 1 of the unattributed spans is already taken"):
+        await store.add_span(span(None, sequence_id=1))
 
 
 async def test_duplicate_span_id_is_skipped(store: Store) -> None:

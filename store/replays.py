@@ -1,0 +1,149 @@
+"""Keyed requests sent again: what an enqueue, claim, direct start or new attempt carrying a client's
+idempotency key gets when its key was used before (see ``store.queue``; spans: ``spans.add_keyed``).
+
+Why the stored rows, and not a fingerprint of the request: a first try leaves no record of its request, only
+the rows it wrote — all in one transaction, with ids derived from the key and their place in the request
+(``ids.derived``). A request sent again is recognised by those rows and compared with them: every row it
+stands for must exist and hold what it asks for, and a row it does not stand for must not exist. That is
+enough to tell a task or span more or fewer, and any field changed, with no new table; a stored copy (a
+hash) of each request would need a table gaining a row for every keyed request the Python client makes (each
+enqueue, claim, reward and span write carries a fresh key) and a rule for pruning it. What the rows cannot
+show stays unchecked: a client's own ``rollout_id`` keeps its rule (a known id returns the stored rollout,
+whatever it holds), so a request sent again without the last tasks of the first one goes unnoticed when
+those named their own ids; a first request that made nothing with a derived id (tasks that all name their
+own ``rollout_id``, a claim that found the queue empty) leaves nothing to recognise the key by; and a
+claim's ``limit`` is only seen through what the claim took. The request sent again with another body is the
+client's mistake, not a retry: a ``ConflictError``, and nothing is returned as if it were the first answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, RowMapping, bindparam, select
+
+from store import convert, ids, models
+from store import resources as resources_ops
+from store.dialect import prebuilt
+from store.engine import dumps, loads
+from store.errors import ConflictError
+from store.lifecycle import load_rollout
+from store.schemas import AttemptedRollout, TaskSpec
+from store.states import ATTEMPT_TERMINAL
+
+R = models.rollouts
+A = models.attempts
+
+
+def other_request(key: str) -> ConflictError:
+    return ConflictError(f"idempotency key '{key}' was already used for a different request")
+
+
+#: The rollout columns a task sets (``queue._row``), compared when a keyed request is sent again.
+_TASK_COLUMNS = ("input", "mode", "config", "metadata", "group_id", "group_size", "group_index", "priority", "agent")
+
+
+def same_task(row: dict[str, Any], spec: TaskSpec, stored: RowMapping) -> bool:
+    """Whether ``stored`` is the rollout that ``spec``, planned as ``row``, would have made: every column the
+    task sets, as JSON stores it; ``resources_id`` only when the task names one (else it was the latest then)."""
+    if spec.resources_id is not None and stored["resources_id"] != spec.resources_id:
+        return False
+    return all(loads(dumps(row[c])) == stored[c] for c in _TASK_COLUMNS)
+
+
+def enqueued_before(
+    conn: Connection,
+    key: str,
+    specs: list[TaskSpec],
+    planned: list[dict[str, Any]],
+    keyed: list[tuple[dict[str, Any], TaskSpec]],
+) -> list[RowMapping] | None:
+    """The rollouts the first enqueue with ``key`` queued, as stored, when this is that request again (rows
+    ``planned``, of which ``keyed`` have ids derived from the key); None when the key is new.
+
+    The request again finds every rollout it stands for (one more task, or a larger group, would be a new one)
+    and no keyed rollout at the place after its last task or at a place where it names its own ``rollout_id``
+    (the first request had one more task, or another one, there); each keyed rollout holds what its task
+    asks for."""
+    foreign = [ids.derived("ro-", key, p, 0) for p, spec in enumerate(specs) if spec.rollout_id]
+    foreign.append(ids.derived("ro-", key, len(specs), 0))
+    wanted = [r["rollout_id"] for r in planned] + foreign
+    stored = {r["rollout_id"]: r for r in conn.execute(select(R).where(R.c.rollout_id.in_(wanted))).mappings()}
+    if not any(row["rollout_id"] in stored for row, _ in keyed) and not any(f in stored for f in foreign):
+        return None  # the key's first request (or one that failed, and wrote nothing)
+    if (
+        any(f in stored for f in foreign)
+        or any(r["rollout_id"] not in stored for r in planned)
+        or not all(same_task(row, spec, stored[row["rollout_id"]]) for row, spec in keyed)
+    ):
+        raise other_request(key)
+    return [stored[r["rollout_id"]] for r in planned]
+
+
+def _build_attempt_exists(conn: Connection) -> Any:
+    return select(A.c.pk).where(A.c.attempt_id == bindparam("aid"))
+
+
+def claimed_before(conn: Connection, key: str, worker_id: str | None, limit: int) -> list[AttemptedRollout]:
+    """What an earlier claim with ``key`` handed out (its attempts' ids derive from the key and their place),
+    as the rollouts and attempts are now; empty when there was none. Another worker's key, or a claim that took
+    more than ``limit`` (the first one asked for more), is a conflict, and so is a claim whose attempt is over."""
+    first = ids.derived("at-", key, 0)  # a claim that handed out anything made this attempt
+    if conn.execute(prebuilt(conn, "attempt_exists", _build_attempt_exists), {"aid": first}).first() is None:
+        return []
+    wanted = [first, *(ids.derived("at-", key, i) for i in range(1, limit + 1))]  # + 1: the first took more?
+    attempts = conn.execute(select(A).where(A.c.attempt_id.in_(wanted))).mappings().all()
+    if any(a["worker_id"] != worker_id for a in attempts):
+        raise ConflictError(f"idempotency key '{key}' was already used by another worker's claim")
+    if any(a["attempt_id"] == wanted[limit] for a in attempts):
+        raise other_request(key)
+    place = {attempt_id: i for i, attempt_id in enumerate(wanted)}
+    attempts = sorted(attempts, key=lambda a: place[a["attempt_id"]])
+    rollout_ids = [a["rollout_id"] for a in attempts]
+    rollouts = {r["rollout_id"]: r for r in conn.execute(select(R).where(R.c.rollout_id.in_(rollout_ids))).mappings()}
+    for a in attempts:  # a retry long after the claim: its attempt may be over, and must not be run again
+        if a["status"] in ATTEMPT_TERMINAL or rollouts[a["rollout_id"]]["latest_attempt_id"] != a["attempt_id"]:
+            raise ConflictError(f"the claim made with idempotency key '{key}' is over (attempt {a['attempt_id']})")
+    return as_they_are(conn, [(rollouts[a["rollout_id"]], a) for a in attempts])
+
+
+def started_before(
+    conn: Connection, key: str, rollout: RowMapping, row: dict[str, Any], spec: TaskSpec, worker_id: str | None
+) -> AttemptedRollout:
+    """The rollout a direct start with ``key`` made (``rollout``, stored; ``row``, as this request plans it)
+    and its first attempt, as they are now, when this request is the first one again."""
+    first = conn.execute(select(A).where(A.c.rollout_id == rollout["rollout_id"], A.c.sequence_id == 1))
+    attempt = first.mappings().one()
+    if attempt["worker_id"] != worker_id or not same_task(row, spec, rollout):
+        raise other_request(key)
+    return as_they_are(conn, [(rollout, attempt)])[0]
+
+
+def attempt_started_before(
+    conn: Connection, key: str, attempt_id: str, rollout_id: str, worker_id: str | None
+) -> AttemptedRollout | None:
+    """The attempt a new-attempt request with ``key`` started (id ``attempt_id``, derived from the key), as it
+    is now; None when there is none yet. It must still be its rollout's live attempt: a second one would have
+    made it stale, and one replaced or ended since is not run again."""
+    made = conn.execute(select(A).where(A.c.attempt_id == attempt_id)).mappings().first()
+    if made is None:
+        return None
+    if (made["rollout_id"], made["worker_id"]) != (rollout_id, worker_id):
+        raise other_request(key)
+    rollout = load_rollout(conn, rollout_id)
+    if made["status"] in ATTEMPT_TERMINAL or rollout["latest_attempt_id"] != attempt_id:
+        raise ConflictError(f"the attempt started with idempotency key '{key}' is over ({attempt_id})")
+    return as_they_are(conn, [(rollout, made)])[0]
+
+
+def as_they_are(conn: Connection, pairs: list[tuple[RowMapping, RowMapping]]) -> list[AttemptedRollout]:
+    """Stored rollouts with one attempt each, as they are now (a keyed request sent again gets these)."""
+    found = resources_ops.many(conn, {r["resources_id"] for r, _ in pairs if r["resources_id"]})
+    return [
+        AttemptedRollout(
+            rollout=convert.rollout(rollout),
+            attempt=convert.attempt(attempt),
+            resources=found.get(rollout["resources_id"] or ""),
+        )
+        for rollout, attempt in pairs
+    ]

@@ -1,0 +1,143 @@
+"""A keyed request sent again must be the request first sent with its key: another number of tasks or spans,
+or any field changed, is a conflict that writes nothing, while the same request again still gets what the
+first made (tests/test_store_contract.py). Runs on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from store import ConflictError, RolloutConfig, Store, ids
+from tests.store_helpers import span
+
+TASKS: list[dict[str, Any]] = [
+    {"input": {"q": "a"}, "metadata": {"source": "gsm8k"}, "priority": 2, "config": {"max_attempts": 2}},
+    {"input": {"q": "b"}, "group_size": 3, "mode": "train"},
+]
+
+
+def changed(position: int, **fields: Any) -> list[dict[str, Any]]:
+    tasks = [dict(t) for t in TASKS]
+    tasks[position].update(fields)
+    return tasks
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        pytest.param([*TASKS, {"input": {"q": "c"}}], id="one-task-more"),
+        pytest.param(TASKS[:1], id="one-task-fewer"),
+        pytest.param([TASKS[0], {**TASKS[1], "rollout_id": "mine"}], id="own-id-where-a-keyed-task-was"),
+        pytest.param(changed(0, config={"max_attempts": 3}), id="config"),
+        pytest.param(changed(0, config=None), id="config-left-out"),
+        pytest.param(changed(0, priority=0), id="priority"),
+        pytest.param(changed(0, metadata={"source": "math"}), id="metadata"),
+        pytest.param(changed(0, metadata=None), id="metadata-left-out"),
+        pytest.param(changed(0, agent="remote"), id="agent"),
+        pytest.param(changed(1, mode="val"), id="mode"),
+        pytest.param(changed(1, group_size=4), id="larger-group"),
+        pytest.param(changed(1, group_size=2), id="smaller-group"),
+        pytest.param(changed(1, group_id="mine"), id="group-id"),
+        pytest.param(changed(1, resources_id="rs-other"), id="resources"),
+    ],
+)
+async def test_a_keyed_enqueue_sent_again_with_another_request_is_a_conflict(
+    store: Store, other: list[dict[str, Any]]
+) -> None:
+    await store.update_resources("rs-other", {"prompt": "q"})
+    await store.add_resources({"prompt": "p"})  # the latest: what tasks without resources_id get
+    first = await store.enqueue(TASKS, idempotency_key="k")
+    with pytest.raises(ConflictError, match="idempotency key 'k' was already used for a different request"):
+        await store.enqueue(other, idempotency_key="k")
+    assert [r.rollout_id for r in (await store.list_rollouts(limit=100)).items] == [r.rollout_id for r in first]
+    again = await store.enqueue(TASKS, idempotency_key="k")
+    assert [r.rollout_id for r in again] == [r.rollout_id for r in first]
+
+
+async def test_overlapping_tries_of_one_keyed_enqueue_queue_it_once(store: Store) -> None:
+    tries = await asyncio.gather(*(store.enqueue(TASKS, idempotency_key="race") for _ in range(4)))
+    assert len({tuple(r.rollout_id for r in rollouts) for rollouts in tries}) == 1
+    assert len((await store.list_rollouts(limit=100)).items) == 4
+
+
+async def test_a_keyed_enqueue_is_compared_with_what_was_stored_not_with_the_defaults_it_fills_in(
+    store: Store,
+) -> None:
+    first = await store.enqueue([{"input": 1, "config": {"timeout_seconds": 10}}], idempotency_key="k")
+    resources = await store.add_resources({"prompt": "newer"})  # the latest moved on since the first try
+    explicit = {"input": 1, "config": RolloutConfig(timeout_seconds=10.0, max_attempts=1), "priority": 0}
+    [again] = await store.enqueue([explicit], idempotency_key="k")
+    assert again.rollout_id == first[0].rollout_id
+    assert again.resources_id is None and resources.resources_id  # as stored, not the latest of now
+
+
+async def test_a_keyed_start_sent_again_with_another_field_is_a_conflict(store: Store) -> None:
+    task = {"input": "q", "metadata": {"m": 1}, "priority": 1, "config": {"max_attempts": 2}, "group_id": "g"}
+    first = await store.start_rollout(task, "w1", idempotency_key="s")
+    for field, value in [("metadata", {"m": 2}), ("priority", 5), ("config", None), ("group_id", None)]:
+        with pytest.raises(ConflictError, match="'s' was already used for a different request"):
+            await store.start_rollout({**task, field: value}, "w1", idempotency_key="s")
+    again = await store.start_rollout(task, "w1", idempotency_key="s")
+    assert again.attempt.attempt_id == first.attempt.attempt_id
+    assert len((await store.list_rollouts()).items) == 1
+
+
+async def test_a_keyed_claim_sent_again_asking_for_fewer_than_it_took_is_a_conflict(store: Store) -> None:
+    await store.enqueue([{"input": i} for i in range(4)])
+    first = await store.claim("w1", limit=3, idempotency_key="c")
+    assert len(first) == 3
+    with pytest.raises(ConflictError, match="'c' was already used for a different request"):
+        await store.claim("w1", limit=2, idempotency_key="c")
+    again = await store.claim("w1", limit=3, idempotency_key="c")
+    assert [c.attempt.attempt_id for c in again] == [c.attempt.attempt_id for c in first]
+
+
+def keyed(rollout_id: str, key: str, position: int, **fields: Any) -> dict[str, Any]:
+    """A span as the admin API makes it from one sent without ids: span and trace ids derive from the key."""
+    return {
+        **span(rollout_id, **fields),
+        "span_id": ids.derived_hex(key, position, "span"),
+        "trace_id": ids.derived_hex(key, position, "trace", digits=32),
+    }
+
+
+async def test_keyed_spans_sent_again_with_other_spans_are_a_conflict_and_write_nothing(store: Store) -> None:
+    rid = (await store.start_rollout({"input": "q"}, "w1")).rollout.rollout_id
+    request = [
+        keyed(rid, "p", 0, name="tool", attributes={"i": 1}, start_time=1.5),
+        keyed(rid, "p", 1, name="tool", status={"status_code": "OK"}),
+    ]
+    own = span(rid, name="own")
+    first = await store.add_spans(request, idempotency_key="p")
+    others: list[list[dict[str, Any]]] = [
+        [*request, keyed(rid, "p", 2, name="tool")],  # one span more
+        [*request, own],  # one span more, with its own id
+        request[:1],  # one span fewer
+        [request[0], own],  # a span with its own id where one without was
+        [request[0], {**request[1], "status": {"status_code": "ERROR"}}],
+        [{**request[0], "start_time": 2.0}, request[1]],
+        [{**request[0], "parent_id": "abc"}, request[1]],
+        [{**request[0], "sequence_id": 7}, request[1]],
+        [{**request[0], "resource": {"service.name": "x"}}, request[1]],
+        [{**request[0], "extra_field": 1}, request[1]],
+    ]
+    for other in others:
+        with pytest.raises(ConflictError, match="'p' was already used for a different request"):
+            await store.add_spans(other, idempotency_key="p")
+    assert [s.span_id for s in await store.query_spans(rid)] == [s.span_id for s in first]
+    again = await store.add_spans(request, idempotency_key="p")
+    assert again == first
+    # The store fills in what a request leaves out (sequence ids, the attempt); given as stored, they match.
+    assert await store.add_spans([s.model_dump() for s in first], idempotency_key="p") == first
+
+
+async def test_fields_the_caller_stamps_on_each_try_are_not_compared(store: Store) -> None:
+    rid = (await store.start_rollout({"input": "q"}, "w1")).rollout.rollout_id
+    reward = keyed(rid, "r", 0, name="rollway.reward", start_time=1.0, end_time=1.0)
+    [first] = await store.add_spans([reward], idempotency_key="r", stamped=("start_time", "end_time"))
+    later = {**reward, "start_time": 9.0, "end_time": 9.0}
+    assert await store.add_spans([later], idempotency_key="r", stamped=("start_time", "end_time")) == [first]
+    with pytest.raises(ConflictError):
+        await store.add_spans([later], idempotency_key="r")
