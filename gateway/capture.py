@@ -118,7 +118,14 @@ def response_logprobs(operation: str, choice: dict[str, Any]) -> list[float] | N
         content = logprobs.get("content")
         return None if content is None else [float(item.get("logprob", 0.0)) for item in content]
     values = logprobs.get("token_logprobs")
-    return None if values is None else [float(v) if v is not None else 0.0 for v in values]
+    if values is None:
+        return None
+    token_ids = choice.get("token_ids")
+    if isinstance(token_ids, list) and len(values) > len(token_ids):
+        # ``echo``: vLLM puts the prompt's logprobs (the first one null) before the generated tokens' while
+        # ``token_ids`` holds only the generated ones: the response's logprobs are the last of them.
+        values = values[len(values) - len(token_ids) :]
+    return [float(v) if v is not None else 0.0 for v in values]
 
 
 @dataclass

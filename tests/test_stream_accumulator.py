@@ -1,9 +1,11 @@
-"""The stream accumulator rebuilds the answer a non-streamed call would have given (the span's response)."""
+"""The span's response: the stream accumulator rebuilds the answer a non-streamed call would have given, and
+the response logprobs line up with the response token ids."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from gateway.capture import response_logprobs
 from gateway.streaming import StreamAccumulator
 
 
@@ -48,3 +50,12 @@ def test_text_completion_choices_keep_their_extra_fields() -> None:
     acc.feed({"id": "cmpl-1", "choices": [{"index": 0, "text": "b", "stop_reason": "</s>", "finish_reason": "stop"}]})
     [choice] = acc.response()["choices"]
     assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == ("ab", "stop", "</s>")
+
+
+def test_echoed_prompt_logprobs_are_not_the_responses() -> None:
+    """vLLM's ``echo``: the prompt's logprobs (first null) come before the generated tokens', while
+    ``token_ids`` holds the generated ones only; the span's response logprobs line up with those."""
+    choice = {"text": "2 + 2 = 4", "token_ids": [19], "logprobs": {"token_logprobs": [None, -1.5, -0.25, -0.125]}}
+    assert response_logprobs("text_completion", choice) == [-0.125]
+    plain = {"text": "4", "token_ids": [19, 2], "logprobs": {"token_logprobs": [-0.125, -0.5]}}
+    assert response_logprobs("text_completion", plain) == [-0.125, -0.5]
