@@ -12,10 +12,21 @@ from fastapi import APIRouter, HTTPException, Response
 from admin.context import AdminContext, Context
 from admin.route import AdminRoute
 from admin.schemas import DrainRequest, ModelPage, ModelPut, ModelView, SwapRequest
-from store import ModelAlias
+from store import Backend, ModelAlias
 from store.catalog import action_path
 
 router = APIRouter(tags=["models"], route_class=AdminRoute)
+
+
+def _kind_kept(backend: Backend, current: ModelAlias) -> Backend:
+    """A swapped-in backend that does not say its kind has the alias's (a vllm alias swapped to new weights
+    stays vllm: its token ids are still captured), when the alias's backends agree on one."""
+    if "kind" in backend.model_fields_set:
+        return backend
+    kinds = {b.kind for b in current.backends}
+    if len(kinds) != 1:
+        raise HTTPException(400, f"model '{current.alias}' has backends of several kinds: give each new backend's kind")
+    return backend.model_copy(update={"kind": kinds.pop()})
 
 
 async def view(context: AdminContext, model: ModelAlias, drained: bool | None = None) -> ModelView:
@@ -47,7 +58,7 @@ async def swap(alias: str, body: SwapRequest, context: Context) -> ModelView:
     the calls still running on an earlier configuration, in every gateway replica, have finished (`drained`
     says whether they did in time; `state.in_flight_old` counts those left)."""
     current = await context.store.get_model(alias)
-    backends = body.backends if body.backends is not None else current.backends
+    backends = current.backends if body.backends is None else [_kind_kept(b, current) for b in body.backends]
     model = await context.store.put_model(alias, backends, version=body.version, sampling=current.sampling)
     await context.models.swap(alias, model)
     drained = None

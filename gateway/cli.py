@@ -202,10 +202,18 @@ def models() -> None:
 
 
 def backend_options(required: bool) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """The options of one backend; ``required`` for ``put`` (``swap`` may change the version only, and its
+    ``--kind`` defaults to the alias's own: a swap to the next weights must not stop the token-id capture)."""
+    kind = (
+        click.option("--kind", type=BACKEND_KINDS, default="openai", show_default=True, help="Backend kind.")
+        if required
+        else click.option("--kind", type=BACKEND_KINDS, default=None, help="Backend kind [default: the alias's].")
+    )
+
     def decorate(function: Callable[..., None]) -> Callable[..., None]:
         options = [
             click.option("--backend", "base_url", required=required, help="Backend base URL (…/v1)."),
-            click.option("--kind", type=BACKEND_KINDS, default="openai", show_default=True, help="Backend kind."),
+            kind,
             click.option("--model", "upstream_model", required=required, help="Model name at the backend."),
             click.option("--api-key", default=None, help="Backend API key (never shown again)."),
             click.option("--backend-id", default=None, help="Backend id [default: generated]."),
@@ -235,7 +243,7 @@ def models_put(connection: Connection, alias: str, version: str | None, as_json:
 @admin_command(models, "swap")
 @click.argument("alias")
 @backend_options(required=False)
-@click.option("--version", default=None, help="New model version.")
+@click.option("--version", default=None, help="New model version [default: previous + 1].")
 @click.option("--drain-timeout", type=float, default=None, help="Also wait up to this long for old calls.")
 @JSON_OPTION
 def models_swap(

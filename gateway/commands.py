@@ -214,14 +214,14 @@ def show_models(models: list[ModelView], as_json: bool) -> None:
 
 def backend_spec(
     base_url: str,
-    kind: str,
+    kind: str | None,
     model: str,
     api_key: str | None,
     backend_id: str | None,
     weight: float | None,
     max_concurrency: int | None,
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"base_url": base_url, "kind": kind, "model": model}
+    spec: dict[str, Any] = {"base_url": base_url, "model": model} | ({} if kind is None else {"kind": kind})
     extra = {"api_key": api_key, "backend_id": backend_id, "weight": weight, "max_concurrency": max_concurrency}
     return spec | {k: v for k, v in extra.items() if v is not None}
 

@@ -343,6 +343,17 @@ async def test_an_alias_with_a_slash_is_managed_and_served(
     assert (await admin.post(f"/admin/v1/models/{encoded}/resume")).json()["state"]["paused"] is False
     swapped = await admin.post(f"/admin/v1/models/{alias}/swap", json={"version": "v2"})
     assert swapped.json()["version"] == "v2"
+    # New weights at another backend, its kind not given: the alias's (vllm), so token ids are still captured.
+    step = {"backend_id": "b2", "base_url": mock.base_url, "model": "mock-model"}
+    swapped = await admin.post(f"/admin/v1/models/{alias}/swap", json={"backends": [step]})
+    assert [b["kind"] for b in swapped.json()["backends"]] == ["vllm"]
+    mixed = [backend, {**step, "kind": "openai"}]
+    assert (
+        await admin.put(f"/admin/v1/models/{encoded}", json={"backends": mixed, "version": "v3"})
+    ).status_code == 200
+    refused = await admin.post(f"/admin/v1/models/{alias}/swap", json={"backends": [step]})
+    assert refused.status_code == 400 and "several kinds" in refused.json()["error"]["message"]
+    assert (await admin.get(f"/admin/v1/models/{alias}")).json()["version"] == "v3"  # unchanged
     async with AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused") as client:
         answer = await client.chat.completions.create(model=alias, messages=[{"role": "user", "content": "hi"}])
     assert answer.choices[0].message.content

@@ -103,6 +103,16 @@ def test_models_put_list_swap_pause_resume(gateway: GatewayProcess) -> None:
 
     swapped = as_json(rollway(gateway, "models", "swap", "policy", "--version", "v9", "--json"))
     assert swapped[0]["version"] == "v9" and swapped[0]["backends"][0]["backend_id"] == "b1"
+    # A swap to new weights keeps the alias's kind (vllm: token ids captured) unless --kind says otherwise.
+    new_weights = ("--backend", "http://127.0.0.1:9/v1", "--model", "Qwen-0.5B-step-2")
+    [after] = as_json(rollway(gateway, "models", "swap", "policy", *new_weights, "--json"))
+    assert (after["version"], after["backends"][0]["kind"], after["backends"][0]["model"]) == (
+        "v9+1",
+        "vllm",
+        "Qwen-0.5B-step-2",
+    )
+    [other] = as_json(rollway(gateway, "models", "swap", "policy", *new_weights, "--kind", "openai", "--json"))
+    assert other["backends"][0]["kind"] == "openai"
     assert as_json(rollway(gateway, "models", "pause", "policy", "--json"))[0]["state"]["paused"] is True
     drained = as_json(rollway(gateway, "models", "drain", "policy", "--timeout", "5", "--json"))[0]
     assert drained["drained"] is True and drained["state"]["in_flight"] == 0
