@@ -47,7 +47,9 @@ class Settings(BaseSettings):
         description="NORMAL survives a killed process; FULL also survives power loss, at a cost per commit",
     )
     watchdog_interval: float = Field(default=1.0, gt=0, description="seconds between watchdog sweeps")
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(default="info")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        default="info", description="the server's log level (critical, error, warning, info, debug)"
+    )
     access_log: bool = Field(
         default=True, description="log one line per HTTP request (every LLM call is recorded as a span anyway)"
     )
