@@ -91,21 +91,17 @@ def enqueue(conn: Connection, specs: list[TaskSpec], now: float, key: str | None
     planned: list[dict[str, Any]] = []
     keyed: list[tuple[dict[str, Any], TaskSpec]] = []  # rows whose ids derive from the key, with their task
     seen: set[str] = set()
-    named: set[str] = set()  # groups the client named (its group_id, or its rollout_id for a group_size)
     for position, spec in enumerate(specs):
         for rollout_id, group_id, group_index in expand(spec, None if key is None else (key, position)):
             rid = rollout_id or ids.rollout_id()
             if rid in seen:
                 continue
             seen.add(rid)
-            if group_id and (spec.group_id or spec.rollout_id):
-                named.add(group_id)
             planned.append(_row(spec, rid, (group_id, group_index), RolloutStatus.QUEUING, latest, now))
             if key is not None and not spec.rollout_id:
                 keyed.append((planned[-1], spec))
-    if named:
-        _join_shared_groups(specs, planned)
-        _require_new_groups(conn, planned, named)
+    if any(spec.group_id and spec.group_size is None for spec in specs):
+        _join_groups(conn, specs, planned)
     if key is None and not any(s.rollout_id for s in specs):
         conn.execute(R.insert(), planned)
         return [_as_mapping(r) for r in planned]
@@ -120,46 +116,34 @@ def enqueue(conn: Connection, specs: list[TaskSpec], now: float, key: str | None
     return [by_id[r["rollout_id"]] for r in planned]
 
 
-def _join_shared_groups(specs: list[TaskSpec], planned: list[dict[str, Any]]) -> None:
-    """Tasks of one request that share a client ``group_id`` and leave out ``group_size`` are one group: its size
-    is their number and its indexes their order (each alone would be a group of one, all at index 0, complete
-    as soon as the first finished). A task with ``group_size`` is a group of its own."""
+def _join_groups(conn: Connection, specs: list[TaskSpec], planned: list[dict[str, Any]]) -> None:
+    """Tasks that name a ``group_id`` and leave out ``group_size`` join that group: their indexes continue after
+    the members it has (from earlier requests, e.g. the CLI's batches of one file, or direct starts), and its
+    size counts them all (each used to be a group of one at index 0, the group complete as soon as any one had
+    finished). Mixing such tasks with a ``group_size`` task of the same group in one request is refused: which
+    size would the group have? Replicas joining one group take turns (``serialize_key``)."""
     tasks: dict[str, list[TaskSpec]] = defaultdict(list)
     for spec in specs:
         if spec.group_id:
             tasks[spec.group_id].append(spec)
-    shared = {group_id for group_id, members in tasks.items() if len(members) > 1}
-    for group_id in shared:
-        if any(member.group_size is not None for member in tasks[group_id]):
+    joining = sorted(g for g, members in tasks.items() if all(m.group_size is None for m in members))
+    for group_id, members in tasks.items():
+        if group_id not in joining and len(members) > 1 and any(m.group_size is None for m in members):
             raise StoreValidationError(
-                f"tasks sharing group_id '{group_id}' must leave out group_size (the tasks are the group), "
+                f"tasks sharing group_id '{group_id}' must all leave out group_size (they join the group), "
                 "or the group must be one task with group_size"
             )
-    rows = [row for row in planned if row["group_id"] in shared]
-    sizes = Counter(row["group_id"] for row in rows)
-    places: Counter[str] = Counter()
+    mine = {row["rollout_id"] for row in planned}
+    for group_id in joining:
+        serialize_key(conn, "group:" + group_id)
+    query = select(R.c.group_id, R.c.rollout_id).where(R.c.group_id.in_(joining))
+    # (a request sent again finds its own rows: they do not move its indexes)
+    had = Counter(group_id for group_id, rollout_id in conn.execute(query) if rollout_id not in mine)
+    rows = [row for row in planned if row["group_id"] in joining]
+    size = had + Counter(row["group_id"] for row in rows)
     for row in rows:
-        row["group_size"], row["group_index"] = sizes[row["group_id"]], places[row["group_id"]]
-        places[row["group_id"]] += 1
-
-
-def _require_new_groups(conn: Connection, planned: list[dict[str, Any]], group_ids: set[str]) -> None:
-    """A group the client names is made by one request: a request that would add rollouts to a group that
-    already has some is refused. A group is exported once, whole, when its members have finished; one that
-    grew after would be exported again, its first members twice. (The same request sent again adds nothing:
-    its rollouts are the stored ones.)"""
-    stored: dict[str, set[str]] = defaultdict(set)
-    query = select(R.c.group_id, R.c.rollout_id).where(R.c.group_id.in_(sorted(group_ids)))
-    for group_id, rollout_id in conn.execute(query):
-        stored[group_id].add(rollout_id)
-    for row in planned:
-        members = stored.get(row["group_id"])
-        if members and row["rollout_id"] not in members:
-            group_id = row["group_id"]
-            raise ConflictError(
-                f"group '{group_id}' already has rollouts: a group is made by one request "
-                "(one task with group_size, or tasks sharing its group_id)"
-            )
+        row["group_size"], row["group_index"] = size[row["group_id"]], had[row["group_id"]]
+        had[row["group_id"]] += 1
 
 
 class _Mapping(dict[str, Any]):
@@ -352,8 +336,8 @@ def start_rollout(
             return replays.started_before(conn, key or "", taken, row, spec, worker_id)
         if taken is not None:
             raise ConflictError(f"rollout '{spec.rollout_id}' already exists")
-    if spec.group_id:
-        _require_new_groups(conn, [row], {spec.group_id})
+    if spec.group_id and spec.group_size is None:
+        _join_groups(conn, [spec], [row])
     row["pk"] = (conn.execute(R.insert().values(**row).returning(R.c.pk))).scalar_one()
     rollout = _as_mapping(row)
     attempt = _new_attempt(conn, rollout, worker_id, now)

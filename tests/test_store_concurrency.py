@@ -262,3 +262,20 @@ async def test_forced_sweep_ignores_the_debounce(
     assert await second.sweep(force=True) == 1
     assert len(sweeps) == 2
     assert (await first.get_attempt(rid, aid)).status == AttemptStatus.TIMEOUT
+
+
+async def test_two_stores_joining_one_group_at_once_give_each_member_its_own_index(
+    two_stores: tuple[Store, Store],
+) -> None:
+    """Tasks naming a group join it (indexes continue after its members): two replicas joining at the same
+    moment take turns, so no index is given twice and the size counts every member."""
+    first, second = two_stores
+    for round_ in range(10):
+        group = f"g{round_}"
+        await asyncio.gather(
+            first.enqueue([{"input": 1, "group_id": group}, {"input": 2, "group_id": group}]),
+            second.enqueue([{"input": 3, "group_id": group}, {"input": 4, "group_id": group}]),
+        )
+        members = await first.get_group(group)
+        assert sorted(r.group_index for r in members) == [0, 1, 2, 3]
+        assert max(r.group_size or 0 for r in members) == 4

@@ -1265,39 +1265,29 @@ def test_span_values_follow_the_spans_table_columns() -> None:
     assert len(convert.SPAN_COLUMNS) == len(set(convert.SPAN_COLUMNS))
 
 
-async def test_tasks_sharing_a_group_id_in_one_request_are_one_group(store: Store) -> None:
-    tasks = [{"input": i, "group_id": "shared"} for i in range(3)]
-    rollouts = await store.enqueue([*tasks, {"input": "alone"}])
-    assert [(r.group_id, r.group_size, r.group_index) for r in rollouts] == [
-        ("shared", 3, 0),
-        ("shared", 3, 1),
-        ("shared", 3, 2),
+async def test_tasks_naming_a_group_without_a_size_join_it(store: Store) -> None:
+    """Tasks that name a group_id and leave out group_size join that group, in one request or several (the
+    CLI's batches of one file, direct starts): indexes continue, the size counts every member."""
+    first = await store.enqueue([{"input": i, "group_id": "shared"} for i in range(2)] + [{"input": "alone"}])
+    assert [(r.group_id, r.group_size, r.group_index) for r in first] == [
+        ("shared", 2, 0),
+        ("shared", 2, 1),
         (None, None, None),
     ]
+    later = await store.enqueue([{"input": 2, "group_id": "shared"}, {"input": 3, "group_id": "other"}])
+    assert [(r.group_id, r.group_size, r.group_index) for r in later] == [("shared", 3, 2), ("other", 1, 0)]
+    started = await store.start_rollout({"input": 4, "group_id": "shared"})
+    assert (started.rollout.group_size, started.rollout.group_index) == (4, 3)
+    group = await store.get_group("shared")
+    assert sorted(r.group_index for r in group) == [0, 1, 2, 3]
+    # The same request sent again (client ids, or an idempotency key) finds its rows where they were.
+    keyed = [{"input": 5, "group_id": "shared"}, {"input": 6, "group_id": "shared"}]
+    once = await store.enqueue(keyed, idempotency_key="key-g")
+    again = await store.enqueue(keyed, idempotency_key="key-g")
+    assert [(r.rollout_id, r.group_index) for r in again] == [(r.rollout_id, r.group_index) for r in once]
+    assert [r.group_index for r in once] == [4, 5]
     with pytest.raises(StoreValidationError, match="group_size"):  # which would the group's size be?
         await store.enqueue([{"input": 1, "group_id": "mixed", "group_size": 2}, {"input": 2, "group_id": "mixed"}])
-
-
-async def test_a_group_is_made_by_one_request(store: Store) -> None:
-    """A group is exported once, whole, when its members have finished: one that grew later would be exported
-    again. So a request may not add rollouts to a group another request made; the same request again may."""
-    first = await store.enqueue([{"input": 1, "group_id": "g", "group_size": 2}, {"rollout_id": "c", "group_size": 2}])
-    for late in (
-        {"input": 2, "group_id": "g"},
-        {"rollout_id": "late", "group_id": "g"},
-        {"rollout_id": "c", "group_size": 3},  # c-0 and c-1 exist: c-2 would join group c
-    ):
-        with pytest.raises(ConflictError, match="already has rollouts"):
-            await store.enqueue([late])
-    with pytest.raises(ConflictError, match="already has rollouts"):
-        await store.start_rollout({"input": 3, "group_id": "g"})
-    assert len(await all_rollouts(store)) == 4
-    again = await store.enqueue([{"rollout_id": "c", "group_size": 2}])  # idempotent by client id, as before
-    assert [r.rollout_id for r in again] == [r.rollout_id for r in first[2:]]
-    keyed = [{"input": 1, "group_id": "k"}, {"input": 2, "group_id": "k"}]
-    once = await store.enqueue(keyed, idempotency_key="key-g")
-    assert [r.rollout_id for r in await store.enqueue(keyed, idempotency_key="key-g")] == [r.rollout_id for r in once]
-    assert len(await all_rollouts(store)) == 6
 
 
 def test_a_client_rollout_id_must_leave_room_for_its_group_members() -> None:
