@@ -274,7 +274,8 @@ class AsyncRollwayClient(ExportsMixin):
         return await self._t.model(ResourcesUpdate, "POST", "/resources", json={"resources": dict(resources)})
 
     async def update_resources(self, resources_id: str, resources: Mapping[str, Any]) -> ResourcesUpdate:
-        """A new version (+1) of the bundle; it becomes the latest."""
+        """A new version (+1) of an existing bundle; it becomes the latest (an unknown id: 404, `add_resources`
+        makes a new one)."""
         body = {"resources": dict(resources)}
         return await self._t.model(ResourcesUpdate, "PUT", f"/resources/{path_segment(resources_id)}", json=body)
 

@@ -251,15 +251,16 @@ _INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"
 
 def _responses_finish_reason(response: dict[str, Any]) -> str | None:
     """Why a Responses API answer ended, as chat's ``finish_reason``: ``stop``, ``tool_calls`` (it ends with
-    a function call), ``length``, ``content_filter``, ``error`` (failed); None while it has no end status."""
+    a function call), ``length``, ``content_filter``, ``error`` (failed); None when it did not end (no end
+    status, or cut off without a reason), as a chat stream that broke off records it."""
     status = response.get("status")
     if status == "completed":
         output = response.get("output") or []
         calls = any(isinstance(item, dict) and item.get("type") == "function_call" for item in output)
         return "tool_calls" if calls else "stop"
-    if status == "incomplete":
+    if status == "incomplete":  # without a reason: a stream that broke off (the gateway's partial response)
         reason = (response.get("incomplete_details") or {}).get("reason")
-        return _INCOMPLETE.get(reason, reason) if isinstance(reason, str) else "length"
+        return _INCOMPLETE.get(reason, reason) if isinstance(reason, str) else None
     if status == "failed":
         return "error"
     return None

@@ -21,7 +21,7 @@ from gateway import capture, logs
 from gateway.attribution import AuthError, KeyCache, attribute
 from gateway.proxy import CallError, Gateway, envelope
 from gateway.registry import UnknownAlias
-from store import ConflictError, NotFoundError, StoreError, StoreValidationError, UnavailableError
+from store import ConflictError, ModelAlias, NotFoundError, StoreError, StoreValidationError, UnavailableError
 
 log = logging.getLogger("rollway.gateway")
 
@@ -157,10 +157,7 @@ class DataPlane:
         await self._run_watched(gateway, prepared, parsed, receive, reply, out_headers)
 
     async def _models(self, gateway: Gateway, reply: AsgiReply, rid_header: tuple[bytes, bytes]) -> None:
-        models = await gateway.store.list_models()
-        data = [
-            {"id": m.alias, "object": "model", "created": int(m.created_time), "owned_by": "rollway"} for m in models
-        ]
+        data = [_model_object(m) for m in await gateway.store.list_models()]
         await reply.start(200, [(b"content-type", b"application/json"), rid_header])
         await reply.body(orjson.dumps({"object": "list", "data": data}), more=False)
 
@@ -170,9 +167,8 @@ class DataPlane:
             model = await gateway.store.get_model(alias)
         except NotFoundError:
             raise envelope(404, f"the model '{alias}' does not exist", "not_found_error", "model_not_found") from None
-        data = {"id": model.alias, "object": "model", "created": int(model.created_time), "owned_by": "rollway"}
         await reply.start(200, [(b"content-type", b"application/json"), rid_header])
-        await reply.body(orjson.dumps(data), more=False)
+        await reply.body(orjson.dumps(_model_object(model)), more=False)
 
     async def _run_watched(
         self,
@@ -275,3 +271,8 @@ async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> b
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _model_object(model: ModelAlias) -> dict[str, Any]:
+    """An alias as OpenAI's ``/v1/models`` lists a model."""
+    return {"id": model.alias, "object": "model", "created": int(model.created_time), "owned_by": "rollway"}

@@ -257,8 +257,7 @@ class Gateway:
         response, backend, injected = await self.connect(prepared, body)
         ok = response.status < 500
         try:
-            streamed = not response.headers.get("Content-Type", "").startswith("application/json")
-            if record.stream and response.status == 200 and streamed:
+            if record.stream and response.status == 200 and not _json_answer(response):
                 # (a backend may answer a streamed request with one JSON body, e.g. embeddings: passed as such)
                 await self._stream(record, response, injected, reply, headers)
             else:
@@ -393,6 +392,11 @@ class Gateway:
             await reply.body(b"data: " + not_recorded().body + b"\n\n", more=False)
             return
         await reply.body(done_event or b"", more=False)
+
+
+def _json_answer(response: Any) -> bool:
+    """An answer with one JSON body (``Content-Type: application/json``), not an event stream."""
+    return bool(response.headers.get("Content-Type", "").startswith("application/json"))
 
 
 def _json_object(data: bytes) -> dict[str, Any] | None:

@@ -88,13 +88,14 @@ class ChoiceAccumulator:
         self.finish_reason: str | None = None
         self.prompt_token_ids: list[int] | None = None
         self.delta_text: dict[str, list[str]] = {}  # other text the deltas carried (reasoning_content, refusal)
-        self.delta_other: dict[str, Any] = {}  # other delta fields: the last value seen
-        self.fields: dict[str, Any] = {}  # other fields of the choice (vLLM's stop_reason): the last value seen
+        self.delta_other: dict[str, Any] = {}  # other delta fields: objects merged (their text joined), else last
+        self.last: dict[str, Any] = {}  # the choice's last chunk: its other fields (vLLM's stop_reason) are kept
 
 
-#: What ``_feed_choice`` reads itself; any other field of a choice, or of a chat delta, is kept as it comes
-#: (text concatenated, anything else the last non-null value), so the span's response is the message the call
-#: would have answered without streaming -- reasoning text included.
+#: What ``_feed_choice`` reads itself. Any other field of a chat delta is kept (text joined; an object merged,
+#: its text fields joined, like a legacy ``function_call``; anything else the last value), and so are the other
+#: non-null fields of a choice's last chunk: the span's response is the message the call would have answered
+#: without streaming -- reasoning text included.
 _CHOICE_KEYS = frozenset({"index", "delta", "logprobs", "finish_reason", "token_ids", "prompt_token_ids", "text"})
 _DELTA_KEYS = frozenset({"role", "content", "tool_calls"})
 
@@ -133,9 +134,7 @@ class StreamAccumulator:
             acc.token_ids.extend(choice["token_ids"])
         if choice.get("finish_reason") is not None:
             acc.finish_reason = choice["finish_reason"]
-        for key, value in choice.items():
-            if value is not None and key not in _CHOICE_KEYS:
-                acc.fields[key] = value
+        acc.last = choice
         logprobs = choice.get("logprobs")
         if self.operation == "chat":
             delta = choice.get("delta") or {}
@@ -143,13 +142,8 @@ class StreamAccumulator:
                 acc.role = delta["role"]
             if delta.get("content"):
                 acc.text.append(delta["content"])
-            for key, value in delta.items():
-                if value is None or key in _DELTA_KEYS:
-                    continue
-                if isinstance(value, str):
-                    acc.delta_text.setdefault(key, []).append(value)
-                else:
-                    acc.delta_other[key] = value
+            if not delta.keys() <= _DELTA_KEYS:  # (the usual delta holds content only: no loop)
+                _feed_other(acc, delta)
             for call in delta.get("tool_calls") or ():
                 slot = acc.tool_calls.setdefault(
                     call.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
@@ -180,7 +174,8 @@ class StreamAccumulator:
         choices = []
         for index in sorted(self.choices):
             acc = self.choices[index]
-            out: dict[str, Any] = {"index": index, "finish_reason": acc.finish_reason, **acc.fields}
+            out: dict[str, Any] = {"index": index, "finish_reason": acc.finish_reason}
+            out.update((k, v) for k, v in acc.last.items() if v is not None and k not in _CHOICE_KEYS)
             if self.operation == "chat":
                 message: dict[str, Any] = {"role": acc.role or "assistant", "content": "".join(acc.text) or None}
                 message.update(acc.delta_other)
@@ -201,6 +196,23 @@ class StreamAccumulator:
         body["usage"] = self.usage
         body["prompt_token_ids"] = self.prompt_token_ids
         return body
+
+
+def _feed_other(acc: ChoiceAccumulator, delta: dict[str, Any]) -> None:
+    """The fields of a chat delta that ``_feed_choice`` does not read itself."""
+    for key, value in delta.items():
+        if value is None or key in _DELTA_KEYS:
+            continue
+        if isinstance(value, str):
+            acc.delta_text.setdefault(key, []).append(value)
+        elif isinstance(value, dict) and isinstance(slot := acc.delta_other.setdefault(key, {}), dict):
+            for field, part in value.items():
+                if isinstance(part, str) and isinstance(slot.get(field), str):
+                    slot[field] += part
+                elif part is not None:
+                    slot[field] = part
+        else:
+            acc.delta_other[key] = value
 
 
 #: The events that end a Responses API stream (it has no ``[DONE]``), each carrying the whole response.

@@ -176,6 +176,7 @@ async def test_a_responses_stream_that_breaks_off_records_its_text_so_far(
     assert span.status.status_code == "ERROR" and span.attributes["error.type"] == "stream_interrupted"
     partial = span.attributes["rollway.response"]
     assert partial["status"] == "incomplete" and partial["output"][0]["content"][0]["text"] == "".join(texts)
+    assert span.attributes["gen_ai.response.finish_reasons"] == [None]  # cut off: it did not end on "length"
 
 
 async def test_client_that_asks_for_token_ids_gets_them(gw: RunningGateway, direct: AsyncOpenAI) -> None:

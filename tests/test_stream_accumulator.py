@@ -59,3 +59,15 @@ def test_echoed_prompt_logprobs_are_not_the_responses() -> None:
     assert response_logprobs("text_completion", choice) == [-0.125]
     plain = {"text": "4", "token_ids": [19, 2], "logprobs": {"token_logprobs": [-0.125, -0.5]}}
     assert response_logprobs("text_completion", plain) == [-0.125, -0.5]
+
+
+def test_a_streamed_legacy_function_call_is_merged() -> None:
+    acc = StreamAccumulator("chat")
+    for piece in [
+        chunk({"role": "assistant", "function_call": {"name": "get_weather", "arguments": ""}}),
+        chunk({"function_call": {"arguments": '{"city": '}}),
+        chunk({"function_call": {"arguments": '"Paris"}'}}, "function_call"),
+    ]:
+        acc.feed(piece)
+    message = acc.response()["choices"][0]["message"]
+    assert message["function_call"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}

@@ -27,7 +27,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.mock.config import MockConfig
-from gateway.mock.faults import FaultBook, FaultError, FaultRule, RequestRecord, Stats
+from gateway.mock.faults import FaultBook, FaultError, FaultRule, RequestRecord, Stats, with_garbage
 from gateway.mock.model import FakeModel, PrefixCache
 from gateway.mock.plans import BadRequest, Planner
 
@@ -304,7 +304,7 @@ class _Endpoint:
         record.stage = "streaming"
         sent = 0
         if rule is not None and rule.kind == "garbage_event":
-            events = _with_garbage(events, rule)
+            events = with_garbage(events, rule)
         for number, step in enumerate(events):
             if await watch.sleep(ttft if number == 0 else token_delay):
                 return
@@ -336,18 +336,6 @@ def _sse(steps: list[list[dict[str, Any]]], named: bool) -> list[list[bytes]]:
     events = [[b"data: " + _dumps(chunk) + b"\n\n" for chunk in step] for step in steps]
     events[-1].append(b"data: [DONE]\n\n")
     return events
-
-
-def _with_garbage(events: list[list[bytes]], rule: FaultRule) -> list[list[bytes]]:
-    """``events`` with one more, whose data is the rule's ``body`` (not JSON), after ``after_chunks`` events."""
-    data = rule.body if isinstance(rule.body, str) else "{not json"
-    garbage = b"data: " + data.encode() + b"\n\n"
-    out, seen = [], 0
-    for step in events:
-        cut = rule.after_chunks - seen
-        out.append([*step[:cut], garbage, *step[cut:]] if 0 <= cut < len(step) else step)
-        seen += len(step)
-    return out
 
 
 def _log_abort(rule: FaultRule, record: RequestRecord) -> None:

@@ -299,3 +299,15 @@ class Stats:
         self.faults_fired.clear()
         self.log.clear()
         self._notify()
+
+
+def with_garbage(events: list[list[bytes]], rule: FaultRule) -> list[list[bytes]]:
+    """``events`` with one more, whose data is the rule's ``body`` (not JSON), after ``after_chunks`` events."""
+    data = rule.body if isinstance(rule.body, str) else "{not json"
+    garbage = b"data: " + data.encode() + b"\n\n"
+    out, seen = [], 0
+    for step in events:
+        cut = rule.after_chunks - seen
+        out.append([*step[:cut], garbage, *step[cut:]] if 0 <= cut < len(step) else step)
+        seen += len(step)
+    return out
