@@ -89,13 +89,14 @@ class ChoiceAccumulator:
         self.prompt_token_ids: list[int] | None = None
         self.delta_text: dict[str, list[str]] = {}  # other text the deltas carried (reasoning_content, refusal)
         self.delta_other: dict[str, Any] = {}  # other delta fields: objects merged (their text joined), else last
-        self.last: dict[str, Any] = {}  # the choice's last chunk: its other fields (vLLM's stop_reason) are kept
+        self.last: dict[str, Any] = {}  # the choice's last chunk and the one that finished it: their other
+        self.finished: dict[str, Any] = {}  # fields (vLLM's stop_reason, SGLang's matched_stop) are kept
 
 
 #: What ``_feed_choice`` reads itself. Any other field of a chat delta is kept (text joined; an object merged,
 #: its text fields joined, like a legacy ``function_call``; anything else the last value), and so are the other
-#: non-null fields of a choice's last chunk: the span's response is the message the call would have answered
-#: without streaming -- reasoning text included.
+#: non-null fields of the chunk that finished a choice and of its last chunk: the span's response is the message
+#: the call would have answered without streaming -- reasoning text included.
 _CHOICE_KEYS = frozenset({"index", "delta", "logprobs", "finish_reason", "token_ids", "prompt_token_ids", "text"})
 _DELTA_KEYS = frozenset({"role", "content", "tool_calls"})
 
@@ -134,6 +135,7 @@ class StreamAccumulator:
             acc.token_ids.extend(choice["token_ids"])
         if choice.get("finish_reason") is not None:
             acc.finish_reason = choice["finish_reason"]
+            acc.finished = choice  # (SGLang may send one more chunk after it, e.g. hidden states)
         acc.last = choice
         logprobs = choice.get("logprobs")
         if self.operation == "chat":
@@ -175,7 +177,8 @@ class StreamAccumulator:
         for index in sorted(self.choices):
             acc = self.choices[index]
             out: dict[str, Any] = {"index": index, "finish_reason": acc.finish_reason}
-            out.update((k, v) for k, v in acc.last.items() if v is not None and k not in _CHOICE_KEYS)
+            for source in (acc.finished, acc.last):
+                out.update((k, v) for k, v in source.items() if v is not None and k not in _CHOICE_KEYS)
             if self.operation == "chat":
                 message: dict[str, Any] = {"role": acc.role or "assistant", "content": "".join(acc.text) or None}
                 message.update(acc.delta_other)

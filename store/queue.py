@@ -100,7 +100,7 @@ def enqueue(conn: Connection, specs: list[TaskSpec], now: float, key: str | None
             planned.append(_row(spec, rid, (group_id, group_index), RolloutStatus.QUEUING, latest, now))
             if key is not None and not spec.rollout_id:
                 keyed.append((planned[-1], spec))
-    if any(spec.group_id and spec.group_size is None for spec in specs):
+    if any(spec.group_id for spec in specs):
         _join_groups(conn, specs, planned)
     if key is None and not any(s.rollout_id for s in specs):
         conn.execute(R.insert(), planned)
@@ -117,31 +117,32 @@ def enqueue(conn: Connection, specs: list[TaskSpec], now: float, key: str | None
 
 
 def _join_groups(conn: Connection, specs: list[TaskSpec], planned: list[dict[str, Any]]) -> None:
-    """Tasks that name a ``group_id`` and leave out ``group_size`` join that group: their indexes continue after
-    the members it has (from earlier requests, e.g. the CLI's batches of one file, or direct starts), and its
-    size counts them all (each used to be a group of one at index 0, the group complete as soon as any one had
-    finished). Mixing such tasks with a ``group_size`` task of the same group in one request is refused: which
-    size would the group have? Replicas joining one group take turns (``serialize_key``)."""
+    """Tasks that name a ``group_id`` join that group: the rollouts they add get the indexes after the members it
+    has (from earlier requests: the CLI's batches of one file, direct starts), and a size that counts them all
+    (the group's size is its members' largest). A new group with ``group_size: n`` gets 0..n-1, as before; tasks
+    without it used to be groups of one, all at index 0. In one request a group is one task with ``group_size``
+    or tasks that all leave it out (else: which size?). Rows that exist already (a request sent again) keep
+    theirs. Replicas joining one group take turns (``serialize_key``)."""
     tasks: dict[str, list[TaskSpec]] = defaultdict(list)
     for spec in specs:
         if spec.group_id:
             tasks[spec.group_id].append(spec)
-    joining = sorted(g for g, members in tasks.items() if all(m.group_size is None for m in members))
     for group_id, members in tasks.items():
-        if group_id not in joining and len(members) > 1 and any(m.group_size is None for m in members):
+        if len(members) > 1 and any(m.group_size is not None for m in members):
             raise StoreValidationError(
                 f"tasks sharing group_id '{group_id}' must all leave out group_size (they join the group), "
                 "or the group must be one task with group_size"
             )
-    mine = {row["rollout_id"] for row in planned}
-    for group_id in joining:
+    groups = sorted(tasks)
+    for group_id in groups:
         serialize_key(conn, "group:" + group_id)
-    query = select(R.c.group_id, R.c.rollout_id).where(R.c.group_id.in_(joining))
-    # (a request sent again finds its own rows: they do not move its indexes)
-    had = Counter(group_id for group_id, rollout_id in conn.execute(query) if rollout_id not in mine)
-    rows = [row for row in planned if row["group_id"] in joining]
-    size = had + Counter(row["group_id"] for row in rows)
-    for row in rows:
+    stored: dict[str, set[str]] = defaultdict(set)
+    for group_id, rollout_id in conn.execute(select(R.c.group_id, R.c.rollout_id).where(R.c.group_id.in_(groups))):
+        stored[group_id].add(rollout_id)
+    new = [row for row in planned if row["group_id"] in tasks and row["rollout_id"] not in stored[row["group_id"]]]
+    had = Counter({group_id: len(members) for group_id, members in stored.items()})
+    size = had + Counter(row["group_id"] for row in new)
+    for row in new:
         row["group_size"], row["group_index"] = size[row["group_id"]], had[row["group_id"]]
         had[row["group_id"]] += 1
 
@@ -330,14 +331,14 @@ def start_rollout(
     if key is not None:
         serialize_key(conn, key)
     row = _row(spec, rollout_id or ids.rollout_id(), group, RolloutStatus.PREPARING, latest, now)
+    if spec.group_id:
+        _join_groups(conn, [spec], [row])
     if rollout_id:
         taken = conn.execute(select(R).where(R.c.rollout_id == rollout_id)).mappings().first()
         if taken is not None and spec.rollout_id is None:
             return replays.started_before(conn, key or "", taken, row, spec, worker_id)
         if taken is not None:
             raise ConflictError(f"rollout '{spec.rollout_id}' already exists")
-    if spec.group_id and spec.group_size is None:
-        _join_groups(conn, [spec], [row])
     row["pk"] = (conn.execute(R.insert().values(**row).returning(R.c.pk))).scalar_one()
     rollout = _as_mapping(row)
     attempt = _new_attempt(conn, rollout, worker_id, now)

@@ -43,12 +43,18 @@ def other_request(key: str) -> ConflictError:
 _TASK_COLUMNS = ("input", "mode", "config", "metadata", "group_id", "group_size", "group_index", "priority", "agent")
 
 
+#: Without them: a task that names a group joins it, and its place depends on the members the group had then.
+_JOINING_COLUMNS = tuple(c for c in _TASK_COLUMNS if c not in ("group_size", "group_index"))
+
+
 def same_task(row: dict[str, Any], spec: TaskSpec, stored: RowMapping) -> bool:
     """Whether ``stored`` is the rollout that ``spec``, planned as ``row``, would have made: every column the
-    task sets, as JSON stores it; ``resources_id`` only when the task names one (else it was the latest then)."""
+    task sets, as JSON stores it; ``resources_id`` only when the task names one (else it was the latest then);
+    a named group's size and index only as the group had them (``queue._join_groups``), so not compared."""
     if spec.resources_id is not None and stored["resources_id"] != spec.resources_id:
         return False
-    return all(loads(dumps(row[c])) == stored[c] for c in _TASK_COLUMNS)
+    columns = _JOINING_COLUMNS if spec.group_id else _TASK_COLUMNS
+    return all(loads(dumps(row[c])) == stored[c] for c in columns)
 
 
 def enqueued_before(

@@ -1286,8 +1286,38 @@ async def test_tasks_naming_a_group_without_a_size_join_it(store: Store) -> None
     again = await store.enqueue(keyed, idempotency_key="key-g")
     assert [(r.rollout_id, r.group_index) for r in again] == [(r.rollout_id, r.group_index) for r in once]
     assert [r.group_index for r in once] == [4, 5]
-    with pytest.raises(StoreValidationError, match="group_size"):  # which would the group's size be?
-        await store.enqueue([{"input": 1, "group_id": "mixed", "group_size": 2}, {"input": 2, "group_id": "mixed"}])
+    for mixed in (
+        [{"input": 1, "group_id": "mixed", "group_size": 2}, {"input": 2, "group_id": "mixed"}],
+        [{"input": 1, "group_id": "mixed", "group_size": 2}, {"input": 2, "group_id": "mixed", "group_size": 2}],
+    ):
+        with pytest.raises(StoreValidationError, match="group_size"):  # which would the group's size be?
+            await store.enqueue(mixed)
+
+
+async def test_every_member_of_a_joined_group_has_its_own_index(store: Store) -> None:
+    await store.enqueue([{"rollout_id": "r1", "group_id": "g"}, {"rollout_id": "r2", "group_id": "g"}])
+    await store.enqueue([{"rollout_id": "r3", "group_id": "g"}, {"rollout_id": "r1", "group_id": "g"}])  # r1 again
+    await store.enqueue([{"input": "sized", "group_id": "g", "group_size": 2}])  # a sized task joins too
+    members = await store.get_group("g")
+    assert sorted(r.group_index for r in members) == [0, 1, 2, 3, 4]
+    assert max(r.group_size or 0 for r in members) == 5
+
+
+async def test_a_keyed_request_that_joined_a_group_gets_its_first_answer_again(store: Store) -> None:
+    """Its members' places depend on what the group had then: a retry after others joined is still the same
+    request, and so is a direct start's retry."""
+    await store.enqueue([{"input": 0, "group_id": "g"}])
+    task = {"input": 1, "group_id": "g"}
+    started = await store.start_rollout(task, worker_id="w", idempotency_key="start-1")
+    assert (started.rollout.group_size, started.rollout.group_index) == (2, 1)
+    again = await store.start_rollout(task, worker_id="w", idempotency_key="start-1")
+    assert again.rollout.rollout_id == started.rollout.rollout_id and again.attempt == started.attempt
+    pair = [{"input": 2, "group_id": "g"}, {"input": 3, "group_id": "g"}]
+    first = await store.enqueue(pair, idempotency_key="enqueue-1")
+    await store.enqueue([{"input": 4, "group_id": "g"}])  # someone else joins meanwhile
+    retried = await store.enqueue(pair, idempotency_key="enqueue-1")
+    assert [(r.rollout_id, r.group_index) for r in retried] == [(r.rollout_id, r.group_index) for r in first]
+    assert sorted(r.group_index for r in await store.get_group("g")) == [0, 1, 2, 3, 4]
 
 
 def test_a_client_rollout_id_must_leave_room_for_its_group_members() -> None:

@@ -71,3 +71,13 @@ def test_a_streamed_legacy_function_call_is_merged() -> None:
         acc.feed(piece)
     message = acc.response()["choices"][0]["message"]
     assert message["function_call"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+
+
+def test_a_field_of_the_finishing_chunk_survives_a_chunk_after_it() -> None:
+    """SGLang with hidden states sends one more chunk after the finishing one, its matched_stop null."""
+    acc = StreamAccumulator("chat")
+    acc.feed(chunk({"role": "assistant", "content": "4"}))
+    acc.feed(chunk({}, "stop", matched_stop=151645))
+    acc.feed(chunk({}, None, matched_stop=None, hidden_states=[0.5]))
+    [choice] = acc.response()["choices"]
+    assert (choice["finish_reason"], choice["matched_stop"], choice["hidden_states"]) == ("stop", 151645, [0.5])
