@@ -87,6 +87,19 @@ class KeyCache:
                 del self._entries[plain]
 
 
+async def check_key(headers: dict[str, str], keys: KeyCache, require_key: bool) -> ApiKey | None:
+    """The caller's gateway or rollout key: checked when it is a rollout key or keys are required."""
+    token = bearer(headers)
+    if token is not None and (token.startswith("rk-") or require_key):
+        key = await keys.find(token)
+        if key is None or key.scope == "admin":
+            raise AuthError("invalid, revoked or expired API key")
+        return key
+    if require_key:
+        raise AuthError("an API key is required (Authorization: Bearer ...)")
+    return None
+
+
 async def attribute(
     path_rollout: str | None,
     path_attempt: str | None,
@@ -96,14 +109,7 @@ async def attribute(
     require_key: bool,
 ) -> Attribution:
     """Resolve the call's rollout (see module docstring); check its key when keys are required."""
-    token = bearer(headers)
-    key: ApiKey | None = None
-    if token is not None and (token.startswith("rk-") or require_key):
-        key = await keys.find(token)
-        if key is None or key.scope == "admin":
-            raise AuthError("invalid, revoked or expired API key")
-    elif require_key:
-        raise AuthError("an API key is required (Authorization: Bearer ...)")
+    key = await check_key(headers, keys, require_key)
     body_rollout = body.pop("rollout_id", None)
     osmosis = isinstance(body_rollout, str) and bool(body_rollout)
     if path_rollout is not None:

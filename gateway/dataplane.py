@@ -18,7 +18,7 @@ from urllib.parse import unquote
 import orjson
 
 from gateway import capture, logs
-from gateway.attribution import AuthError, KeyCache, attribute
+from gateway.attribution import AuthError, KeyCache, attribute, check_key
 from gateway.proxy import CallError, Gateway, envelope
 from gateway.registry import UnknownAlias
 from store import ConflictError, ModelAlias, NotFoundError, StoreError, StoreValidationError, UnavailableError
@@ -57,6 +57,11 @@ class AsgiReply:
     async def body(self, data: bytes, more: bool) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": more})
 
+    async def whole(self, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:
+        """A response in one piece, with its length (not chunked: an HTTP/1.0 client cannot read chunks)."""
+        await self.start(status, [*headers, (b"content-length", str(len(data)).encode())])
+        await self.body(data, more=False)
+
 
 class DataPlane:
     """Pure ASGI middleware: serves the data-plane paths, hands everything else to ``app``. The running
@@ -87,8 +92,7 @@ class DataPlane:
                     headers = [rid_header, *err.headers]
                     if not any(name == b"content-type" for name, _ in err.headers):  # a backend's error has its own
                         headers.insert(0, (b"content-type", b"application/json"))
-                    await reply.start(err.status, headers)
-                    await reply.body(err.body, more=False)
+                    await reply.whole(err.status, headers, err.body)
         finally:
             logs.REQUEST_ID.reset(token)
 
@@ -100,9 +104,15 @@ class DataPlane:
         keys: KeyCache = state.keys
         op_path = match["op"]
         method = scope["method"]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if op_path == "models":
             if method != "GET":
                 raise envelope(405, "use GET for /v1/models", "invalid_request_error")
+            if gateway.settings.gateway_auth == "keys":
+                try:
+                    await check_key(headers, keys, True)
+                except AuthError as exc:
+                    raise _refused(exc) from None
             if match["model"] is None:
                 await self._models(gateway, reply, rid_header)
             else:
@@ -110,12 +120,13 @@ class DataPlane:
             return
         if method != "POST":
             raise envelope(405, f"use POST for /v1/{op_path}", "invalid_request_error")
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        content_type = headers.get("content-type", "")
-        if "json" not in content_type:
+        if "json" not in headers.get("content-type", "").lower():  # media types ignore case (RFC 9110)
             raise envelope(
                 415, "the request body must be JSON (Content-Type: application/json)", "invalid_request_error"
             )
+        if headers.get("content-encoding", "identity").lower() != "identity":
+            message = f"Content-Encoding '{headers['content-encoding'][:40]}' is not supported: send the body as is"
+            raise envelope(415, message, "invalid_request_error")
         body = await _read_body(receive, headers, gateway.settings.max_body_bytes)
         try:
             parsed = orjson.loads(body)
@@ -138,12 +149,7 @@ class DataPlane:
                 capture.parse_traceparent(headers.get("traceparent"), headers.get("tracestate")),
             )
         except AuthError as exc:
-            raise envelope(
-                exc.status,
-                str(exc),
-                "authentication_error" if exc.status == 401 else "permission_error",
-                "invalid_api_key",
-            ) from None
+            raise _refused(exc) from None
         except UnknownAlias as exc:
             raise envelope(404, str(exc), "not_found_error", "model_not_found") from None
         except StoreError as exc:
@@ -158,8 +164,9 @@ class DataPlane:
 
     async def _models(self, gateway: Gateway, reply: AsgiReply, rid_header: tuple[bytes, bytes]) -> None:
         data = [_model_object(m) for m in await gateway.store.list_models()]
-        await reply.start(200, [(b"content-type", b"application/json"), rid_header])
-        await reply.body(orjson.dumps({"object": "list", "data": data}), more=False)
+        await reply.whole(
+            200, [(b"content-type", b"application/json"), rid_header], orjson.dumps({"object": "list", "data": data})
+        )
 
     async def _model(self, gateway: Gateway, alias: str, reply: AsgiReply, rid_header: tuple[bytes, bytes]) -> None:
         """``GET /v1/models/{alias}`` (the SDK's ``models.retrieve``)."""
@@ -167,8 +174,7 @@ class DataPlane:
             model = await gateway.store.get_model(alias)
         except NotFoundError:
             raise envelope(404, f"the model '{alias}' does not exist", "not_found_error", "model_not_found") from None
-        await reply.start(200, [(b"content-type", b"application/json"), rid_header])
-        await reply.body(orjson.dumps(_model_object(model)), more=False)
+        await reply.whole(200, [(b"content-type", b"application/json"), rid_header], orjson.dumps(_model_object(model)))
 
     async def _run_watched(
         self,
@@ -276,3 +282,8 @@ async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> b
 def _model_object(model: ModelAlias) -> dict[str, Any]:
     """An alias as OpenAI's ``/v1/models`` lists a model."""
     return {"id": model.alias, "object": "model", "created": int(model.created_time), "owned_by": "rollway"}
+
+
+def _refused(exc: AuthError) -> CallError:
+    type_ = "authentication_error" if exc.status == 401 else "permission_error"
+    return envelope(exc.status, str(exc), type_, "invalid_api_key")

@@ -189,8 +189,10 @@ class Dispatcher:
             else:
                 if status in (200, 201, 202):
                     return _tools(raw), tries
-                said = raw[:300].decode(errors="replace").replace(str(payload["api_key"]), "rk-***")  # never echo it
-                problem = f"{url} answered {status}: {said}"
+                said = raw.decode(errors="replace").replace(str(payload["api_key"]), "rk-***")  # never echo a key
+                if server.api_key is not None and server.api_key.get_secret_value():
+                    said = said.replace(server.api_key.get_secret_value(), "***")
+                problem = f"{url} answered {status}: {said[:300]}"
                 if status not in RETRY_STATUSES:
                     raise InitFailed(problem)
             if tries > self.settings.agent_init_retries:

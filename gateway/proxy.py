@@ -24,7 +24,7 @@ from gateway.registry import AliasPaused, Lease, ModelRegistry, UnknownAlias
 from gateway.routing import Router
 from gateway.settings import Settings
 from gateway.streaming import DONE, RESPONSE_ENDS, ResponsesAccumulator, SSEDecoder, StreamAccumulator, encode_event
-from gateway.upstream import Upstream, UpstreamFailure, backoff, retry_after, wait
+from gateway.upstream import Upstream, UpstreamFailure, backoff, retry_after, wait, without_key
 from store import Backend, Store, StoreError
 
 if TYPE_CHECKING:
@@ -38,6 +38,8 @@ class Reply(Protocol):
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
 
     async def body(self, data: bytes, more: bool) -> None: ...
+
+    async def whole(self, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None: ...
 
 
 def not_recorded() -> CallError:
@@ -232,7 +234,7 @@ class Gateway:
             else:
                 if response.status not in RETRY_STATUSES:
                     return response, backend, injected
-                error_body = await _read_quietly(response)
+                error_body = without_key(await _read_quietly(response), backend)
                 self.router.finished(backend.backend_id, ok=False, counts_as_failure=response.status >= 500)
                 last_error = CallError(response.status, error_body, _passthrough_headers(response))
                 if response.status == 429:
@@ -300,13 +302,13 @@ class Gateway:
             elif injected.any:
                 out = orjson.dumps(capture.stripped(parsed, injected))
         else:
+            out = raw = without_key(raw, record.backend)
             record.error = raw[:2000].decode(errors="replace")
             record.error_type = f"http_{response.status}"
         if not await self.finish(record) and response.status < 400:
             raise not_recorded()
         content_type = response.headers.get("Content-Type", "application/json").encode()
-        await reply.start(response.status, [(b"content-type", content_type), *headers])
-        await reply.body(out, more=False)
+        await reply.whole(response.status, [(b"content-type", content_type), *headers], out)
 
     async def _stream(
         self,

@@ -9,7 +9,7 @@ import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -100,6 +100,15 @@ class Settings(BaseSettings):
         "sampling}); an existing alias is left as it is",
     )
     config_file: Path | None = Field(default=None, description="optional YAML file with these settings")
+
+    @field_validator("admin_token", "metrics_token")
+    @classmethod
+    def _not_blank(cls, value: SecretStr | None) -> SecretStr | None:
+        """A token set to nothing (``ROLLWAY_ADMIN_TOKEN=``) is a mistake, not a token: refused, so that it can
+        neither pass for one (listening beyond loopback) nor lock every caller out."""
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("is set but empty: give a token, or leave it unset")
+        return value
 
     @classmethod
     def settings_customise_sources(

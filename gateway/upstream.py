@@ -105,3 +105,10 @@ def backoff(attempt: int, cap: float) -> float:
 async def wait(seconds: float) -> None:
     if seconds > 0:
         await asyncio.sleep(seconds)
+
+
+def without_key(raw: bytes, backend: Backend | None) -> bytes:
+    """A backend's error body with the backend's API key, should the backend echo it (``you sent Bearer
+    sk-...``), masked: the body is passed to the client and recorded in the span, neither may hold the key."""
+    key = backend.api_key.get_secret_value() if backend is not None and backend.api_key is not None else ""
+    return raw.replace(key.encode(), b"***") if key and key.encode() in raw else raw

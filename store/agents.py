@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, delete, func, select, update
 
 from store import convert, models, queue, spans
+from store.catalog import holds_credentials
 from store.dialect import lock_rows
 from store.errors import ConflictError, NotFoundError, StoreValidationError
 from store.lifecycle import apply_attempt_status, load_attempt, load_rollout, require_latest
@@ -48,6 +49,10 @@ def _server(row: RowMapping) -> AgentServer:
 
 def put(conn: Connection, server: AgentServer, now: float) -> AgentServer:
     """Register or replace agent server ``server.name``."""
+    if holds_credentials(server.url):
+        raise StoreValidationError(
+            "agent server url must not hold credentials (user:password@host): give the key as api_key"
+        )
     if not server.url.startswith(("http://", "https://")):
         raise StoreValidationError(f"agent server url must start with http:// or https://, got '{server.url}'")
     values = {

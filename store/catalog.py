@@ -121,6 +121,11 @@ def _check_base_url(backend: Backend) -> None:
     """A backend is called at ``base_url`` + the API path over HTTP: anything but an http(s) URL with a host
     would only fail on every call. Checked when an alias is put, not when one is read: an alias stored before
     this check still loads (and can be put again with a good URL)."""
+    if holds_credentials(backend.base_url):
+        raise StoreValidationError(
+            f"backend '{backend.backend_id}' base_url must not hold credentials (user:password@host): "
+            "give the backend's key as api_key, which is never shown"
+        )
     try:
         url = urlsplit(backend.base_url)
         usable = url.scheme in ("http", "https") and bool(url.hostname)
@@ -131,6 +136,16 @@ def _check_base_url(backend: Backend) -> None:
             f"backend '{backend.backend_id}' base_url must be an http:// or https:// URL with a host, "
             f"got '{backend.base_url}'"
         )
+
+
+def holds_credentials(url: str) -> bool:
+    """Whether ``url`` has a ``user[:password]@`` part: a secret that would be shown wherever the URL is (model
+    listings, spans' ``server.address``, error messages)."""
+    try:
+        parts = urlsplit(url)
+        return parts.username is not None or parts.password is not None
+    except ValueError:
+        return "@" in url
 
 
 def _next_version(version: str) -> str:

@@ -6,6 +6,8 @@ rollout key, ``X-Rollout-Id`` header, body ``rollout_id`` (never forwarded), els
 
 from __future__ import annotations
 
+import asyncio
+import gzip
 import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from gateway.attribution import KeyCache
@@ -92,7 +95,21 @@ BAD_INPUTS: list[tuple[str, dict[str, Any], int, str]] = [
     ),
     ("wrong content type", {"content": b'{"model": "policy"}', "headers": {"content-type": "text/plain"}}, 415, "JSON"),
     ("no content type", {"content": b'{"model": "policy"}'}, 415, "JSON"),
+    (
+        "compressed body",
+        {"content": gzip.compress(orjson.dumps(GOOD)), "headers": json_headers(**{"content-encoding": "gzip"})},
+        415,
+        "Content-Encoding 'gzip'",
+    ),
 ]
+
+
+async def test_media_type_case_and_parameters_do_not_matter(gw: RunningGateway, http: httpx.AsyncClient) -> None:
+    for content_type in ("Application/JSON", "application/json; charset=UTF-8"):
+        response = await http.post(
+            f"{gw.url}/v1/chat/completions", content=orjson.dumps(GOOD), headers={"content-type": content_type}
+        )
+        assert response.status_code == 200, response.text
 
 
 @pytest.mark.parametrize(("case", "request_kwargs", "status", "says"), BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
@@ -288,6 +305,13 @@ async def test_required_keys(tmp_path: Path, mock: MockBackendProcess) -> None:
         _, rollout_key = await gw.store.mint_key("rollout", rollout_id=rollout_id, attempt_id=attempt_id)
         await gw.client(api_key=rollout_key).chat.completions.create(**GOOD)
         assert [s.sequence_id for s in await gw.store.query_spans(rollout_id)] == [1]
+        # Listing the models is a call too: it needs a key (a gateway or a rollout key).
+        for path in ("/v1/models", "/v1/models/policy"):
+            assert_envelope(await http.get(gw.url + path), 401)
+            assert_envelope(await http.get(gw.url + path, headers={"authorization": "Bearer unused"}), 401)
+            for key in (gateway_key, rollout_key):
+                listed = await http.get(gw.url + path, headers={"authorization": f"Bearer {key}"})
+                assert listed.status_code == 200 and "policy" in listed.text
         assert len(await gw.store.query_spans(None)) == 1  # the gateway key's call
 
 
@@ -321,3 +345,24 @@ async def test_traceparent_is_continued(gw: RunningGateway, mock: MockBackendPro
     # The caller's flags (here: not sampled) and tracestate go on to the backend unchanged.
     assert upstream[2]["headers"]["traceparent"] == f"00-{trace_id}-{third.span_id}-00"
     assert upstream[2]["headers"]["tracestate"] == "vendor=abc,other=1"
+
+
+@pytest.mark.parametrize(("model", "status"), [("policy", 200), ("nope", 404)])
+async def test_an_http_1_0_client_gets_a_length_not_chunks(gw: RunningGateway, model: str, status: int) -> None:
+    """HTTP/1.0 has no chunked transfer coding: a whole answer (or error) carries Content-Length."""
+    host, port = gw.url.removeprefix("http://").split(":")
+    body = orjson.dumps(GOOD | {"model": model})
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = (
+        f"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    writer.write(head.encode() + body)
+    raw = await asyncio.wait_for(reader.read(), 10)  # the server closes an HTTP/1.0 connection after the answer
+    writer.close()
+    head_bytes, _, payload = raw.partition(b"\r\n\r\n")
+    lines = head_bytes.decode().split("\r\n")
+    fields = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    assert lines[0].split()[1] == str(status)
+    assert "transfer-encoding" not in fields
+    assert int(fields["content-length"]) == len(payload)
+    assert "choices" in orjson.loads(payload) if status == 200 else "error" in orjson.loads(payload)

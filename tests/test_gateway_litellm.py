@@ -391,3 +391,32 @@ async def test_read_timeout_applies_to_a_litellm_backend(tmp_path: Path, stub: A
         assert elapsed < 5, elapsed  # not the stub's 6 s (nor LiteLLM's own default, 600 s)
         [span] = await gateway.store.query_spans(None)
         assert span.status.status_code == "ERROR"
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["base_url", "api_base", "api_key", "mock_response", "extra_headers", "aws_secret_access_key", "azure_ad_token"],
+)
+async def test_a_client_cannot_set_where_or_how_litellm_calls(
+    gw: RunningGateway, stub: AnthropicStub, field: str
+) -> None:
+    """LiteLLM's own keywords choose the destination and the credentials (or fake the answer); a client that could
+    set them could have the backend's key sent to a server of its choosing. Refused, and nothing is sent."""
+    async with anthropic_stub() as attacker:
+        value: Any = {"x": "y"} if field == "extra_headers" else attacker.url
+        with pytest.raises(openai.BadRequestError) as refused:
+            await gw.client().chat.completions.create(
+                model="claude", messages=MESSAGES, max_tokens=64, extra_body={field: value}
+            )
+        assert attacker.seen == [] and stub.seen == []
+    error = refused.value.body
+    assert isinstance(error, dict) and error["param"] == field and error["code"] == "field_not_allowed"
+
+
+async def test_provider_parameters_still_reach_the_provider(gw: RunningGateway, stub: AnthropicStub) -> None:
+    answer = await gw.client().chat.completions.create(
+        model="claude", messages=MESSAGES, max_tokens=64, extra_body={"top_k": 3, "metadata": {"user_id": "u1"}}
+    )
+    assert answer.choices[0].message.content == "".join(WORDS)
+    [request] = stub.seen
+    assert request["body"]["top_k"] == 3

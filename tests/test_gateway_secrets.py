@@ -1,0 +1,106 @@
+"""Secrets a gateway holds for others — a backend's API key, an agent server's key — are shown to no one: not when
+the server they belong to echoes them back in an error, and not as part of a URL."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.mock import MockBackendProcess
+from tests.gateway_harness import register, running_gateway, vllm
+
+BACKEND_KEY = "sk-backend-4f1c9a7e2b"
+AGENT_KEY = "agent-key-8d2e6b0c93"
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(("status", "times", "retries"), [(401, 1, 0), (500, None, 1)])
+async def test_a_backend_that_echoes_its_key_in_an_error_shows_it_to_no_one(
+    tmp_path: Path, mock: MockBackendProcess, status: int, times: int | None, retries: int
+) -> None:
+    """An answered error (401, passed on) and a retried one (500, the last passed on) each echo the key."""
+    async with running_gateway(tmp_path, upstream_retries=retries, retry_max_wait=0.05) as gw:
+        await register(gw.store, "policy", vllm(mock) | {"api_key": BACKEND_KEY})
+        echoed = {"error": {"message": f"bad key: you sent Authorization: Bearer {BACKEND_KEY}", "type": "auth"}}
+        mock.add_faults({"kind": "status", "status": status, "body": echoed, "times": times})
+        async with httpx.AsyncClient(timeout=10) as http:
+            response = await http.post(f"{gw.url}/v1/chat/completions", json={"model": "policy", "messages": MESSAGES})
+        assert response.status_code == status
+        assert response.json()["error"]["message"] == "bad key: you sent Authorization: Bearer ***"
+        assert await gw.state.registry.drain("policy", 10)
+        [span] = await gw.store.query_spans(None)
+        assert "Bearer ***" in span.attributes["rollway.error"]
+        assert BACKEND_KEY not in span.model_dump_json()
+
+
+async def test_a_url_holding_credentials_is_refused_without_showing_them(tmp_path: Path) -> None:
+    async with running_gateway(tmp_path) as gw, httpx.AsyncClient(base_url=gw.url, timeout=10) as admin:
+        backend = {"base_url": "http://user:hunter2-secret@127.0.0.1:9/v1", "kind": "vllm", "model": "m"}
+        refused = await admin.put("/admin/v1/models/policy", json={"backends": [backend]})
+        assert refused.status_code == 400, refused.text
+        assert "credentials" in refused.json()["error"]["message"] and "hunter2" not in refused.text
+        refused = await admin.put("/admin/v1/agents/a", json={"url": "http://u:hunter2-secret@127.0.0.1:9"})
+        assert refused.status_code == 400, refused.text
+        assert "credentials" in refused.json()["error"]["message"] and "hunter2" not in refused.text
+        assert (await admin.get("/admin/v1/models")).json()["items"] == []
+
+
+class _QuietServer(uvicorn.Server):
+    def install_signal_handlers(self) -> None:
+        return None
+
+
+@asynccontextmanager
+async def echoing_agent_server() -> AsyncIterator[str]:
+    """An agent server that refuses every init with a 401 repeating the headers it got."""
+
+    async def init(request: Request) -> Response:
+        return JSONResponse({"detail": f"refused, headers were {dict(request.headers)}"}, status_code=401)
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    app = Starlette(routes=[Route("/v1/rollout/init", init, methods=["POST"])])
+    server = _QuietServer(uvicorn.Config(app, log_level="critical", lifespan="off"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+async def test_an_agent_server_that_echoes_its_key_gets_it_neither_stored_nor_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with (
+        echoing_agent_server() as url,
+        running_gateway(tmp_path) as gw,
+        httpx.AsyncClient(base_url=gw.url, timeout=10) as admin,
+    ):
+        assert (await admin.put("/admin/v1/agents/echo", json={"url": url, "api_key": AGENT_KEY})).status_code == 200
+        task: dict[str, Any] = {"rollout_id": "ro-echo", "input": {"messages": MESSAGES}, "agent": "echo"}
+        assert (await admin.post("/admin/v1/rollouts", json={"tasks": [task]})).status_code in (200, 201)
+        done, pending = await gw.store.wait_for_rollouts(["ro-echo"], 20)
+        assert not pending and done[0].status == "failed"
+        [attempt] = await gw.store.list_attempts("ro-echo")
+        error = (attempt.metadata or {})["dispatch"]["error"]
+        assert "401" in error and "Bearer ***" in error  # the echo is there, the key is not
+        rollout = await admin.get("/admin/v1/rollouts/ro-echo")
+        assert AGENT_KEY not in rollout.text and AGENT_KEY not in error
+    assert "refused rollout ro-echo" in caplog.text and AGENT_KEY not in caplog.text
