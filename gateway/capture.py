@@ -41,7 +41,15 @@ def prepare(
     for key, value in (sampling or {}).items():
         upstream.setdefault(key, value)
     injected = Injected()
-    if backend.kind not in TOKEN_ID_KINDS or operation not in ("chat", "text_completion"):
+    if operation not in ("chat", "text_completion") or backend.kind == "litellm":
+        return upstream, injected
+    if upstream.get("stream"):  # usage (tokens, cached tokens) for the span, from every OpenAI-compatible kind
+        options = dict(upstream.get("stream_options") or {})
+        if not options.get("include_usage"):
+            options["include_usage"] = True
+            upstream["stream_options"] = options
+            injected.usage = True
+    if backend.kind not in TOKEN_ID_KINDS:
         return upstream, injected
     if not upstream.get("return_token_ids"):
         upstream["return_token_ids"] = True
@@ -56,12 +64,6 @@ def prepare(
     elif upstream.get("logprobs") is None:
         upstream["logprobs"] = 0
         injected.logprobs = True
-    if upstream.get("stream"):
-        options = dict(upstream.get("stream_options") or {})
-        if not options.get("include_usage"):
-            options["include_usage"] = True
-            upstream["stream_options"] = options
-            injected.usage = True
     return upstream, injected
 
 

@@ -314,3 +314,29 @@ async def test_concurrent_calls_of_one_attempt_get_gap_free_sequence_ids(gw: Run
     spans = await gw.store.query_spans(rollout_id, attempt_id)
     assert [s.sequence_id for s in spans] == list(range(1, 33))
     assert all(s.attributes["rollway.prompt_token_ids"] for s in spans)
+
+
+@pytest.mark.parametrize("operation", ["chat", "completions"])
+async def test_a_stream_from_an_openai_kind_backend_records_its_usage(
+    gw: RunningGateway, direct: AsyncOpenAI, mock: MockBackendProcess, operation: str
+) -> None:
+    """Not a token-id backend: no token ids are asked for, but the stream's usage is (and not shown unasked)."""
+    await register(
+        gw.store, "plain", {"backend_id": "plain", "base_url": mock.base_url, "kind": "openai", "model": "mock-model"}
+    )
+    client = gw.client()
+    if operation == "chat":
+        stream = await client.chat.completions.create(model="plain", messages=MESSAGES, max_tokens=9, stream=True)
+        truth = await direct.chat.completions.create(model="mock-model", messages=MESSAGES, max_tokens=9)
+    else:
+        stream = await client.completions.create(model="plain", prompt="Once upon", max_tokens=9, stream=True)
+        truth = await direct.completions.create(model="mock-model", prompt="Once upon", max_tokens=9)
+    chunks = [chunk async for chunk in stream]
+    assert chunks and all(c.usage is None and c.choices for c in chunks)  # no usage chunk: the client did not ask
+    assert await gw.state.registry.drain("plain", 10)
+    [span] = await gw.store.query_spans(None)
+    attrs = span.attributes
+    assert truth.usage is not None
+    assert attrs["gen_ai.usage.input_tokens"] == truth.usage.prompt_tokens
+    assert attrs["gen_ai.usage.output_tokens"] == truth.usage.completion_tokens
+    assert attrs.get("rollway.response_token_ids") is None and attrs["rollway.trainable"] is False
