@@ -117,10 +117,20 @@ def _not_flat(text: str, start: int, end: int) -> bool:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ExportStatus:
+    """A stored span's status code (``UNSET``, ``OK``, ``ERROR``), as ``store.Span.status`` has it."""
+
+    status_code: str
+
+
+_STATUSES = {code: ExportStatus(code) for code in ("UNSET", "OK", "ERROR")}
+
+
 @dataclass(slots=True)
 class ExportSpan:
-    """The parts of a stored span an export reads (events, links and resource are not loaded); token id and
-    logprob arrays are ``RawJson``."""
+    """The parts of a stored span an export reads (events, links, resource and the status description are not
+    loaded); token id and logprob arrays are ``RawJson``."""
 
     rollout_id: str
     attempt_id: str
@@ -129,6 +139,7 @@ class ExportSpan:
     name: str
     start_time: float | None
     attributes: dict[str, Any]
+    status: ExportStatus = _STATUSES["UNSET"]
 
 
 @dataclass(slots=True)
@@ -232,14 +243,26 @@ def _spans(conn: Connection, rollouts: list[ExportRollout]) -> None:
     by_id = {r.rollout_id: r for r in rollouts}
     attributes = cast(S.c.attributes, Text)  # the stored text: ``read_attributes`` decodes it
     stmt = (
-        select(S.c.rollout_id, S.c.attempt_id, S.c.sequence_id, S.c.span_id, S.c.name, S.c.start_time, attributes)
+        select(
+            S.c.rollout_id,
+            S.c.attempt_id,
+            S.c.sequence_id,
+            S.c.span_id,
+            S.c.name,
+            S.c.start_time,
+            attributes,
+            S.c.status_code,
+        )
         .select_from(S.join(R, and_(R.c.rollout_id == S.c.rollout_id, R.c.latest_attempt_id == S.c.attempt_id)))
         .where(R.c.rollout_id.in_(list(by_id)))
     )
     for row in conn.execute(stmt):
         rollout = by_id[row[0]]
         if rollout.latest_attempt_id == row[1]:
-            rollout.spans.append(ExportSpan(row[0], row[1], row[2], row[3], row[4], row[5], read_attributes(row[6])))
+            status = _STATUSES.get(row[7]) or ExportStatus(row[7])
+            rollout.spans.append(
+                ExportSpan(row[0], row[1], row[2], row[3], row[4], row[5], read_attributes(row[6]), status)
+            )
     for rollout in rollouts:
         rollout.spans.sort(key=lambda s: s.sequence_id)
 

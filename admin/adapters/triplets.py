@@ -7,10 +7,14 @@ The rules, in the order they apply:
    time (spans may come from machines whose clocks disagree).
 2. An LLM call is a span whose ``gen_ai.operation.name`` is ``chat`` or ``text_completion`` and whose
    ``rollway.prompt_token_ids`` and ``rollway.response_token_ids`` are non-empty lists (taken as stored),
-   unless ``rollway.trainable`` is false. Other spans (embeddings, calls to OpenAI-kind backends that return no
-   token ids, the agent's own spans) are not calls.
+   unless ``rollway.trainable`` is false or the span's status is ``ERROR``: a call that did not complete —
+   cancelled by the client (``rollway.cancelled``), a stream broken off, a timeout, an upstream 4xx/5xx, a call
+   the gateway refused — is not a training sample, even when it holds the tokens that arrived before it ended.
+   Other spans (embeddings, calls to OpenAI-kind backends that return no token ids, the agent's own spans) are
+   not calls. Everything below sees calls only.
 3. Calls the agent retried with an identical prompt (equal prompt token ids) are de-duplicated: the last one
-   is kept. (Agent-lightning de-duplicates by response id; a retry has a new response id, so Rollway compares
+   is kept (so a complete call is never dropped for a later retry that did not complete: that one is not a
+   call). (Agent-lightning de-duplicates by response id; a retry has a new response id, so Rollway compares
    prompts.) De-duplication comes before reward matching, as in Agent-lightning.
 4. A reward is a ``rollway.reward`` span named ``primary`` (the API's default name) with a numeric
    ``rollway.reward.value``; or a span with Agent-lightning's ``agentlightning.reward.0.value`` (its primary
@@ -54,8 +58,16 @@ AGL_ANNOTATION = "agentlightning.annotation"
 AGL_PRIMARY_REWARD = "agentlightning.reward.0.value"
 
 
+class StatusLike(Protocol):
+    @property
+    def status_code(self) -> str: ...
+
+
 class SpanLike(Protocol):
     """What the adapter reads from a span (``store.Span`` and the store's export spans both fit)."""
+
+    @property
+    def status(self) -> StatusLike: ...
 
     @property
     def attempt_id(self) -> str | None: ...
@@ -151,7 +163,7 @@ def _as_call(span: SpanLike) -> LlmCall | None:
     attributes = span.attributes
     if attributes.get("gen_ai.operation.name") not in CALL_OPERATIONS:
         return None
-    if attributes.get("rollway.trainable") is False:
+    if attributes.get("rollway.trainable") is False or span.status.status_code == "ERROR":
         return None
     prompt = _array(attributes.get("rollway.prompt_token_ids"))
     response = _array(attributes.get("rollway.response_token_ids"))

@@ -1,0 +1,125 @@
+"""What counts as a training sample in every export (triplets, merged rows, SLIME, verl), end to end: the
+official openai SDK → a real gateway → the mock backend (with scripted faults), rewards through the admin API,
+then the exports read over HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.mock import MockBackendProcess
+from tests.gateway_harness import RunningGateway, claim_one, register, running_gateway, vllm
+
+QUESTION = [{"role": "user", "content": "What is 17 + 25?"}]
+OTHER = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+LONG = {"ignore_eos": True}  # the mock then answers exactly max_tokens tokens
+
+
+@asynccontextmanager
+async def gateway(tmp_path: Path, mock: MockBackendProcess) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(tmp_path) as gw:
+        await register(gw.store, "policy", vllm(mock), version="v1")
+        yield gw
+
+
+async def admin(gw: RunningGateway, method: str, path: str, **kwargs: Any) -> Any:
+    async with httpx.AsyncClient(base_url=f"{gw.url}/admin/v1", timeout=30) as client:
+        response = await client.request(method, path, **kwargs)
+    assert response.status_code < 300, response.text
+    return response.json()
+
+
+async def items(gw: RunningGateway, path: str, **params: Any) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = (await admin(gw, "GET", path, params=params))["items"]
+    return found
+
+
+async def finish(gw: RunningGateway, rollout_id: str, reward: float | None = 1.0) -> None:
+    """The calls' spans written (the alias drained), a reward, the attempt succeeded."""
+    assert await gw.state.registry.drain("policy", 10)
+    await admin(gw, "POST", f"/rollouts/{rollout_id}/rewards", json={"value": reward})
+    await admin(gw, "PATCH", f"/rollouts/{rollout_id}/attempts/latest", json={"status": "succeeded"})
+
+
+async def broken_stream(client: openai.AsyncOpenAI, mock: MockBackendProcess, messages: Any) -> None:
+    """A streamed call whose backend connection drops after a few chunks (the client gets an error event)."""
+    mock.add_faults({"kind": "drop_mid_stream", "after_chunks": 3})
+    stream = await client.chat.completions.create(
+        model="policy", messages=messages, max_tokens=20, stream=True, extra_body=LONG
+    )
+    with pytest.raises(openai.APIError):
+        async with stream:
+            async for _ in stream:
+                pass
+
+
+async def abandoned_stream(client: openai.AsyncOpenAI, messages: Any) -> None:
+    """A streamed call the client leaves after three chunks (the gateway cancels it)."""
+    slow = LONG | {"mock": {"token_delay_ms": 30}}
+    stream = await client.chat.completions.create(
+        model="policy", messages=messages, max_tokens=200, stream=True, extra_body=slow
+    )
+    seen = 0
+    async with stream:
+        async for _ in stream:
+            seen += 1
+            if seen == 3:
+                break
+
+
+async def test_calls_that_did_not_complete_are_no_training_samples_in_any_export(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """A complete call, its retry with the same prompt broken mid-stream, another call the client abandoned,
+    then the final reward: every export holds the complete call alone, with the reward."""
+    async with gateway(tmp_path, mock) as gw:
+        rollout_id, _ = await claim_one(gw.store)
+        client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
+        done = await client.chat.completions.create(
+            model="policy", messages=QUESTION, max_tokens=8, extra_body={"return_token_ids": True}
+        )
+        await broken_stream(client, mock, QUESTION)
+        await abandoned_stream(client, OTHER)
+        await finish(gw, rollout_id)
+
+        spans = (await admin(gw, "GET", f"/rollouts/{rollout_id}/spans"))["items"]
+        calls = [s for s in spans if s["name"].startswith("chat")]
+        assert [s["status"]["status_code"] for s in calls] == ["OK", "ERROR", "ERROR"]
+        assert calls[1]["attributes"]["rollway.prompt_token_ids"] == calls[0]["attributes"]["rollway.prompt_token_ids"]
+        assert calls[2]["attributes"]["rollway.cancelled"] is True
+        assert all(c["attributes"]["rollway.response_token_ids"] for c in calls)  # partial tokens were recorded
+
+        complete = calls[0]["attributes"]
+        response_ids = done.model_dump()["choices"][0]["token_ids"]
+        [triplet] = await items(gw, "/triplets")
+        assert (triplet["sequence_id"], triplet["reward"]) == (1, 1.0)
+        assert triplet["finish_reason"] == done.choices[0].finish_reason is not None
+        assert triplet["response_token_ids"] == response_ids == complete["rollway.response_token_ids"]
+        [row] = await items(gw, "/triplets", merge="true")
+        assert (row["n_calls"], row["reward"]) == (1, 1.0)
+        assert row["token_ids"] == complete["rollway.prompt_token_ids"] + response_ids
+        [sample] = await items(gw, "/exports/slime")
+        assert (sample["status"], sample["reward"], sample["metadata"]["n_calls"]) == ("completed", 1.0, 1)
+        assert sample["tokens"] == row["token_ids"] and sample["response_length"] == len(response_ids)
+        [verl] = await items(gw, "/exports/verl")
+        assert (verl["response_ids"], verl["reward"]) == (response_ids, 1.0)
+
+
+async def test_a_rollout_whose_only_call_was_cancelled_gives_an_aborted_placeholder_and_no_rows(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    async with gateway(tmp_path, mock) as gw:
+        rollout_id, _ = await claim_one(gw.store)
+        await abandoned_stream(gw.client(f"{gw.url}/rollout/{rollout_id}/v1"), OTHER)
+        await finish(gw, rollout_id)
+        assert await items(gw, "/triplets") == []
+        assert await items(gw, "/triplets", merge="true") == []
+        assert await items(gw, "/exports/verl") == []
+        [sample] = await items(gw, "/exports/slime")
+        assert (sample["status"], sample["tokens"], sample["reward"]) == ("aborted", [], None)
