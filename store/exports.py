@@ -1,5 +1,6 @@
 """Reads for training-data exports: finished rollouts in the order they finished, with the spans of each
-rollout's latest attempt, in two queries per page (rollouts, then their spans) — never one per rollout.
+rollout's latest attempt, in two queries per page (rollouts, then their spans; a third for the groups' positions
+when rollouts are taken one by one) — never one per rollout.
 
 Order and cursor. Every rollout has a ``finish_seq`` (``store.lifecycle.next_finish_seq``) once it finished.
 An export walks *units* in the order of their ``export_seq``:
@@ -10,6 +11,10 @@ An export walks *units* in the order of their ``export_seq``:
   ``finish_seq``;
 - with ``partial=True``, or when rollouts are named by id, each finished rollout is a unit at its own
   ``finish_seq`` (groups may be incomplete).
+
+Every rollout also carries its group's position, ``group_seq`` (what a SLIME ``group_index`` is): the largest
+``finish_seq`` of the group's finished members, so the same for all members of a group read together — in
+grouped mode the unit's ``export_seq``; one by one, as of the read (a member that finishes later moves it).
 
 The cursor is the ``export_seq`` of the last unit returned (opaque, ``store.dialect``'s encoding): the next
 page starts after it, so incremental pulls see every unit once, including a group whose early members
@@ -153,6 +158,10 @@ class ExportRollout:
     finish_seq: int
     export_seq: int
     spans: list[ExportSpan] = field(default_factory=list)
+    #: The position of the rollout's group: the largest ``finish_seq`` of its finished members (its own without
+    #: a group). Equal to ``export_seq`` in grouped mode; the same for every member of a group in one page in
+    #: every mode. ``export`` sets it (0 until then).
+    group_seq: int = 0
 
 
 @dataclass(slots=True)
@@ -236,6 +245,21 @@ def _page(conn: Connection, filters: _Filters, since: int, limit: int) -> list[A
     return whole or _units(conn, filters, cut - 1, cut, None)
 
 
+def _group_seqs(conn: Connection, rollouts: list[ExportRollout], grouped: bool) -> None:
+    """Set each rollout's ``group_seq``: its unit's position in grouped mode, else (one by one) the largest
+    ``finish_seq`` of its group's finished members, read in one query."""
+    for rollout in rollouts:
+        rollout.group_seq = rollout.export_seq
+    group_ids = {r.group_id for r in rollouts if r.group_id is not None}
+    if grouped or not group_ids:
+        return
+    stmt = select(R.c.group_id, func.max(R.c.finish_seq)).where(R.c.group_id.in_(group_ids)).group_by(R.c.group_id)
+    last = {row[0]: row[1] for row in conn.execute(stmt)}
+    for rollout in rollouts:
+        if rollout.group_id is not None:
+            rollout.group_seq = last.get(rollout.group_id) or rollout.export_seq
+
+
 def _spans(conn: Connection, rollouts: list[ExportRollout]) -> None:
     """Attach the spans of each rollout's latest attempt, in sequence order (one query)."""
     if not rollouts:
@@ -299,6 +323,7 @@ def export(
         )
         for r in rows
     ]
+    _group_seqs(conn, rollouts, grouped=not (partial or rollout_ids is not None))
     if with_spans:
         _spans(conn, rollouts)
     next_cursor = encode_cursor(rollouts[-1].export_seq) if rollouts else (since or None)

@@ -4,6 +4,7 @@ then the exports read over HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,7 +15,9 @@ import openai
 import pytest
 
 from gateway.mock import MockBackendProcess
+from store import TaskSpec
 from tests.gateway_harness import RunningGateway, claim_one, register, running_gateway, vllm
+from tests.test_trainer_exports import load_example
 
 QUESTION = [{"role": "user", "content": "What is 17 + 25?"}]
 OTHER = [{"role": "user", "content": "Tell me a long story about a dragon."}]
@@ -123,3 +126,43 @@ async def test_a_rollout_whose_only_call_was_cancelled_gives_an_aborted_placehol
         assert await items(gw, "/exports/verl") == []
         [sample] = await items(gw, "/exports/slime")
         assert (sample["status"], sample["tokens"], sample["reward"]) == ("aborted", [], None)
+
+
+async def one_call(gw: RunningGateway, rollout_id: str) -> None:
+    client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
+    await client.chat.completions.create(model="policy", messages=QUESTION, max_tokens=4)
+    await finish(gw, rollout_id)
+
+
+def group_indices(records: list[dict[str, Any]]) -> dict[str, int]:
+    return {r["metadata"]["rollout_id"]: r["group_index"] for r in records}
+
+
+async def test_every_member_of_a_group_has_one_group_index_in_every_mode(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """A group of three finishing around a solo rollout: grouped, ``partial``, by ``rollout_id`` and the data
+    source with ``partial=True`` all see the group as one ``group_index``."""
+    async with gateway(tmp_path, mock) as gw:
+        group = await gw.store.enqueue([TaskSpec(group_id="g", group_size=3)])
+        [solo] = await gw.store.enqueue([TaskSpec()])
+        assert len(await gw.store.claim("w", limit=4)) == 4
+        g0, g1, g2 = (r.rollout_id for r in group)
+        for rollout_id in (g0, solo.rollout_id, g1, g2):
+            await one_call(gw, rollout_id)
+
+        grouped = group_indices(await items(gw, "/exports/slime"))
+        assert grouped[g0] == grouped[g1] == grouped[g2] != grouped[solo.rollout_id]
+        partial = group_indices(await items(gw, "/exports/slime", partial="true"))
+        assert partial == grouped
+        named = group_indices(await items(gw, "/exports/slime", rollout_id=[g0, g1]))
+        assert named == {g0: grouped[g0], g1: grouped[g0]}
+
+        module = load_example("slime_data_source")
+        source = module.RollwayDataSource(gw.url, partial=True, poll_interval=0.2)
+        try:
+            groups = await asyncio.to_thread(source.get_samples, 2, 10)
+        finally:
+            await asyncio.to_thread(source.stop)
+        members = [sorted(s.metadata["rollout_id"] for s in g) for g in groups]
+        assert sorted(members) == sorted([sorted([g0, g1, g2]), [solo.rollout_id]])

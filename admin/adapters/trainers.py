@@ -10,10 +10,10 @@ SLIME ``Sample`` (one per segment): ``tokens`` (prompt + response ids), ``respon
 ``rollout_log_probs`` (over the response only, so both have ``response_length`` items; logprobs ``0.0`` on
 unsampled tokens, ``None`` when a call lacks them), ``reward`` (the segment's, ``None`` when none matched),
 ``status`` (``completed``; ``truncated`` when the rollout's last call stopped on ``length``; ``aborted`` for a
-failed or cancelled rollout), ``group_index`` (the position of the rollout's export unit, i.e. its group: the
-same for every member, increasing along the export), ``index`` (the member's index within its group, 0
-without a group), ``prompt`` (the first call's messages), ``response`` (the last call's text; no tokenizer
-here) and ``metadata`` (rollout, attempt, group ids, segment numbers, finish reason). A finished rollout
+failed or cancelled rollout), ``group_index`` (the position of the rollout's group, ``ExportRollout.group_seq``:
+the same for every member in every mode, increasing along a grouped export), ``index`` (the member's index within
+its group, 0 without a group), ``prompt`` (the first call's messages), ``response`` (the last call's text; no
+tokenizer here) and ``metadata`` (rollout, attempt, group ids, segment numbers, finish reason). A finished rollout
 without a trainable call gives one ``aborted`` sample with empty ``tokens``, so a group always has all its
 members.
 
@@ -133,7 +133,7 @@ def slime_samples(rollout: ExportRollout) -> list[dict[str, Any]]:
     if not found:
         return [
             {
-                "group_index": rollout.export_seq,
+                "group_index": rollout.group_seq,
                 "index": index,
                 "prompt": None,
                 "tokens": [],
@@ -158,7 +158,7 @@ def slime_samples(rollout: ExportRollout) -> list[dict[str, Any]]:
         ]
     return [
         {
-            "group_index": rollout.export_seq,
+            "group_index": rollout.group_seq,
             "index": index,
             "prompt": _messages(s.calls[0]) if s.calls else None,
             "tokens": s.tokens,
