@@ -22,7 +22,9 @@ finished before the previous pull. A page never splits a group: ``limit`` counts
 before a group that would not fit, except that a first group larger than ``limit`` is returned whole.
 ``next_cursor`` is the position after the last rollout returned; an empty page hands back ``since``, so a
 poller keeps its place. Use one mode (grouped or ``partial``) per cursor. A rollout that finishes again (a
-failed rollout whose late attempt succeeds) gets a new ``finish_seq`` and is exported again.
+failed rollout whose late attempt succeeds) gets a new ``finish_seq`` and is exported again; so does a finished
+rollout that gets a primary reward (``reward_value``) afterwards (``store.spans``, in the reward's transaction),
+and with it its group.
 
 Token ids are most of an export's bytes, and turning them into Python ints and back costs more than everything
 else together. So the attributes in ``RAW_ARRAYS`` (flat arrays of numbers) are handed over as ``RawJson``,
@@ -32,7 +34,7 @@ attributes is decoded as usual. Attributes stored in another layout are simply d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +58,32 @@ _ROLLOUT_COLUMNS = (
     R.c.group_index,
     R.c.finish_seq,
 )
+
+
+REWARD_SPAN = "rollway.reward"
+PRIMARY_REWARD = "primary"
+AGL_ANNOTATION = "agentlightning.annotation"
+AGL_PRIMARY_REWARD = "agentlightning.reward.0.value"
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def reward_value(name: str, attributes: Mapping[str, Any]) -> float | None:
+    """The primary reward a span (its name and attributes) carries, or None when it is not a reward span or its
+    value is null: what the exports match to calls (``admin.adapters.triplets``, rule 4)."""
+    if name == REWARD_SPAN:
+        if (attributes.get("rollway.reward.name") or PRIMARY_REWARD) != PRIMARY_REWARD:
+            return None
+        return _number(attributes.get("rollway.reward.value"))
+    if AGL_PRIMARY_REWARD in attributes:
+        return _number(attributes[AGL_PRIMARY_REWARD])
+    if name == AGL_ANNOTATION:
+        return _number(attributes.get("reward"))
+    return None
 
 
 @dataclass(frozen=True, slots=True)

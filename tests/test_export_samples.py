@@ -5,6 +5,7 @@ then the exports read over HTTP."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,10 +15,12 @@ import httpx
 import openai
 import pytest
 
+from admin.adapters import triplets
 from gateway.mock import MockBackendProcess
-from store import TaskSpec
+from store import RolloutConfig, Span, Store, TaskSpec
 from tests.gateway_harness import RunningGateway, claim_one, register, running_gateway, vllm
 from tests.test_trainer_exports import load_example
+from tests.test_triplets import conversation, plain
 
 QUESTION = [{"role": "user", "content": "What is 17 + 25?"}]
 OTHER = [{"role": "user", "content": "Tell me a long story about a dragon."}]
@@ -166,3 +169,69 @@ async def test_every_member_of_a_group_has_one_group_index_in_every_mode(
             await asyncio.to_thread(source.stop)
         members = [sorted(s.metadata["rollout_id"] for s in g) for g in groups]
         assert sorted(members) == sorted([sorted([g0, g1, g2]), [solo.rollout_id]])
+
+
+def reward_span(rollout_id: str, value: float | None, name: str = "primary", attempt_id: str | None = None) -> Span:
+    return Span(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        trace_id=secrets.token_hex(16),
+        span_id=secrets.token_hex(8),
+        name="rollway.reward",
+        attributes={"rollway.reward.name": name, "rollway.reward.value": value},
+    )
+
+
+async def test_a_late_reward_moves_a_finished_rollout_and_its_group_forward_along_the_cursor(store: Store) -> None:
+    """On each engine: a reward recorded after the rollout finished comes out of the next incremental pull with
+    its whole group; an auxiliary or null reward changes no export and moves nothing."""
+    group = await store.enqueue([TaskSpec(group_id="g", group_size=2)])
+    claimed = {c.rollout.rollout_id: c.attempt.attempt_id for c in await store.claim("w", limit=2)}
+    for rollout_id, attempt_id in claimed.items():
+        await store.add_spans(conversation(rollout_id, attempt_id))
+        await store.update_attempt(rollout_id, status="succeeded")
+    first = await store.export_rollouts(limit=10)
+    assert len(first.rollouts) == 2
+    late = group[0].rollout_id
+    assert [r.finish_seq for r in first.rollouts if r.rollout_id == late] == [1]
+
+    await store.add_spans([reward_span(late, 0.5, name="format"), reward_span(late, None)])
+    assert (await store.export_rollouts(since=first.next_cursor)).rollouts == []
+
+    await store.add_spans([reward_span(late, 1.0)])
+    again = await store.export_rollouts(since=first.next_cursor, limit=10)
+    assert sorted(r.rollout_id for r in again.rollouts) == sorted(claimed)  # the group, whole
+    [moved] = [r for r in again.rollouts if r.rollout_id == late]
+    assert moved.status == "succeeded" and moved.finish_seq > 2
+    assert [t["reward"] for t in plain(triplets(late, moved.latest_attempt_id, moved.spans))] == [None, 1.0]
+    assert (await store.export_rollouts(since=again.next_cursor)).rollouts == []
+
+
+async def test_a_late_reward_reaches_an_incremental_pull_and_a_stale_attempt_is_still_refused(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    async with gateway(tmp_path, mock) as gw:
+        config = RolloutConfig(max_attempts=2, retry_condition=["failed"])
+        [retried] = await gw.store.enqueue([TaskSpec(config=config)])
+        [first_claim] = await gw.store.claim("w")
+        stale = first_claim.attempt.attempt_id
+        await admin(gw, "PATCH", f"/rollouts/{retried.rollout_id}/attempts/latest", json={"status": "failed"})
+        await gw.store.claim("w")
+        client = gw.client(f"{gw.url}/rollout/{retried.rollout_id}/v1")
+        await client.chat.completions.create(model="policy", messages=QUESTION, max_tokens=4)
+        await finish(gw, retried.rollout_id, reward=None)
+
+        page = await admin(gw, "GET", "/triplets")
+        assert [t["reward"] for t in page["items"]] == [None]
+        async with httpx.AsyncClient(base_url=f"{gw.url}/admin/v1") as http:
+            refused = await http.post(
+                f"/rollouts/{retried.rollout_id}/rewards", json={"value": 1.0, "attempt_id": stale}
+            )
+        assert refused.status_code == 409 and "stale" in refused.json()["error"]["message"]
+        assert (await admin(gw, "GET", "/triplets", params={"since": page["next_cursor"]}))["items"] == []
+
+        await admin(gw, "POST", f"/rollouts/{retried.rollout_id}/rewards", json={"value": 1.0})
+        later = await admin(gw, "GET", "/triplets", params={"since": page["next_cursor"]})
+        assert [t["reward"] for t in later["items"]] == [1.0]
+        [sample] = await items(gw, "/exports/slime", since=page["next_cursor"])
+        assert sample["reward"] == 1.0

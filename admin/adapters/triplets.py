@@ -50,12 +50,9 @@ from typing import Any, Protocol, TypedDict
 import orjson
 
 from store.exports import RawJson
+from store.exports import reward_value as stored_reward_value
 
 CALL_OPERATIONS = frozenset({"chat", "text_completion"})
-REWARD_SPAN = "rollway.reward"
-PRIMARY_REWARD = "primary"
-AGL_ANNOTATION = "agentlightning.annotation"
-AGL_PRIMARY_REWARD = "agentlightning.reward.0.value"
 
 
 class StatusLike(Protocol):
@@ -139,24 +136,9 @@ def _count(array: str) -> int:
     return 0 if array == "[]" else array.count(",") + 1
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
 def reward_value(span: SpanLike) -> float | None:
     """The primary reward a span carries, or None when it is not a reward span (or its value is null)."""
-    attributes = span.attributes
-    if span.name == REWARD_SPAN:
-        if (attributes.get("rollway.reward.name") or PRIMARY_REWARD) != PRIMARY_REWARD:
-            return None
-        return _number(attributes.get("rollway.reward.value"))
-    if AGL_PRIMARY_REWARD in attributes:
-        return _number(attributes[AGL_PRIMARY_REWARD])
-    if span.name == AGL_ANNOTATION:
-        return _number(attributes.get("reward"))
-    return None
+    return stored_reward_value(span.name, span.attributes)
 
 
 def _as_call(span: SpanLike) -> LlmCall | None:
