@@ -94,6 +94,7 @@ class Triplet(BaseModel):
     response_logprobs: list[float] | None = None
     reward: float | None = None
     messages: Any = None
+    prompt: Any = None
     response: Any = None
     model_version: str | None = None
     finish_reason: str | None = None

@@ -235,3 +235,16 @@ async def test_a_late_reward_reaches_an_incremental_pull_and_a_stale_attempt_is_
         assert [t["reward"] for t in later["items"]] == [1.0]
         [sample] = await items(gw, "/exports/slime", since=page["next_cursor"])
         assert sample["reward"] == 1.0
+
+
+async def test_a_text_completion_exports_its_prompt(tmp_path: Path, mock: MockBackendProcess) -> None:
+    async with gateway(tmp_path, mock) as gw:
+        rollout_id, _ = await claim_one(gw.store)
+        client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
+        await client.completions.create(model="policy", prompt="Once upon a time", max_tokens=4)
+        await finish(gw, rollout_id)
+        [triplet] = await items(gw, "/triplets")
+        assert (triplet["prompt"], triplet["messages"], triplet["reward"]) == ("Once upon a time", None, 1.0)
+        assert isinstance(triplet["response"], str) and triplet["response"]
+        [sample] = await items(gw, "/exports/slime")
+        assert sample["prompt"] == "Once upon a time"

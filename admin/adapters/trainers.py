@@ -12,10 +12,10 @@ unsampled tokens, ``None`` when a call lacks them), ``reward`` (the segment's, `
 ``status`` (``completed``; ``truncated`` when the rollout's last call stopped on ``length``; ``aborted`` for a
 failed or cancelled rollout), ``group_index`` (the position of the rollout's group, ``ExportRollout.group_seq``:
 the same for every member in every mode, increasing along a grouped export), ``index`` (the member's index within
-its group, 0 without a group), ``prompt`` (the first call's messages), ``response`` (the last call's text; no
-tokenizer here) and ``metadata`` (rollout, attempt, group ids, segment numbers, finish reason). A finished rollout
-without a trainable call gives one ``aborted`` sample with empty ``tokens``, so a group always has all its
-members.
+its group, 0 without a group), ``prompt`` (the first call's messages, or a text completion's prompt), ``response``
+(the last call's text; no tokenizer here) and ``metadata`` (rollout, attempt, group ids, segment numbers, finish
+reason). A finished rollout without a trainable call gives one ``aborted`` sample with empty ``tokens``, so a
+group always has all its members.
 
 verl row (one per segment): ``uid`` (the group id, or the rollout id: what GRPO groups by), ``prompt_ids``,
 ``response_ids``, ``response_mask``, ``rollout_log_probs``, ``token_level_scores`` (zeros with the reward on the
@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from admin.adapters.triplets import LlmCall, MergedRow, llm_calls, match_rewards, merged_rows
+from admin.adapters.triplets import LlmCall, MergedRow, llm_calls, match_rewards, merged_rows, request_prompt
 from store.exports import ExportRollout, RawJson
 
 
@@ -46,10 +46,10 @@ def _prompt_length(mask: list[int]) -> int:
     return len(mask)
 
 
-def _messages(call: LlmCall) -> list[Any] | None:
-    request = call.span.attributes.get("rollway.request")
-    messages = request.get("messages") if isinstance(request, Mapping) else None
-    return messages if isinstance(messages, list) else None
+def _prompt(call: LlmCall) -> Any:
+    """SLIME's ``prompt``: a chat call's ``messages``, a text completion's ``prompt`` (as the request had them)."""
+    messages, prompt = request_prompt(call)
+    return messages if messages is not None else prompt
 
 
 def _finish_reason(call: LlmCall) -> str | None:
@@ -160,7 +160,7 @@ def slime_samples(rollout: ExportRollout) -> list[dict[str, Any]]:
         {
             "group_index": rollout.group_seq,
             "index": index,
-            "prompt": _messages(s.calls[0]) if s.calls else None,
+            "prompt": _prompt(s.calls[0]) if s.calls else None,
             "tokens": s.tokens,
             "response": _text(s.calls[-1]) if s.calls else "",
             "response_length": s.response_length,

@@ -91,6 +91,7 @@ class Triplet(TypedDict):
     response_logprobs: RawJson | None
     reward: float | None
     messages: list[Any] | None
+    prompt: Any
     response: Any
     model_version: str | None
     finish_reason: str | None
@@ -209,10 +210,21 @@ def _first_choice(body: Any) -> Mapping[str, Any] | None:
     return None
 
 
+def request_prompt(call: LlmCall) -> tuple[list[Any] | None, Any]:
+    """What the call was asked, from its request: (``messages`` of a chat call, ``prompt`` of a text
+    completion); the other one is None."""
+    request = call.span.attributes.get("rollway.request")
+    if not isinstance(request, Mapping):
+        return None, None
+    if call.span.attributes.get("gen_ai.operation.name") == "text_completion":
+        return None, request.get("prompt")
+    messages = request.get("messages")
+    return (messages if isinstance(messages, list) else None), None
+
+
 def _triplet(call: LlmCall, rollout_id: str, attempt_id: str, group_id: str | None) -> Triplet:
     attributes = call.span.attributes
-    request = attributes.get("rollway.request")
-    messages = request.get("messages") if isinstance(request, Mapping) else None
+    messages, prompt = request_prompt(call)
     choice = _first_choice(attributes.get("rollway.response"))
     response: Any = None
     if choice is not None:
@@ -229,7 +241,8 @@ def _triplet(call: LlmCall, rollout_id: str, attempt_id: str, group_id: str | No
         response_token_ids=RawJson(call.response),
         response_logprobs=None if call.logprobs is None else RawJson(call.logprobs),
         reward=call.reward,
-        messages=messages if isinstance(messages, list) else None,
+        messages=messages,
+        prompt=prompt,
         response=response,
         model_version=attributes.get("rollway.model_version"),
         finish_reason=finish_reason,
