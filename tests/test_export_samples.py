@@ -248,3 +248,57 @@ async def test_a_text_completion_exports_its_prompt(tmp_path: Path, mock: MockBa
         assert isinstance(triplet["response"], str) and triplet["response"]
         [sample] = await items(gw, "/exports/slime")
         assert sample["prompt"] == "Once upon a time"
+
+
+async def test_each_choice_of_an_n_call_is_a_sample_and_the_conversation_follows_the_chosen_one(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """A call with ``n=3``, a reward, then a next turn that continues choice 1, the final reward: every choice is
+    a triplet (rewarded as its call); merged, choice 1 carries on the conversation and choices 0 and 2 are rows
+    of their own; SLIME and verl have one record per row."""
+    async with gateway(tmp_path, mock) as gw:
+        rollout_id, _ = await claim_one(gw.store)
+        client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
+        first = await client.chat.completions.create(model="policy", messages=OTHER, max_tokens=6, n=3)
+        assert len({c.message.content for c in first.choices}) == 3
+        await admin(gw, "POST", f"/rollouts/{rollout_id}/rewards", json={"value": 0.5})
+        turn = [*OTHER, {"role": "assistant", "content": first.choices[1].message.content}]
+        await client.chat.completions.create(
+            model="policy", messages=[*turn, {"role": "user", "content": "Why?"}], max_tokens=4
+        )
+        await finish(gw, rollout_id)
+
+        spans = (await admin(gw, "GET", f"/rollouts/{rollout_id}/spans"))["items"]
+        calls = [s["attributes"] for s in spans if s["name"].startswith("chat")]
+        choice_ids = [c["token_ids"] for c in calls[0]["rollway.choices"]]
+        triplets_ = await items(gw, "/triplets")
+        assert [(t["sequence_id"], t["choice_index"], t["reward"]) for t in triplets_] == [
+            (1, 0, 0.5),
+            (1, 1, 0.5),
+            (1, 2, 0.5),
+            (3, 0, 1.0),
+        ]
+        assert [t["response_token_ids"] for t in triplets_[:3]] == choice_ids
+        assert [t["response"]["content"] for t in triplets_[:3]] == [c.message.content for c in first.choices]
+
+        prompt = calls[0]["rollway.prompt_token_ids"]
+        chain, alone_0, alone_2 = await items(gw, "/triplets", merge="true")
+        assert (chain["n_calls"], chain["reward"], chain["prefix_breaks"]) == (2, 1.0, 0)
+        assert chain["token_ids"] == calls[1]["rollway.prompt_token_ids"] + calls[1]["rollway.response_token_ids"]
+        assert chain["token_ids"][: len(prompt) + len(choice_ids[1])] == prompt + choice_ids[1]
+        for row, ids in ((alone_0, choice_ids[0]), (alone_2, choice_ids[2])):
+            assert (row["token_ids"], row["n_calls"], row["reward"], row["prefix_breaks"]) == (prompt + ids, 1, 0.5, 0)
+
+        samples = await items(gw, "/exports/slime")
+        assert [(s["metadata"]["choice_index"], s["reward"], s["status"]) for s in samples] == [
+            (0, 1.0, "truncated"),  # the last call stopped on max_tokens
+            (0, 0.5, "completed"),
+            (2, 0.5, "completed"),
+        ]
+        assert [s["tokens"] for s in samples] == [chain["token_ids"], alone_0["token_ids"], alone_2["token_ids"]]
+        verl = await items(gw, "/exports/verl")
+        assert [(r["choice_index"], r["prompt_ids"], r["reward"]) for r in verl] == [
+            (0, prompt, 1.0),
+            (0, prompt, 0.5),
+            (2, prompt, 0.5),
+        ]

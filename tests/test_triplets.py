@@ -204,6 +204,7 @@ def test_a_triplet_carries_the_call_and_its_context() -> None:
         "attempt_id": A1,
         "group_id": "g-1",
         "sequence_id": 1,
+        "choice_index": 0,
         "prompt_token_ids": [1, 2],
         "response_token_ids": [3, 4],
         "response_logprobs": [-0.1, -0.2],
