@@ -89,11 +89,13 @@ class Triplet(BaseModel):
     attempt_id: str | None = None
     group_id: str | None = None
     sequence_id: int | None = None
+    choice_index: int = 0
     prompt_token_ids: list[int] | None = None
     response_token_ids: list[int] | None = None
     response_logprobs: list[float] | None = None
     reward: float | None = None
     messages: Any = None
+    prompt: Any = None
     response: Any = None
     model_version: str | None = None
     finish_reason: str | None = None

@@ -30,11 +30,11 @@ from admin.schemas import (
     WaitResponse,
 )
 from store import UNSET, Attempt, AttemptedRollout, Rollout, RolloutStatus, Span, TaskSpec, ids
+from store.exports import REWARD_SPAN
 from store.schemas import Mode
 
 router = APIRouter(tags=["rollouts"], route_class=AdminRoute)
 
-REWARD_SPAN = "rollway.reward"
 #: A client's key for one logical request, the same on its retries (``Idempotency-Key``).
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)]
 

@@ -3,7 +3,7 @@ are, except where a secret must not leave: backends are shown without their ``ap
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
@@ -93,8 +93,12 @@ class AttemptUpdate(Body):
     metadata: dict[str, Any] | None = None
 
 
+#: A reward: a finite JSON number (an integer or a float), never a bool or a numeric string.
+RewardValue = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
 class RewardRequest(Body):
-    value: float | None
+    value: RewardValue | None
     name: str = Field(default="primary", min_length=1, max_length=128)
     attempt_id: str = "latest"
 

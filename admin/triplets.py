@@ -24,7 +24,8 @@ import orjson
 from fastapi import APIRouter, Query
 from fastapi.responses import Response, StreamingResponse
 
-from admin.adapters.triplets import dumps, merged_rows, triplets
+from admin.adapters.merged import merged_rows
+from admin.adapters.triplets import dumps, triplets
 from admin.context import Context
 from admin.route import AdminRoute
 from store import Store

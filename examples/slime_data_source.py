@@ -13,7 +13,9 @@ demo.db``::
     source.stop()
 
 ``index`` is renumbered as SLIME does (a running sample counter); ``group_index`` is the export's (one value
-per group, increasing). ``rollout_log_probs`` is ``None`` when a call had no logprobs (fine for GRPO).
+per group, increasing). With ``partial=True`` a "group" is the members of a page that share a ``group_index``
+(members that finish after the page come in a later group). ``rollout_log_probs`` is ``None`` when a call had
+no logprobs (fine for GRPO).
 """
 
 from __future__ import annotations
@@ -145,13 +147,10 @@ class RollwayDataSource:
         records = [json.loads(line) for line in response.text.splitlines() if line.strip()]
         if any("error" in r and "tokens" not in r for r in records):
             raise RuntimeError(f"the export failed mid-stream: {records[-1]}")
-        groups: list[list[dict[str, Any]]] = []
-        for record in records:
-            if groups and groups[-1][0]["group_index"] == record["group_index"]:
-                groups[-1].append(record)
-            else:
-                groups.append([record])
-        for group in groups:
+        groups: dict[int, list[dict[str, Any]]] = {}  # by group_index, in the order groups first appear
+        for record in records:  # with partial=True a group's members need not be next to each other
+            groups.setdefault(record["group_index"], []).append(record)
+        for group in groups.values():
             self._groups.put([self._sample(r) for r in group])
         self.cursor = response.headers.get("x-rollway-next-cursor") or self.cursor
         return len(groups)

@@ -19,13 +19,13 @@ from store import convert, models, queue, spans
 from store.catalog import holds_credentials
 from store.dialect import lock_rows
 from store.errors import ConflictError, NotFoundError, StoreValidationError
+from store.exports import REWARD_SPAN
 from store.lifecycle import apply_attempt_status, load_attempt, load_rollout, require_latest
 from store.schemas import AgentServer, Attempt, AttemptedRollout, RemoteCompletion, Span
 from store.states import ACTIVE, ATTEMPT_TERMINAL, AttemptStatus
 
 G = models.agent_servers
 R = models.rollouts
-REWARD_SPAN = "rollway.reward"
 #: The attempt-metadata key holding an agent server's completion report.
 COMPLETION_KEY = "completion"
 

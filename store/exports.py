@@ -1,5 +1,6 @@
 """Reads for training-data exports: finished rollouts in the order they finished, with the spans of each
-rollout's latest attempt, in two queries per page (rollouts, then their spans) — never one per rollout.
+rollout's latest attempt, in two queries per page (rollouts, then their spans; a third for the groups' positions
+when rollouts are taken one by one) — never one per rollout.
 
 Order and cursor. Every rollout has a ``finish_seq`` (``store.lifecycle.next_finish_seq``) once it finished.
 An export walks *units* in the order of their ``export_seq``:
@@ -11,13 +12,19 @@ An export walks *units* in the order of their ``export_seq``:
 - with ``partial=True``, or when rollouts are named by id, each finished rollout is a unit at its own
   ``finish_seq`` (groups may be incomplete).
 
+Every rollout also carries its group's position, ``group_seq`` (what a SLIME ``group_index`` is): the largest
+``finish_seq`` of the group's finished members, so the same for all members of a group read together — in
+grouped mode the unit's ``export_seq``; one by one, as of the read (a member that finishes later moves it).
+
 The cursor is the ``export_seq`` of the last unit returned (opaque, ``store.dialect``'s encoding): the next
 page starts after it, so incremental pulls see every unit once, including a group whose early members
 finished before the previous pull. A page never splits a group: ``limit`` counts rollouts, and a page ends
 before a group that would not fit, except that a first group larger than ``limit`` is returned whole.
 ``next_cursor`` is the position after the last rollout returned; an empty page hands back ``since``, so a
 poller keeps its place. Use one mode (grouped or ``partial``) per cursor. A rollout that finishes again (a
-failed rollout whose late attempt succeeds) gets a new ``finish_seq`` and is exported again.
+failed rollout whose late attempt succeeds) gets a new ``finish_seq`` and is exported again; so does a finished
+rollout that gets a primary reward (``reward_value``) afterwards (``store.spans``, in the reward's transaction),
+and with it its group.
 
 Token ids are most of an export's bytes, and turning them into Python ints and back costs more than everything
 else together. So the attributes in ``RAW_ARRAYS`` (flat arrays of numbers) are handed over as ``RawJson``,
@@ -27,7 +34,7 @@ attributes is decoded as usual. Attributes stored in another layout are simply d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +58,32 @@ _ROLLOUT_COLUMNS = (
     R.c.group_index,
     R.c.finish_seq,
 )
+
+
+REWARD_SPAN = "rollway.reward"
+PRIMARY_REWARD = "primary"
+AGL_ANNOTATION = "agentlightning.annotation"
+AGL_PRIMARY_REWARD = "agentlightning.reward.0.value"
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def reward_value(name: str, attributes: Mapping[str, Any]) -> float | None:
+    """The primary reward a span (its name and attributes) carries, or None when it is not a reward span or its
+    value is null: what the exports match to calls (``admin.adapters.triplets``, rule 4)."""
+    if name == REWARD_SPAN:
+        if (attributes.get("rollway.reward.name") or PRIMARY_REWARD) != PRIMARY_REWARD:
+            return None
+        return _number(attributes.get("rollway.reward.value"))
+    if AGL_PRIMARY_REWARD in attributes:
+        return _number(attributes[AGL_PRIMARY_REWARD])
+    if name == AGL_ANNOTATION:
+        return _number(attributes.get("reward"))
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,10 +150,20 @@ def _not_flat(text: str, start: int, end: int) -> bool:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ExportStatus:
+    """A stored span's status code (``UNSET``, ``OK``, ``ERROR``), as ``store.Span.status`` has it."""
+
+    status_code: str
+
+
+_STATUSES = {code: ExportStatus(code) for code in ("UNSET", "OK", "ERROR")}
+
+
 @dataclass(slots=True)
 class ExportSpan:
-    """The parts of a stored span an export reads (events, links and resource are not loaded); token id and
-    logprob arrays are ``RawJson``."""
+    """The parts of a stored span an export reads (events, links, resource and the status description are not
+    loaded); token id and logprob arrays are ``RawJson``."""
 
     rollout_id: str
     attempt_id: str
@@ -129,6 +172,7 @@ class ExportSpan:
     name: str
     start_time: float | None
     attributes: dict[str, Any]
+    status: ExportStatus = _STATUSES["UNSET"]
 
 
 @dataclass(slots=True)
@@ -142,6 +186,10 @@ class ExportRollout:
     finish_seq: int
     export_seq: int
     spans: list[ExportSpan] = field(default_factory=list)
+    #: The position of the rollout's group: the largest ``finish_seq`` of its finished members (its own without
+    #: a group). Equal to ``export_seq`` in grouped mode; the same for every member of a group in one page in
+    #: every mode. ``export`` sets it (0 until then).
+    group_seq: int = 0
 
 
 @dataclass(slots=True)
@@ -225,6 +273,21 @@ def _page(conn: Connection, filters: _Filters, since: int, limit: int) -> list[A
     return whole or _units(conn, filters, cut - 1, cut, None)
 
 
+def _group_seqs(conn: Connection, rollouts: list[ExportRollout], grouped: bool) -> None:
+    """Set each rollout's ``group_seq``: its unit's position in grouped mode, else (one by one) the largest
+    ``finish_seq`` of its group's finished members, read in one query."""
+    for rollout in rollouts:
+        rollout.group_seq = rollout.export_seq
+    group_ids = {r.group_id for r in rollouts if r.group_id is not None}
+    if grouped or not group_ids:
+        return
+    stmt = select(R.c.group_id, func.max(R.c.finish_seq)).where(R.c.group_id.in_(group_ids)).group_by(R.c.group_id)
+    last = {row[0]: row[1] for row in conn.execute(stmt)}
+    for rollout in rollouts:
+        if rollout.group_id is not None:
+            rollout.group_seq = last.get(rollout.group_id) or rollout.export_seq
+
+
 def _spans(conn: Connection, rollouts: list[ExportRollout]) -> None:
     """Attach the spans of each rollout's latest attempt, in sequence order (one query)."""
     if not rollouts:
@@ -232,14 +295,26 @@ def _spans(conn: Connection, rollouts: list[ExportRollout]) -> None:
     by_id = {r.rollout_id: r for r in rollouts}
     attributes = cast(S.c.attributes, Text)  # the stored text: ``read_attributes`` decodes it
     stmt = (
-        select(S.c.rollout_id, S.c.attempt_id, S.c.sequence_id, S.c.span_id, S.c.name, S.c.start_time, attributes)
+        select(
+            S.c.rollout_id,
+            S.c.attempt_id,
+            S.c.sequence_id,
+            S.c.span_id,
+            S.c.name,
+            S.c.start_time,
+            attributes,
+            S.c.status_code,
+        )
         .select_from(S.join(R, and_(R.c.rollout_id == S.c.rollout_id, R.c.latest_attempt_id == S.c.attempt_id)))
         .where(R.c.rollout_id.in_(list(by_id)))
     )
     for row in conn.execute(stmt):
         rollout = by_id[row[0]]
         if rollout.latest_attempt_id == row[1]:
-            rollout.spans.append(ExportSpan(row[0], row[1], row[2], row[3], row[4], row[5], read_attributes(row[6])))
+            status = _STATUSES.get(row[7]) or ExportStatus(row[7])
+            rollout.spans.append(
+                ExportSpan(row[0], row[1], row[2], row[3], row[4], row[5], read_attributes(row[6]), status)
+            )
     for rollout in rollouts:
         rollout.spans.sort(key=lambda s: s.sequence_id)
 
@@ -276,6 +351,7 @@ def export(
         )
         for r in rows
     ]
+    _group_seqs(conn, rollouts, grouped=not (partial or rollout_ids is not None))
     if with_spans:
         _spans(conn, rollouts)
     next_cursor = encode_cursor(rollouts[-1].export_seq) if rollouts else (since or None)

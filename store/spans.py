@@ -3,7 +3,8 @@
 Sequence ids are allocated per (rollout, attempt) from a counter row, starting at 1, gap-free and in the
 order requests reach the store. A span may arrive with a sequence id it was given earlier (the gateway
 allocates one when a call *arrives* and writes the span when it ends); the counter then only moves forward.
-Every span is a heartbeat for its attempt. Writes to a stale attempt are refused.
+Every span is a heartbeat for its attempt. Writes to a stale attempt are refused. A primary reward written to
+a finished rollout gives it a new finish position (``store.exports``): it is exported again, with the reward.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from collections import defaultdict
 from collections.abc import Collection
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Integer, RowMapping, bindparam, case, select
+from sqlalchemy import Connection, Integer, RowMapping, bindparam, case, select, update
 
 from store import convert, ids, models
 from store.dialect import prebuilt, serialize_key, sqlite_driver, upsert
 from store.engine import dumps, loads
 from store.errors import ConflictError, StoreValidationError
-from store.lifecycle import load_attempt, load_rollout, record_heartbeat, require_latest
+from store.exports import reward_value
+from store.lifecycle import load_attempt, load_rollout, next_finish_seq, record_heartbeat, require_latest
 from store.replays import other_request
 from store.schemas import Span
 
@@ -338,7 +340,17 @@ def _add_group(conn: Connection, rollout_id: str, attempt_id: str | None, group:
         raw.execute(_HEARTBEAT_SQLITE, (now, running[1]))
     elif target is not None:
         record_heartbeat(conn, target[0], target[1], now)
+    if rollout_id and any(reward_value(s.name, s.attributes) is not None for s in fresh):
+        _finish_again(conn, rollout_id)
     return fresh
+
+
+def _finish_again(conn: Connection, rollout_id: str) -> None:
+    """A primary reward reached a finished rollout: give it a new finish position, so the exports' ``since``
+    cursor (``store.exports``) hands it, and its group, out again with the reward."""
+    finished = conn.execute(select(R.c.pk, R.c.finish_seq).where(R.c.rollout_id == rollout_id)).first()
+    if finished is not None and finished[1] is not None:
+        conn.execute(update(R).where(R.c.pk == finished[0]).values(finish_seq=next_finish_seq(conn)))
 
 
 def query(

@@ -180,3 +180,19 @@ async def test_a_body_that_is_not_json_is_a_400_saying_so_on_every_admin_route(g
                 method,
                 path,
             )
+
+
+async def test_a_reward_that_is_not_a_number_is_a_400_and_records_nothing(
+    gw: RunningGateway, admin: httpx.AsyncClient
+) -> None:
+    await gw.store.enqueue([{"input": "q", "rollout_id": "ro-reward"}])
+    await gw.store.claim("w")
+    for value in (True, False, "0.5", "1", [1.0], {"v": 1}):
+        refused = error(await admin.post("/rollouts/ro-reward/rewards", json={"value": value}), 400)
+        assert refused["type"] == "invalid_request_error" and "value" in refused["message"], refused
+    assert (await admin.get("/rollouts/ro-reward/spans")).json()["items"] == []
+    for value in (1, 0.25, None):  # an integer, a float, null: a number (or no reward)
+        written = await admin.post("/rollouts/ro-reward/rewards", json={"value": value})
+        assert written.status_code == 201, written.text
+    spans = (await admin.get("/rollouts/ro-reward/spans")).json()["items"]
+    assert [s["attributes"]["rollway.reward.value"] for s in spans] == [1.0, 0.25, None]

@@ -197,7 +197,9 @@ def _reward(seq: int, value: float) -> Span:
 
 
 def _rollout(spans: list[Span], status: str = "succeeded") -> ExportRollout:
-    return ExportRollout("ro-1", "at-1", status, "g-1", 2, 1, finish_seq=5, export_seq=9, spans=list(spans))  # type: ignore[arg-type]
+    rollout = ExportRollout("ro-1", "at-1", status, "g-1", 2, 1, finish_seq=5, export_seq=9, spans=list(spans))  # type: ignore[arg-type]
+    rollout.group_seq = 9
+    return rollout
 
 
 def test_a_multi_turn_rollout_is_one_sample_with_context_tokens_masked() -> None:

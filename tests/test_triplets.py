@@ -55,7 +55,9 @@ def call(
             "gen_ai.operation.name": operation,
             "gen_ai.request.model": "policy",
             "gen_ai.response.finish_reasons": ["stop"],
-            "rollway.request": {"model": "policy", "messages": messages or [{"role": "user", "content": "hi"}]},
+            "rollway.request": {"model": "policy", "messages": messages or [{"role": "user", "content": "hi"}]}
+            if operation == "chat"
+            else {"model": "policy", "prompt": "hi"},
             "rollway.response": {"id": f"cmpl-{n}", "choices": [choice]},
             "rollway.prompt_token_ids": prompt,
             "rollway.response_token_ids": response,
@@ -202,16 +204,19 @@ def test_a_triplet_carries_the_call_and_its_context() -> None:
         "attempt_id": A1,
         "group_id": "g-1",
         "sequence_id": 1,
+        "choice_index": 0,
         "prompt_token_ids": [1, 2],
         "response_token_ids": [3, 4],
         "response_logprobs": [-0.1, -0.2],
         "reward": None,
         "messages": messages,
+        "prompt": None,
         "response": chat.attributes["rollway.response"]["choices"][0]["message"],
         "model_version": "v7",
         "finish_reason": "stop",
     }
     assert second["response"] == text.attributes["rollway.response"]["choices"][0]["text"]
+    assert (second["messages"], second["prompt"]) == (None, "hi")
 
 
 def test_merge_chains_a_three_turn_conversation_into_one_row() -> None:

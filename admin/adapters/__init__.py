@@ -1,15 +1,15 @@
 """Pure functions from stored spans to training data (no I/O): ``triplets`` turns one rollout's spans into
-per-call triplets or merged multi-turn rows."""
+per-call triplets, ``merged`` chains them into multi-turn rows, ``trainers`` cuts SLIME samples and verl rows
+from those."""
 
+from admin.adapters.merged import MergedRow, merged_rows
 from admin.adapters.triplets import (
     LlmCall,
-    MergedRow,
     SpanLike,
     Triplet,
     dumps,
     llm_calls,
     match_rewards,
-    merged_rows,
     reward_value,
     triplets,
 )

@@ -10,12 +10,12 @@ SLIME ``Sample`` (one per segment): ``tokens`` (prompt + response ids), ``respon
 ``rollout_log_probs`` (over the response only, so both have ``response_length`` items; logprobs ``0.0`` on
 unsampled tokens, ``None`` when a call lacks them), ``reward`` (the segment's, ``None`` when none matched),
 ``status`` (``completed``; ``truncated`` when the rollout's last call stopped on ``length``; ``aborted`` for a
-failed or cancelled rollout), ``group_index`` (the position of the rollout's export unit, i.e. its group: the
-same for every member, increasing along the export), ``index`` (the member's index within its group, 0
-without a group), ``prompt`` (the first call's messages), ``response`` (the last call's text; no tokenizer
-here) and ``metadata`` (rollout, attempt, group ids, segment numbers, finish reason). A finished rollout
-without a trainable call gives one ``aborted`` sample with empty ``tokens``, so a group always has all its
-members.
+failed or cancelled rollout), ``group_index`` (the position of the rollout's group, ``ExportRollout.group_seq``:
+the same for every member in every mode, increasing along a grouped export), ``index`` (the member's index within
+its group, 0 without a group), ``prompt`` (the first call's messages, or a text completion's prompt), ``response``
+(the last call's text; no tokenizer here) and ``metadata`` (rollout, attempt, group ids, segment numbers, finish
+reason). A finished rollout without a trainable call gives one ``aborted`` sample with empty ``tokens``, so a
+group always has all its members.
 
 verl row (one per segment): ``uid`` (the group id, or the rollout id: what GRPO groups by), ``prompt_ids``,
 ``response_ids``, ``response_mask``, ``rollout_log_probs``, ``token_level_scores`` (zeros with the reward on the
@@ -30,7 +30,9 @@ from typing import Any
 
 import orjson
 
-from admin.adapters.triplets import LlmCall, MergedRow, llm_calls, match_rewards, merged_rows
+from admin.adapters import merged
+from admin.adapters.merged import MergedRow
+from admin.adapters.triplets import LlmCall, finish_reason, request_prompt, response_choice
 from store.exports import ExportRollout, RawJson
 
 
@@ -46,23 +48,16 @@ def _prompt_length(mask: list[int]) -> int:
     return len(mask)
 
 
-def _messages(call: LlmCall) -> list[Any] | None:
-    request = call.span.attributes.get("rollway.request")
-    messages = request.get("messages") if isinstance(request, Mapping) else None
-    return messages if isinstance(messages, list) else None
-
-
-def _finish_reason(call: LlmCall) -> str | None:
-    reasons = call.span.attributes.get("gen_ai.response.finish_reasons")
-    return reasons[0] if isinstance(reasons, list) and reasons else None
+def _prompt(call: LlmCall) -> Any:
+    """SLIME's ``prompt``: a chat call's ``messages``, a text completion's ``prompt`` (as the request had them)."""
+    messages, prompt = request_prompt(call)
+    return messages if messages is not None else prompt
 
 
 def _text(call: LlmCall) -> str:
-    response = call.span.attributes.get("rollway.response")
-    choices = response.get("choices") if isinstance(response, Mapping) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+    choice = response_choice(call)
+    if choice is None:
         return ""
-    choice = choices[0]
     message = choice.get("message")
     if isinstance(message, Mapping):
         return str(message.get("content") or "")
@@ -72,12 +67,15 @@ def _text(call: LlmCall) -> str:
 class Segment:
     """One merged row of a rollout, split at its prompt, with the calls it chains."""
 
-    def __init__(self, rollout: ExportRollout, row: MergedRow, calls: list[LlmCall], number: int, total: int):
+    def __init__(
+        self, rollout: ExportRollout, row: MergedRow, calls: list[LlmCall], number: int, total: int, last_call: int
+    ):
         self.rollout = rollout
         self.row = row
         self.calls = calls
         self.number = number
         self.total = total
+        self.last_call = last_call  # the rollout's last call's sequence id
         self.tokens: list[int] = _list(row["token_ids"]) or []
         mask: list[int] = _list(row["loss_mask"]) or []
         logprobs = _list(row["logprobs"])
@@ -91,12 +89,16 @@ class Segment:
 
     @property
     def finish_reason(self) -> str | None:
-        return _finish_reason(self.calls[-1]) if self.calls else None
+        return finish_reason(self.calls[-1]) if self.calls else None
+
+    @property
+    def choice_index(self) -> int:
+        return self.calls[-1].choice_index if self.calls else 0
 
     def status(self) -> str:
         if self.rollout.status != "succeeded":
             return "aborted"
-        last = self.number == self.total - 1
+        last = bool(self.calls) and self.calls[-1].sequence_id == self.last_call
         return "truncated" if last and self.finish_reason == "length" else "completed"
 
     def metadata(self) -> dict[str, Any]:
@@ -110,20 +112,28 @@ class Segment:
             "n_calls": self.row["n_calls"],
             "prefix_breaks": self.row["prefix_breaks"],
             "finish_reason": self.finish_reason,
+            "choice_index": self.choice_index,
         }
 
 
 def segments(rollout: ExportRollout) -> list[Segment]:
     """The rollout's merged rows with the calls each one chains (in order)."""
     attempt = rollout.latest_attempt_id
-    rows = merged_rows(rollout.rollout_id, attempt, rollout.spans, group_id=rollout.group_id)
-    calls = match_rewards(llm_calls(rollout.spans, attempt), rollout.spans, attempt)
-    out: list[Segment] = []
-    start = 0
-    for number, row in enumerate(rows):
-        out.append(Segment(rollout, row, calls[start : start + row["n_calls"]], number, len(rows)))
-        start += row["n_calls"]
-    return out
+    if attempt is None:
+        return []
+    found, breaks = merged.segments(rollout.spans, attempt)
+    last_call = max((s.calls[-1].sequence_id for s in found), default=0)
+    return [
+        Segment(
+            rollout,
+            merged.row(s, rollout.rollout_id, attempt, rollout.group_id, breaks),
+            s.calls,
+            n,
+            len(found),
+            last_call,
+        )
+        for n, s in enumerate(found)
+    ]
 
 
 def slime_samples(rollout: ExportRollout) -> list[dict[str, Any]]:
@@ -133,7 +143,7 @@ def slime_samples(rollout: ExportRollout) -> list[dict[str, Any]]:
     if not found:
         return [
             {
-                "group_index": rollout.export_seq,
+                "group_index": rollout.group_seq,
                 "index": index,
                 "prompt": None,
                 "tokens": [],
@@ -153,14 +163,15 @@ def slime_samples(rollout: ExportRollout) -> list[dict[str, Any]]:
                     "n_calls": 0,
                     "prefix_breaks": 0,
                     "finish_reason": None,
+                    "choice_index": 0,
                 },
             }
         ]
     return [
         {
-            "group_index": rollout.export_seq,
+            "group_index": rollout.group_seq,
             "index": index,
-            "prompt": _messages(s.calls[0]) if s.calls else None,
+            "prompt": _prompt(s.calls[0]) if s.calls else None,
             "tokens": s.tokens,
             "response": _text(s.calls[-1]) if s.calls else "",
             "response_length": s.response_length,
@@ -190,6 +201,7 @@ def verl_rows(rollout: ExportRollout) -> list[dict[str, Any]]:
                 "group_id": rollout.group_id,
                 "index": rollout.group_index or 0,
                 "segment": s.number,
+                "choice_index": s.choice_index,
                 "prompt_ids": s.tokens[: s.prompt_length],
                 "response_ids": s.tokens[s.prompt_length :],
                 "response_mask": s.response_mask,

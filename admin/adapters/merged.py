@@ -1,0 +1,171 @@
+"""One rollout's calls chained into multi-turn rows (``GET /admin/v1/triplets?merge=true``, and the rows SLIME
+samples and verl rows are cut from). Pure functions, no I/O; the calls, their choices and rewards come from
+``admin.adapters.triplets``.
+
+Merged rows chain the calls of one attempt while each call's prompt token ids start with everything before it
+(the previous prompt + response, and so on back to the segment's first prompt): one row per run of such calls.
+``loss_mask`` is 1 on sampled response tokens, 0 on prompt, tool and observation tokens. ``logprobs`` is
+aligned with ``token_ids``: the sampled logprob on response tokens, ``0.0`` on tokens that were not sampled (so
+it converts to a tensor directly; ``loss_mask`` says which positions are real); it is ``None`` for the whole row
+when a call of the row has no logprobs or fewer/more than its response tokens. A call whose prompt does not
+extend the row (the agent rewrote or truncated history) starts a new row; ``prefix_breaks`` — the number of
+such breaks in the attempt — is the same on every row of the rollout. A row's ``reward`` is the last reward
+matched to a call of that row (``None`` when no call of it got one).
+
+A call with several choices (``n > 1``) continues its row with the choice the next call's prompt extends by
+token prefix (choice 0 when none does, or for the last call); each of its other choices is a row of its own:
+the call's prompt and that choice's response (one call, the call's reward), placed after the rows begun before
+it. Such rows are not prefix breaks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+from admin.adapters.triplets import LlmCall, SpanLike, llm_calls, match_rewards
+from store.exports import RawJson
+
+
+class MergedRow(TypedDict):
+    """One rollout segment: calls whose prompts extend each other by token prefix, as one sequence."""
+
+    rollout_id: str
+    attempt_id: str
+    group_id: str | None
+    token_ids: RawJson
+    loss_mask: RawJson
+    logprobs: RawJson | None
+    reward: float | None
+    n_calls: int
+    prefix_breaks: int
+
+
+def _count(array: str) -> int:
+    """The number of items in a compact JSON array of numbers."""
+    return 0 if array == "[]" else array.count(",") + 1
+
+
+@dataclass(slots=True)
+class Segment:
+    """A row being built, as the items of its JSON arrays (``"1,2,3"``) in pieces, with the calls it chains."""
+
+    tokens: str  # every token id so far, comma-separated: what the next prompt must start with
+    mask: list[str]
+    logprobs: list[str] | None
+    calls: list[LlmCall] = field(default_factory=list)
+    reward: float | None = None
+
+    @classmethod
+    def start(cls, prompt: str) -> Segment:
+        segment = cls(tokens="", mask=[], logprobs=[])
+        segment.add_context(prompt[1:-1])
+        return segment
+
+    def extension(self, prompt: str) -> str | None:
+        """The items ``prompt`` adds after this row's tokens, or None when it does not start with them."""
+        end = len(self.tokens) + 1
+        if not prompt.startswith(self.tokens, 1) or prompt[end] not in ",]":
+            return None
+        return prompt[end + 1 : -1]
+
+    def add_context(self, items: str) -> None:
+        if not items:
+            return
+        n = items.count(",") + 1
+        self.tokens = f"{self.tokens},{items}" if self.tokens else items
+        self.mask.append(",".join("0" * n))
+        if self.logprobs is not None:
+            self.logprobs.append(",".join(["0.0"] * n))
+
+    def add_response(self, call: LlmCall) -> None:
+        items = call.response[1:-1]
+        n = _count(call.response)
+        self.tokens = f"{self.tokens},{items}"
+        self.mask.append(",".join("1" * n))
+        if self.logprobs is not None:
+            if call.logprobs is not None and _count(call.logprobs) == n:
+                self.logprobs.append(call.logprobs[1:-1])
+            else:
+                self.logprobs = None
+        self.calls.append(call)
+        if call.reward is not None:
+            self.reward = call.reward
+
+
+def _extends(prompt: str, tokens: str) -> bool:
+    """Whether the compact JSON array ``prompt`` starts with the items ``tokens``."""
+    end = len(tokens) + 1
+    return prompt.startswith(tokens, 1) and prompt[end : end + 1] in (",", "]")
+
+
+def _continuing(choices: list[LlmCall], context: str, following: str | None) -> LlmCall:
+    """The choice the next call's prompt (``following``) extends, after ``context`` (the row's items up to the
+    call's response); the first choice when none does."""
+    if len(choices) > 1 and following is not None:
+        for choice in choices:
+            if _extends(following, f"{context},{choice.response[1:-1]}"):
+                return choice
+    return choices[0]
+
+
+def segments(spans: Sequence[SpanLike], attempt_id: str | None) -> tuple[list[Segment], int]:
+    """The rows of attempt ``attempt_id`` in order (rules: module doc), and the number of prefix breaks."""
+    if attempt_id is None:
+        return [], 0
+    by_call: list[list[LlmCall]] = []
+    for call in match_rewards(llm_calls(spans, attempt_id), spans, attempt_id):
+        if by_call and by_call[-1][0].sequence_id == call.sequence_id:
+            by_call[-1].append(call)
+        else:
+            by_call.append([call])
+    rows: list[Segment] = []
+    chain: Segment | None = None
+    breaks = 0
+    for position, choices in enumerate(by_call):
+        prompt = choices[0].prompt
+        extension = chain.extension(prompt) if chain is not None else None
+        if chain is None or extension is None:
+            breaks += chain is not None
+            chain = Segment.start(prompt)
+            rows.append(chain)
+        else:
+            chain.add_context(extension)
+        following = by_call[position + 1][0].prompt if position + 1 < len(by_call) else None
+        chosen = _continuing(choices, chain.tokens, following)
+        chain.add_response(chosen)
+        for other in choices:
+            if other is not chosen:
+                alone = Segment.start(prompt)
+                alone.add_response(other)
+                rows.append(alone)
+    return rows, breaks
+
+
+def _joined(items: list[str]) -> RawJson:
+    return RawJson(f"[{','.join(items)}]")
+
+
+def row(segment: Segment, rollout_id: str, attempt_id: str, group_id: str | None, breaks: int) -> MergedRow:
+    return MergedRow(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        group_id=group_id,
+        token_ids=RawJson(f"[{segment.tokens}]"),
+        loss_mask=_joined(segment.mask),
+        logprobs=None if segment.logprobs is None else _joined(segment.logprobs),
+        reward=segment.reward,
+        n_calls=len(segment.calls),
+        prefix_breaks=breaks,
+    )
+
+
+def merged_rows(
+    rollout_id: str, attempt_id: str | None, spans: Sequence[SpanLike], *, group_id: str | None = None
+) -> list[MergedRow]:
+    """The calls of the latest attempt chained by token prefix: one row per segment (rules: module doc)."""
+    if attempt_id is None:
+        return []
+    found, breaks = segments(spans, attempt_id)
+    return [row(s, rollout_id, attempt_id, group_id, breaks) for s in found]
