@@ -235,16 +235,22 @@ class CallRecord:
         attributes["rollway.response_token_ids"] = first.get("token_ids")
         attributes["rollway.response_logprobs"] = response_logprobs(self.operation, first)
         if len(choices) > 1:
-            attributes["rollway.choices"] = [
-                {
-                    "index": c.get("index", i),
-                    "token_ids": c.get("token_ids"),
-                    "logprobs": response_logprobs(self.operation, c),
-                    "finish_reason": c.get("finish_reason"),
-                }
-                for i, c in enumerate(choices)
-            ]
+            attributes["rollway.choices"] = [_choice_record(self.operation, c, i) for i, c in enumerate(choices)]
         return prompt_ids is not None and first.get("token_ids") is not None
+
+
+def _choice_record(operation: str, choice: dict[str, Any], position: int) -> dict[str, Any]:
+    """One choice of a call with several, for ``rollway.choices``; a text completion's choice keeps its own
+    prompt's token ids (vLLM gives them per choice: a request may hold several prompts)."""
+    record = {
+        "index": choice.get("index", position),
+        "token_ids": choice.get("token_ids"),
+        "logprobs": response_logprobs(operation, choice),
+        "finish_reason": choice.get("finish_reason"),
+    }
+    if choice.get("prompt_token_ids") is not None:
+        record["prompt_token_ids"] = choice["prompt_token_ids"]
+    return record
 
 
 #: The Responses API's ends in the chat API's words (``incomplete_details.reason``, when it is one of these).

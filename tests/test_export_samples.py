@@ -302,3 +302,38 @@ async def test_each_choice_of_an_n_call_is_a_sample_and_the_conversation_follows
             (0, prompt, 0.5),
             (2, prompt, 0.5),
         ]
+
+
+async def test_a_text_completion_of_several_prompts_gives_each_choice_its_own_prompt(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """vLLM answers a request holding several prompts with ``n`` choices per prompt, each with its own prompt's
+    token ids: every choice is a sample of its own prompt (streamed or not)."""
+    first = ["Once upon a time", "In a galaxy far, far away there lived"]
+    second = ["The quick brown fox", "It was a dark and stormy night"]
+    async with gateway(tmp_path, mock) as gw, httpx.AsyncClient(timeout=30) as direct:
+        rollout_id, _ = await claim_one(gw.store)
+        client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
+        await client.completions.create(model="policy", prompt=first, max_tokens=4, n=2)
+        stream = await client.completions.create(model="policy", prompt=second, max_tokens=3, stream=True)
+        async for _ in stream:
+            pass
+        await finish(gw, rollout_id)
+        truth = []
+        for prompts, n, max_tokens in ((first, 2, 4), (second, 1, 3)):
+            body = {
+                "model": "mock-model",
+                "prompt": prompts,
+                "max_tokens": max_tokens,
+                "n": n,
+                "return_token_ids": True,
+            }
+            answer = (await direct.post(f"{mock.base_url}/completions", json=body)).json()
+            truth += [(c["index"], c["prompt_token_ids"], c["token_ids"], c["text"]) for c in answer["choices"]]
+        found = await items(gw, "/triplets")
+        assert [
+            (t["choice_index"], t["prompt_token_ids"], t["response_token_ids"], t["response"]) for t in found
+        ] == truth
+        assert [t["prompt"] for t in found] == [first[0], first[0], first[1], first[1], second[0], second[1]]
+        assert found[1]["prompt_token_ids"] != found[2]["prompt_token_ids"]
+        assert [t["reward"] for t in found] == [None] * 4 + [1.0] * 2

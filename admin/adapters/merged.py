@@ -137,7 +137,7 @@ def segments(spans: Sequence[SpanLike], attempt_id: str | None) -> tuple[list[Se
         chain.add_response(chosen)
         for other in choices:
             if other is not chosen:
-                alone = Segment.start(prompt)
+                alone = Segment.start(other.prompt)  # a batched text completion's choice has its own
                 alone.add_response(other)
                 rows.append(alone)
     return rows, breaks

@@ -26,8 +26,9 @@ The rules, in the order they apply:
 
 6. A call with several choices (``n > 1``, ``rollway.choices``) is one call per choice (``choice_index``),
    all with the call's prompt and sequence id: they are de-duplicated and rewarded as one call (a reward matched
-   to the call goes to each of its choices). A text completion that asked for several prompts at once keeps its
-   first choice only (the span holds the first prompt's token ids alone).
+   to the call goes to each of its choices). A text completion that asked for several prompts at once is the
+   same, each choice with its own prompt (its token ids from ``rollway.choices``, its text ``n`` choices per
+   prompt, in order).
 
 Merged rows are ``admin.adapters.merged``'s.
 
@@ -138,24 +139,30 @@ def _as_calls(span: SpanLike) -> list[LlmCall]:
     sequence_id = span.sequence_id or 0
     calls = [LlmCall(span, sequence_id, prompt, response, _array(attributes.get("rollway.response_logprobs")))]
     choices = attributes.get("rollway.choices")
-    if not isinstance(choices, list) or len(choices) < 2 or _batched(attributes):
+    if not isinstance(choices, list) or len(choices) < 2:
         return calls
+    batched = _batched(attributes) is not None
     for position, choice in enumerate(choices[1:], start=1):
-        tokens = _array(choice.get("token_ids")) if isinstance(choice, Mapping) else None
-        if tokens is None or tokens == "[]":
+        if not isinstance(choice, Mapping):
             continue
+        tokens = _array(choice.get("token_ids"))
+        own_prompt = _array(choice.get("prompt_token_ids"))
+        if tokens is None or tokens == "[]" or (batched and own_prompt in (None, "[]")):
+            continue  # a batched request's choice needs its own prompt ids (older spans held the first only)
         index = choice.get("index", position)
         logprobs = _array(choice.get("logprobs"))
-        calls.append(LlmCall(span, sequence_id, prompt, tokens, logprobs, choice_index=int(index)))
+        calls.append(LlmCall(span, sequence_id, own_prompt or prompt, tokens, logprobs, choice_index=int(index)))
     return calls
 
 
-def _batched(attributes: Mapping[str, Any]) -> bool:
-    """Whether a text completion asked for several prompts at once: its choices then answer different prompts,
-    whose token ids the span does not hold (so only its first choice is a call)."""
+def _batched(attributes: Mapping[str, Any]) -> list[Any] | None:
+    """The prompts of a text completion that asked for several at once (texts, or token-id lists), else None:
+    its choices answer different prompts (``n`` choices each, in order)."""
     request = attributes.get("rollway.request")
     prompt = request.get("prompt") if isinstance(request, Mapping) else None
-    return isinstance(prompt, list) and len(prompt) > 1 and not all(isinstance(p, int) for p in prompt)
+    if isinstance(prompt, list) and len(prompt) > 1 and not all(isinstance(p, int) for p in prompt):
+        return prompt
+    return None
 
 
 def _without_retries(calls: list[LlmCall]) -> list[LlmCall]:
@@ -234,7 +241,12 @@ def request_prompt(call: LlmCall) -> tuple[list[Any] | None, Any]:
     if not isinstance(request, Mapping):
         return None, None
     if call.span.attributes.get("gen_ai.operation.name") == "text_completion":
-        return None, request.get("prompt")
+        prompts = _batched(call.span.attributes)
+        if prompts is None:
+            return None, request.get("prompt")
+        n = request.get("n")
+        at = call.choice_index // (n if isinstance(n, int) and n > 0 else 1)
+        return None, prompts[at] if at < len(prompts) else None
     messages = request.get("messages")
     return (messages if isinstance(messages, list) else None), None
 
