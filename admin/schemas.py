@@ -3,7 +3,7 @@ are, except where a secret must not leave: backends are shown without their ``ap
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
@@ -21,6 +21,7 @@ from store import (
     Span,
     TaskSpec,
 )
+from store.schemas import RewardValue
 
 
 def valid_unicode(data: Any) -> Any:
@@ -91,10 +92,6 @@ class AttemptRequest(Body):
 class AttemptUpdate(Body):
     status: AttemptStatus | None = None
     metadata: dict[str, Any] | None = None
-
-
-#: A reward: a finite JSON number (an integer or a float), never a bool or a numeric string.
-RewardValue = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
 class RewardRequest(Body):

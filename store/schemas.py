@@ -204,6 +204,10 @@ class AgentServer(BaseModel):
     updated_time: float = 0.0
 
 
+#: A reward: a finite JSON number (an integer or a float), never a bool or a numeric string.
+RewardValue = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
 class RemoteCompletion(BaseModel):
     """What a remote agent server reports at ``POST /v1/rollout/completed`` (Osmosis ``RolloutResponse``)."""
 
@@ -212,7 +216,7 @@ class RemoteCompletion(BaseModel):
     final_messages: list[Any] = Field(default_factory=list)
     finish_reason: str | None = None
     error_message: str | None = None
-    reward: float | None = None
+    reward: RewardValue | None = None
     metrics: dict[str, Any] | None = None
     extra_fields: dict[str, Any] = Field(default_factory=dict)
 

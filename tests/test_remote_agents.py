@@ -219,6 +219,9 @@ async def test_faults_init_retry_timeout_retry_duplicate_and_unknown_completion(
         assert unknown.json()["error"]["type"] == "not_found_error" and "ro-nope" in unknown.json()["error"]["message"]
         bad = await admin.post("/v1/rollout/completed", json={"rollout_id": "ro-init", "status": "DONE"})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "status"
+        for reward in (True, "0.5"):  # a reward is a number: not a bool nor a numeric string (as the admin API)
+            bad = await admin.post("/v1/rollout/completed", json=duplicate | {"reward": reward})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "reward", bad.text
         listed = await admin.get("/admin/v1/agents")
         assert listed.json()["items"][0]["has_api_key"] is True and "srv-key" not in listed.text
 
