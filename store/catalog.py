@@ -90,6 +90,11 @@ def put_model(
     """Create or replace an alias. Without an explicit version, a replaced alias gets its version + 1."""
     if not alias:
         raise StoreValidationError("a model alias must not be empty")
+    if not _addressable(alias):
+        raise StoreValidationError(
+            f"model alias '{alias[:80]}' cannot be addressed in a URL path: at most 256 printable characters "
+            "without spaces at either end, and no empty, '.' or '..' part between '/'s"
+        )
     if (action := action_path(alias)) is not None:
         raise StoreValidationError(
             f"model alias '{alias}' ends in '/{action[1]}', which names an action on the alias '{action[0]}'"
@@ -115,6 +120,17 @@ def put_model(
         conn.execute(update(M).where(M.c.alias == alias).values(**values))
     _changed(conn)
     return get_model(conn, alias)
+
+
+def _addressable(alias: str) -> bool:
+    """Whether ``alias`` can be a path in ``/admin/v1/models/{alias}``: '/' may separate parts (``Qwen/Qwen3-8B``),
+    but a client or proxy normalizes away empty, '.' and '..' parts, and a control character cannot be sent."""
+    return (
+        len(alias) <= 256
+        and alias == alias.strip()
+        and alias.isprintable()
+        and all(part not in ("", ".", "..") for part in alias.split("/"))
+    )
 
 
 def _check_base_url(backend: Backend) -> None:

@@ -1163,6 +1163,17 @@ async def test_an_alias_ending_in_an_action_name_is_refused(store: Store) -> Non
     assert sorted(m.alias for m in await store.list_models()) == ["org/pause-v2", "pause", "pause/policy", "swap"]
 
 
+async def test_an_alias_a_url_path_cannot_carry_is_refused(store: Store) -> None:
+    backend = [{"base_url": "http://a", "model": "m"}]
+    for alias in ("..", ".", "../../etc", "a//b", "/lead", "trail/", "a/./b", " pad", "tab\there", "x" * 257):
+        with pytest.raises(StoreValidationError, match="cannot be addressed"):
+            await store.put_model(alias, backend)
+    assert await store.list_models() == []
+    for alias in ("Qwen/Qwen2.5-1.5B-Instruct", "meta-llama/Llama-3.1-8B@v2", "a.b", "..x", "x" * 256):
+        await store.put_model(alias, backend)
+    assert len(await store.list_models()) == 5
+
+
 async def test_invalid_backend_is_a_pydantic_error(store: Store) -> None:
     for bad in ({"base_url": "http://a"}, {"base_url": "http://a", "model": "m", "weight": 0}):
         with pytest.raises(pydantic.ValidationError):
