@@ -15,6 +15,7 @@ the engine (see ``store.writer``):
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,9 @@ from sqlalchemy.pool import QueuePool, StaticPool
 from store.errors import StoreValidationError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: A write-ahead log longer than this is emptied at the next checkpoint (``Store.checkpoint``).
+WAL_RESET_BYTES = 128 * 1024 * 1024
+WAL_RESET_WAIT_MS = 1000
 
 
 def dumps(value: Any) -> str:
@@ -147,3 +151,24 @@ def create_engines(url: str, *, sqlite_synchronous: str = "NORMAL", pool_size: i
         return Engines(url=url, writer=writer, reader=reader)
     engine = create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, **JSON_CODEC)
     return Engines(url=url, pg=engine)
+
+
+def checkpoint_sqlite(reader: Engine) -> None:
+    """``Store.checkpoint``'s work, on a pooled reader connection outside any transaction."""
+    raw = reader.raw_connection()
+    try:
+        cursor = raw.cursor()
+        _, frames, _ = cursor.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        if frames * cursor.execute("PRAGMA page_size").fetchone()[0] > WAL_RESET_BYTES:
+            cursor.execute(f"PRAGMA busy_timeout={WAL_RESET_WAIT_MS}")
+            try:
+                busy, frames, _ = cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                if busy:
+                    logging.getLogger("rollway.store").info(
+                        "the write-ahead log (%d frames) could not be emptied yet: readers stayed", frames
+                    )
+            finally:
+                cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.close()
+    finally:
+        raw.close()

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from store import AttemptStatus, ConflictError, Store
+from store import engine as store_engine
 
 REPO = Path(__file__).resolve().parents[1]
 ACKS_BEFORE_KILL = 300
@@ -230,3 +231,36 @@ async def test_a_refused_write_does_not_undo_its_neighbours_in_a_group_commit(st
     stored = await store.query_spans(rid, aid)
     assert {s.span_id for s in stored} == {"s1", "before", "after"}
     assert [s.sequence_id for s in stored] == [1, 2, 3]
+
+
+async def test_the_write_ahead_log_is_emptied_under_steady_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes that never pause keep SQLite from starting its log over after a passive checkpoint (each copy is
+    overtaken by new commits): without more, the file grows by every write. Past ``WAL_RESET_BYTES`` (1 MiB
+    here) a checkpoint empties it, while the writes go on and every one of them lands."""
+    monkeypatch.setattr(store_engine, "WAL_RESET_BYTES", 1 << 20)
+    path = tmp_path / "steady.db"
+    store = await Store.open(f"sqlite:///{path}", run_watchdog=False)
+    stop = asyncio.Event()
+
+    async def write() -> int:
+        done = 0
+        while not stop.is_set():
+            await asyncio.gather(*(store.enqueue([{"input": {"pad": "x" * 2000, "n": done + k}}]) for k in range(8)))
+            done += 8
+        return done
+
+    writer = asyncio.create_task(write())
+    sizes = []
+    try:
+        for _ in range(6):
+            await asyncio.sleep(0.1)
+            await store.checkpoint()
+            sizes.append(await asyncio.to_thread(os.path.getsize, f"{path}-wal"))
+    finally:
+        stop.set()
+        written = await writer
+    assert written > 0 and max(sizes) < 1 << 20, sizes
+    assert (await store.stats()).total_rollouts == written  # nothing lost while the log was emptied
+    await store.close()
