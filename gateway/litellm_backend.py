@@ -10,9 +10,7 @@ interface the proxy uses, so retries, streaming capture and spans work the same 
 from __future__ import annotations
 
 import asyncio
-import functools
 import importlib
-import inspect
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -101,48 +99,28 @@ def _error(status: int, message: str, type_: str, code: str | None = None, param
     return LiteLLMResponse(status, orjson.dumps(body))
 
 
-#: Request fields that are OpenAI's parameters (or a provider's, e.g. Anthropic's ``top_k``, ``thinking``):
-#: handed to LiteLLM as they came, even where LiteLLM has a keyword of its own of that name (``metadata``).
-OPENAI_FIELDS = frozenset(
+#: The request fields a ``litellm`` backend takes: OpenAI's parameters of chat completions, completions and
+#: embeddings, and provider parameters LiteLLM maps into the provider's request (Anthropic's ``top_k`` and
+#: ``thinking``, Gemini's ``safety_settings``, ...). Any other field is refused (400 ``field_not_allowed``):
+#: LiteLLM reads every other keyword as a setting of its own — where the call goes (``base_url``), with which
+#: credentials (``api_key``, ``aws_*``), its headers, callbacks that post the call to a URL
+#: (``success_callback``), a made-up answer (``mock_response``) — and it adds such settings release after
+#: release, so only a list of what may pass keeps them the operator's (the backend's) alone.
+ALLOWED_FIELDS = frozenset(
     (
         *("messages", "functions", "function_call", "tools", "tool_choice", "parallel_tool_calls", "stream"),
         *("stream_options", "temperature", "top_p", "n", "stop", "max_tokens", "max_completion_tokens", "seed"),
         *("presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "response_format"),
         *("user", "modalities", "prediction", "audio", "reasoning_effort", "verbosity", "safety_identifier"),
-        *("service_tier", "store", "prompt_cache_key", "metadata", "web_search_options", "thinking", "top_k"),
-        *("prompt", "suffix", "echo", "best_of", "input", "dimensions", "encoding_format", "extra_body"),
-        *("model", "rollout_id"),
+        *("service_tier", "store", "prompt_cache_key", "web_search_options", "extra_body"),
+        *("prompt", "suffix", "echo", "best_of", "input", "dimensions", "encoding_format"),
+        *("top_k", "thinking", "safety_settings", "min_p", "repetition_penalty"),
     )
 )
-#: What marks a credential or a destination in a keyword's name (``aws_secret_access_key``, ``vertex_project``,
-#: ``azure_ad_token``, ``api_base``): LiteLLM reads such keywords for providers, beyond its list of its own.
-_OPERATOR_PARTS = ("key", "secret", "password", "credential", "auth", "base", "url", "endpoint", "region")
-_OPERATOR_PREFIXES = ("aws_", "vertex_", "azure", "watsonx_", "litellm_", "mock_", "api_")
-
-
-def _operator_only(field: str, litellm: Any) -> bool:
-    """Whether a client's request field would reach one of LiteLLM's own keywords — where the call goes
-    (``base_url``), with which credentials (``api_key``, ``aws_*``), its headers, or a made-up answer
-    (``mock_response``) — rather than the provider's request. Those are the operator's (the backend's
-    settings): a client that could set them could send the backend's key to a server of its choosing."""
-    if field in OPENAI_FIELDS:
-        return False
-    if field in _litellm_keywords(litellm) or field.startswith(_OPERATOR_PREFIXES) or field.endswith("_token"):
-        return True
-    return any(part in field.lower() for part in _OPERATOR_PARTS)
-
-
-@functools.cache
-def _litellm_keywords(litellm: Any) -> frozenset[str]:
-    """LiteLLM's own keywords: those of ``acompletion`` that are not OpenAI's, and its list of them."""
-    own = set(inspect.signature(litellm.acompletion).parameters) - OPENAI_FIELDS
-    try:
-        from litellm.types.utils import all_litellm_params
-
-        own |= set(all_litellm_params)
-    except ImportError:  # another LiteLLM layout: the name rules above still apply
-        pass
-    return frozenset(own | {"headers", "extra_headers", "client", "num_retries", "max_retries"})
+#: Accepted and not handed on: the alias (the backend's model is sent), Osmosis's ``rollout_id``, and OpenAI's
+#: ``metadata`` (tags for stored completions), where LiteLLM reads per-call logging settings
+#: (``langsmith_base_url``, ...).
+DROPPED_FIELDS = frozenset({"model", "rollout_id", "metadata"})
 
 
 def _plain(obj: Any) -> Any:
@@ -161,11 +139,14 @@ async def call(backend: Backend, path: str, body: dict[str, Any], timeout: float
     except ModuleNotFoundError:
         message = "backend kind 'litellm' needs LiteLLM, which is not installed: pip install 'rollway[litellm]'"
         return _error(501, message, "server_error", "litellm_not_installed")
-    refused = next((k for k in body if _operator_only(k, litellm)), None)
+    refused = next((k for k in body if k not in ALLOWED_FIELDS and k not in DROPPED_FIELDS), None)
     if refused is not None:
-        message = f"'{refused}' is not accepted: where and how this model is called is the gateway's setting"
+        message = (
+            f"'{refused}' is not accepted by this model (a LiteLLM backend takes OpenAI's parameters and "
+            "top_k, thinking, safety_settings, min_p, repetition_penalty; how it is called is the gateway's setting)"
+        )
         return _error(400, message, "invalid_request_error", "field_not_allowed", refused)
-    params = {k: v for k, v in body.items() if k not in ("model", "rollout_id")}
+    params = {k: v for k, v in body.items() if k not in DROPPED_FIELDS}
     params.update(model=backend.model, api_base=backend.base_url, timeout=timeout)
     if backend.api_key is not None:
         params["api_key"] = backend.api_key.get_secret_value()

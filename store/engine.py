@@ -14,8 +14,11 @@ the engine (see ``store.writer``):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +33,7 @@ from store.errors import StoreValidationError
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: A write-ahead log longer than this is emptied at the next checkpoint (``Store.checkpoint``).
 WAL_RESET_BYTES = 128 * 1024 * 1024
-WAL_RESET_WAIT_MS = 1000
+WAL_RESET_WAIT_MS = 100
 
 
 def dumps(value: Any) -> str:
@@ -153,22 +156,47 @@ def create_engines(url: str, *, sqlite_synchronous: str = "NORMAL", pool_size: i
     return Engines(url=url, pg=engine)
 
 
-def checkpoint_sqlite(reader: Engine) -> None:
-    """``Store.checkpoint``'s work, on a pooled reader connection outside any transaction."""
-    raw = reader.raw_connection()
-    try:
-        cursor = raw.cursor()
-        _, frames, _ = cursor.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        if frames * cursor.execute("PRAGMA page_size").fetchone()[0] > WAL_RESET_BYTES:
+@dataclass
+class WalKeeper:
+    """Checkpoints of one SQLite file (``Store.checkpoint``), each run in a worker thread on a pooled reader
+    connection outside any transaction: ``passive`` copies the log each time and says whether it is due to be
+    emptied (past ``WAL_RESET_BYTES``); ``truncate`` empties it, holding the write lock while it waits for
+    readers (at most ``WAL_RESET_WAIT_MS``). When a reader stays (a long export, a shell on the file) it gives
+    up and is not due again for a while (1 s, doubling up to a minute), so such a reader cannot keep writes
+    waiting round after round."""
+
+    reader: Engine
+    not_before: float = 0.0  # monotonic time before which the log is not due to be emptied
+    backoff: float = 0.0
+
+    def passive(self) -> bool:
+        with self._cursor() as cursor:
+            _, frames, _ = cursor.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            large = frames * cursor.execute("PRAGMA page_size").fetchone()[0] > WAL_RESET_BYTES
+        return bool(large) and time.monotonic() >= self.not_before
+
+    def truncate(self) -> None:
+        with self._cursor() as cursor:
             cursor.execute(f"PRAGMA busy_timeout={WAL_RESET_WAIT_MS}")
             try:
                 busy, frames, _ = cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-                if busy:
-                    logging.getLogger("rollway.store").info(
-                        "the write-ahead log (%d frames) could not be emptied yet: readers stayed", frames
-                    )
             finally:
                 cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.close()
-    finally:
-        raw.close()
+        self.backoff = min(max(self.backoff * 2, 1.0), 60.0) if busy else 0.0
+        self.not_before = time.monotonic() + self.backoff
+        if busy:
+            logging.getLogger("rollway.store").warning(
+                "the write-ahead log (%d frames) could not be emptied: a reader stayed; next try in %.0f s",
+                frames,
+                self.backoff,
+            )
+
+    @contextlib.contextmanager
+    def _cursor(self) -> Iterator[Any]:
+        raw = self.reader.raw_connection()
+        try:
+            cursor = raw.cursor()
+            yield cursor
+            cursor.close()
+        finally:
+            raw.close()

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import IntegrityError
 
 from store import catalog, convert, exports, migrate, queries, queue, watchdog
-from store.engine import Engines, checkpoint_sqlite, create_engines, migration_engine
+from store.engine import Engines, WalKeeper, create_engines, migration_engine
 from store.errors import ConflictError, NotFoundError, StoreValidationError
 from store.lifecycle import (
     apply_attempt_status,
@@ -80,6 +80,7 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin):
         self._watchdog_task: asyncio.Task[None] | None = None
         self._checkpoint_task: asyncio.Task[None] | None = None
         self._checkpointed_at = 0
+        self._wal: WalKeeper | None = None
         self.span_observer: Callable[[int], None] | None = None  # told how many spans each add_spans wrote
 
     @classmethod
@@ -341,15 +342,18 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin):
         A passive checkpoint copies the log but never starts it over: SQLite restarts the log from its beginning
         only when a write begins with every frame copied and no reader in the log, which calls committed while
         the copy ran (steady load) prevent every time — the file then grew by every write, 16 GB in 5 minutes at
-        280 calls/s. So a log longer than ``WAL_RESET_BYTES`` is also emptied (``store.engine.checkpoint_sqlite``):
-        a checkpoint that takes the write lock (the writer backs off meanwhile, without blocking the loop), copies
-        the rest and truncates the file, waiting at most ``WAL_RESET_WAIT_MS`` for readers (else the next round
-        tries again)."""
+        280 calls/s. So a log longer than ``WAL_RESET_BYTES`` is also emptied (``store.engine.WalKeeper``): with
+        this process's writer paused (writes wait, the loop does not), a checkpoint takes the write lock, copies
+        the rest and truncates the file, waiting at most ``WAL_RESET_WAIT_MS`` for readers (else it backs off)."""
         reader = self.engines.reader
         if reader is None:
             return
         self._checkpointed_at = self.writer.stats.transactions
-        await asyncio.to_thread(checkpoint_sqlite, reader)
+        if self._wal is None:
+            self._wal = WalKeeper(reader)
+        if await asyncio.to_thread(self._wal.passive) and isinstance(self.writer, BatchWriter):
+            async with self.writer.paused():  # this process's writes wait: the lock is the checkpoint's
+                await asyncio.to_thread(self._wal.truncate)
 
     async def _checkpoint_loop(self) -> None:
         while True:

@@ -22,7 +22,7 @@ import logging
 import random
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -98,6 +98,10 @@ class BatchWriter:
         self._conn: Connection | None = None
         self._closing = False
         self._busy = False  # a batch is in flight (possibly waiting for the lock)
+        self._open = asyncio.Event()  # clear while ``paused``: no transaction starts
+        self._open.set()
+        self._idle = asyncio.Event()  # set while no batch is in flight
+        self._idle.set()
         self._inline_used = False  # this turn of the event loop already ran a write inline
         self.stats = WriteStats()
 
@@ -125,7 +129,7 @@ class BatchWriter:
     async def submit(self, op: Operation[T]) -> T:
         if self._task is None or self._task.done() or self._closing:
             raise UnavailableError("the store is closed")
-        if not self._busy and not self._inline_used and self._queue.empty():
+        if not self._busy and not self._inline_used and self._queue.empty() and self._open.is_set():
             # Nothing queued and no batch in flight: run the transaction now, without two hops through the
             # writer task. Only when the write lock is free at once (otherwise the queue and its back-off), and
             # once per turn of the event loop: writes submitted in the same turn (a burst) queue up behind it
@@ -153,13 +157,28 @@ class BatchWriter:
                     stop = True
                     break
                 batch.append(item)
+            await self._open.wait()  # (no await between this and marking the batch in flight)
             self._busy = True
+            self._idle.clear()
             try:
                 await self._commit(batch)
             finally:
                 self._busy = False
+                self._idle.set()
             if stop:
                 return
+
+    @contextlib.asynccontextmanager
+    async def paused(self) -> AsyncIterator[None]:
+        """No write transaction of this writer runs inside (the one in flight finishes first; writes submitted
+        meanwhile wait and then share a commit): for work that must hold the file's write lock itself, e.g.
+        emptying the write-ahead log, without this writer racing it for the lock."""
+        self._open.clear()
+        try:
+            await self._idle.wait()
+            yield
+        finally:
+            self._open.set()
 
     def _allow_inline(self) -> None:
         self._inline_used = False

@@ -395,7 +395,10 @@ async def test_read_timeout_applies_to_a_litellm_backend(tmp_path: Path, stub: A
 
 @pytest.mark.parametrize(
     "field",
-    ["base_url", "api_base", "api_key", "mock_response", "extra_headers", "aws_secret_access_key", "azure_ad_token"],
+    [
+        *("base_url", "api_base", "api_key", "mock_response", "extra_headers", "aws_secret_access_key"),
+        *("azure_ad_token", "success_callback", "callbacks", "_skip_cost", "langsmith_base_url", "caching"),
+    ],
 )
 async def test_a_client_cannot_set_where_or_how_litellm_calls(
     gw: RunningGateway, stub: AnthropicStub, field: str
@@ -403,7 +406,9 @@ async def test_a_client_cannot_set_where_or_how_litellm_calls(
     """LiteLLM's own keywords choose the destination and the credentials (or fake the answer); a client that could
     set them could have the backend's key sent to a server of its choosing. Refused, and nothing is sent."""
     async with anthropic_stub() as attacker:
-        value: Any = {"x": "y"} if field == "extra_headers" else attacker.url
+        value: Any = {"extra_headers": {"x": "y"}, "success_callback": ["langsmith"], "callbacks": ["langsmith"]}.get(
+            field, attacker.url
+        )
         with pytest.raises(openai.BadRequestError) as refused:
             await gw.client().chat.completions.create(
                 model="claude", messages=MESSAGES, max_tokens=64, extra_body={field: value}
@@ -414,9 +419,12 @@ async def test_a_client_cannot_set_where_or_how_litellm_calls(
 
 
 async def test_provider_parameters_still_reach_the_provider(gw: RunningGateway, stub: AnthropicStub) -> None:
+    """A provider's parameter goes on; OpenAI's ``metadata`` is accepted and not handed to LiteLLM (which reads
+    logging settings there, e.g. a URL to post the call to)."""
+    metadata = {"langsmith_base_url": "http://127.0.0.1:9", "langsmith_api_key": "x"}
     answer = await gw.client().chat.completions.create(
-        model="claude", messages=MESSAGES, max_tokens=64, extra_body={"top_k": 3, "metadata": {"user_id": "u1"}}
+        model="claude", messages=MESSAGES, max_tokens=64, extra_body={"top_k": 3}, metadata=metadata
     )
     assert answer.choices[0].message.content == "".join(WORDS)
     [request] = stub.seen
-    assert request["body"]["top_k"] == 3
+    assert request["body"]["top_k"] == 3 and "metadata" not in request["body"]

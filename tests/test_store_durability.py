@@ -20,6 +20,7 @@ import pytest
 
 from store import AttemptStatus, ConflictError, Store
 from store import engine as store_engine
+from store.writer import BatchWriter
 
 REPO = Path(__file__).resolve().parents[1]
 ACKS_BEFORE_KILL = 300
@@ -263,4 +264,49 @@ async def test_the_write_ahead_log_is_emptied_under_steady_writes(
         written = await writer
     assert written > 0 and max(sizes) < 1 << 20, sizes
     assert (await store.stats()).total_rollouts == written  # nothing lost while the log was emptied
+    await store.close()
+
+
+async def test_a_reader_that_stays_makes_the_log_emptying_back_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Emptying the log holds the write lock while it waits for readers: a reader that stays (a long export, a
+    shell on the file) makes it give up after ``WAL_RESET_WAIT_MS`` and not try again for a while, instead of
+    keeping the writer waiting every second; once the reader is gone, the log is emptied."""
+    monkeypatch.setattr(store_engine, "WAL_RESET_BYTES", 1 << 20)
+    path = tmp_path / "pinned.db"
+    store = await Store.open(f"sqlite:///{path}", run_watchdog=False)
+    await store.enqueue([{"input": {"pad": "x" * 4000, "n": n}} for n in range(50)])
+    pinned = sqlite3.connect(path, isolation_level=None)
+    pinned.execute("BEGIN")
+    pinned.execute("SELECT count(*) FROM rollouts").fetchone()  # a read snapshot older than what follows
+    for n in range(200):
+        await store.enqueue([{"input": {"pad": "y" * 4000, "n": n}}])
+    keeper = None
+    try:
+        await store.checkpoint()
+        keeper = store._wal
+        assert keeper is not None and keeper.backoff == 1.0
+        assert "could not be emptied" in caplog.text
+        started = time.monotonic()
+        await store.checkpoint()  # within the back-off: no second wait with the write lock held
+        assert time.monotonic() - started < store_engine.WAL_RESET_WAIT_MS / 1000 and keeper.backoff == 1.0
+    finally:
+        pinned.execute("COMMIT")
+        pinned.close()
+    keeper.not_before = 0.0  # the back-off over
+    await store.checkpoint()
+    assert keeper.backoff == 0.0 and await asyncio.to_thread(os.path.getsize, f"{path}-wal") == 0
+    await store.close()
+
+
+async def test_writes_submitted_while_the_writer_is_paused_wait_and_then_land(tmp_path: Path) -> None:
+    store = await Store.open(f"sqlite:///{tmp_path / 'paused.db'}", run_watchdog=False)
+    assert isinstance(store.writer, BatchWriter)
+    async with store.writer.paused():
+        writes = [asyncio.create_task(store.enqueue([{"input": {"n": n}}])) for n in range(5)]
+        done, _ = await asyncio.wait(writes, timeout=0.05)
+        assert not done  # none ran inline, none as a batch
+    assert len(await asyncio.gather(*writes)) == 5
+    assert (await store.stats()).total_rollouts == 5
     await store.close()
