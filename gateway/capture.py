@@ -3,9 +3,12 @@ the span it records for each call (attribute names pinned in PRODUCT.md §4a).""
 
 from __future__ import annotations
 
+import logging
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
+
+import aiohttp
 
 from store import Backend, Span, SpanStatus
 
@@ -31,6 +34,29 @@ class Injected:
         return self.token_ids or self.logprobs or self.usage
 
 
+log = logging.getLogger("rollway.gateway")
+#: Backends (ids) that refused the ``stream_options`` the gateway added (an OpenAI-compatible server that does not
+#: know it): not sent to them again by this process.
+NO_STREAM_OPTIONS: set[str] = set()
+
+
+async def refused_stream_options(response: Any, backend: Backend) -> bool:
+    """Whether ``response`` is a 400 that names ``stream_options``, from an ``openai``-kind backend (vLLM and
+    SGLang know it): remembered, and the response released, so that the call is asked again without it."""
+    if backend.kind != "openai" or response.status != 400:
+        return False
+    try:
+        body = await response.read()  # kept by the response: read again when it is passed on
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+    if b"stream_options" not in body:
+        return False
+    NO_STREAM_OPTIONS.add(backend.backend_id)
+    log.warning("backend '%s' refused stream_options: its streamed calls' spans have no usage", backend.backend_id)
+    response.release()
+    return True
+
+
 def prepare(
     operation: str, body: dict[str, Any], backend: Backend, sampling: dict[str, Any] | None
 ) -> tuple[dict[str, Any], Injected]:
@@ -43,8 +69,11 @@ def prepare(
     injected = Injected()
     if operation not in ("chat", "text_completion") or backend.kind == "litellm":
         return upstream, injected
-    if upstream.get("stream"):  # usage (tokens, cached tokens) for the span, from every OpenAI-compatible kind
-        options = dict(upstream.get("stream_options") or {})
+    options = upstream.get("stream_options") or {}
+    if upstream.get("stream") and isinstance(options, dict) and backend.backend_id not in NO_STREAM_OPTIONS:
+        # Usage (tokens, cached tokens) for the span, from every OpenAI-compatible kind; a ``stream_options``
+        # that is not an object goes as it came (the backend refuses it, as it would a direct call).
+        options = dict(options)
         if not options.get("include_usage"):
             options["include_usage"] = True
             upstream["stream_options"] = options

@@ -113,6 +113,8 @@ class DataPlane:
                     await check_key(headers, keys, True)
                 except AuthError as exc:
                     raise _refused(exc) from None
+                except StoreError as exc:
+                    raise _store_error(exc) from None
             if match["model"] is None:
                 await self._models(gateway, reply, rid_header)
             else:
@@ -153,8 +155,7 @@ class DataPlane:
         except UnknownAlias as exc:
             raise envelope(404, str(exc), "not_found_error", "model_not_found") from None
         except StoreError as exc:
-            status, type_ = next((v for k, v in STORE_STATUS.items() if isinstance(exc, k)), (500, "server_error"))
-            raise envelope(status, exc.message, type_) from None
+            raise _store_error(exc) from None
         record = prepared.record
         out_headers = [rid_header, (b"x-rollway-sequence-id", str(record.sequence_id).encode())]
         if record.rollout_id:
@@ -287,3 +288,8 @@ def _model_object(model: ModelAlias) -> dict[str, Any]:
 def _refused(exc: AuthError) -> CallError:
     type_ = "authentication_error" if exc.status == 401 else "permission_error"
     return envelope(exc.status, str(exc), type_, "invalid_api_key")
+
+
+def _store_error(exc: StoreError) -> CallError:
+    status, type_ = next((v for k, v in STORE_STATUS.items() if isinstance(exc, k)), (500, "server_error"))
+    return envelope(status, exc.message, type_)

@@ -24,7 +24,16 @@ from gateway.registry import AliasPaused, Lease, ModelRegistry, UnknownAlias
 from gateway.routing import Router
 from gateway.settings import Settings
 from gateway.streaming import DONE, RESPONSE_ENDS, ResponsesAccumulator, SSEDecoder, StreamAccumulator, encode_event
-from gateway.upstream import Upstream, UpstreamFailure, backoff, retry_after, wait, without_key
+from gateway.upstream import (
+    Upstream,
+    UpstreamFailure,
+    backoff,
+    passthrough_headers,
+    read_quietly,
+    retry_after,
+    wait,
+    without_key,
+)
 from store import Backend, Store, StoreError
 
 if TYPE_CHECKING:
@@ -233,10 +242,13 @@ class Gateway:
                 raise
             else:
                 if response.status not in RETRY_STATUSES:
+                    if injected.usage and await capture.refused_stream_options(response, backend):
+                        self.router.finished(backend.backend_id, ok=True, counts_as_failure=False)
+                        continue  # asked again at once, without the ``stream_options`` it refused
                     return response, backend, injected
-                error_body = without_key(await _read_quietly(response), backend)
+                error_body = without_key(await read_quietly(response), backend)
                 self.router.finished(backend.backend_id, ok=False, counts_as_failure=response.status >= 500)
-                last_error = CallError(response.status, error_body, _passthrough_headers(response))
+                last_error = CallError(response.status, error_body, passthrough_headers(response))
                 if response.status == 429:
                     delay = retry_after(response.headers.get("Retry-After"), self.settings.retry_max_wait)
                     if len(config.backends) > 1:
@@ -432,19 +444,3 @@ def _carries_output(chunk: Any) -> bool:
         if isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls")):
             return True
     return False
-
-
-async def _read_quietly(response: aiohttp.ClientResponse) -> bytes:
-    try:
-        return await response.read()
-    except (aiohttp.ClientError, TimeoutError):
-        return b""
-    finally:
-        response.release()
-
-
-def _passthrough_headers(response: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
-    out = [(b"content-type", response.headers.get("Content-Type", "application/json").encode())]
-    if "Retry-After" in response.headers:
-        out.append((b"retry-after", response.headers["Retry-After"].encode()))
-    return out

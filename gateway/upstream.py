@@ -107,8 +107,32 @@ async def wait(seconds: float) -> None:
         await asyncio.sleep(seconds)
 
 
+#: Keys shorter than this are not looked for in error bodies: masking ``null`` would break the JSON around it.
+MASKED_KEY_LENGTH = 8
+
+
 def without_key(raw: bytes, backend: Backend | None) -> bytes:
     """A backend's error body with the backend's API key, should the backend echo it (``you sent Bearer
     sk-...``), masked: the body is passed to the client and recorded in the span, neither may hold the key."""
     key = backend.api_key.get_secret_value() if backend is not None and backend.api_key is not None else ""
-    return raw.replace(key.encode(), b"***") if key and key.encode() in raw else raw
+    if len(key) < MASKED_KEY_LENGTH:  # a placeholder for a keyless server ("x", "null"), not a secret to find
+        return raw
+    return raw.replace(key.encode(), b"***") if key.encode() in raw else raw
+
+
+async def read_quietly(response: aiohttp.ClientResponse) -> bytes:
+    """An error answer's body (empty when it broke off); the connection goes back to the pool."""
+    try:
+        return await response.read()
+    except (aiohttp.ClientError, TimeoutError):
+        return b""
+    finally:
+        response.release()
+
+
+def passthrough_headers(response: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
+    """The headers of a backend's error answer that the client gets with it."""
+    out = [(b"content-type", response.headers.get("Content-Type", "application/json").encode())]
+    if "Retry-After" in response.headers:
+        out.append((b"retry-after", response.headers["Retry-After"].encode()))
+    return out

@@ -340,3 +340,28 @@ async def test_a_stream_from_an_openai_kind_backend_records_its_usage(
     assert attrs["gen_ai.usage.input_tokens"] == truth.usage.prompt_tokens
     assert attrs["gen_ai.usage.output_tokens"] == truth.usage.completion_tokens
     assert attrs.get("rollway.response_token_ids") is None and attrs["rollway.trainable"] is False
+
+
+async def test_a_backend_that_refuses_stream_options_is_asked_again_without_them(
+    gw: RunningGateway, mock: MockBackendProcess
+) -> None:
+    """An OpenAI-compatible server that does not know ``stream_options`` (which the gateway adds, for usage):
+    the call is asked again at once without it, and later calls to that backend go without it."""
+    await register(
+        gw.store, "strict", {"backend_id": "strict", "base_url": mock.base_url, "kind": "openai", "model": "mock-model"}
+    )
+    refusal = {
+        "error": {"message": "Unrecognized request argument supplied: stream_options", "type": "invalid_request_error"}
+    }
+    mock.add_faults({"kind": "status", "status": 400, "body": refusal, "times": 1, "match": {"stream": True}})
+    client = gw.client()
+    for _ in range(2):
+        stream = await client.chat.completions.create(model="strict", messages=MESSAGES, max_tokens=5, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in [chunk async for chunk in stream] if c.choices)
+    sent = [r["body"] for r in mock.requests(path="/v1/chat/completions")]
+    assert ["stream_options" in body for body in sent] == [True, False, False]
+    assert await gw.state.registry.drain("strict", 10)
+    spans = await gw.store.query_spans(None)
+    assert [s.status.status_code for s in spans] == ["OK", "OK"] and all(
+        s.attributes["rollway.retry_count"] == 0 for s in spans
+    )

@@ -104,3 +104,14 @@ async def test_an_agent_server_that_echoes_its_key_gets_it_neither_stored_nor_lo
         rollout = await admin.get("/admin/v1/rollouts/ro-echo")
         assert AGENT_KEY not in rollout.text and AGENT_KEY not in error
     assert "refused rollout ro-echo" in caplog.text and AGENT_KEY not in caplog.text
+
+
+async def test_a_placeholder_key_is_not_masked_in_error_bodies(tmp_path: Path, mock: MockBackendProcess) -> None:
+    """Keyless vLLM servers get placeholder keys ("null", "x"): masking them would break the JSON around them."""
+    async with running_gateway(tmp_path) as gw:
+        await register(gw.store, "policy", vllm(mock) | {"api_key": "null"})
+        refusal = {"error": {"message": "bad request", "type": "invalid_request_error", "param": None, "code": None}}
+        mock.add_faults({"kind": "status", "status": 400, "body": refusal, "times": 1})
+        async with httpx.AsyncClient(timeout=10) as http:
+            response = await http.post(f"{gw.url}/v1/chat/completions", json={"model": "policy", "messages": MESSAGES})
+        assert response.status_code == 400 and response.json() == refusal

@@ -149,7 +149,8 @@ def _as_calls(span: SpanLike) -> list[LlmCall]:
         own_prompt = _array(choice.get("prompt_token_ids"))
         if tokens is None or tokens == "[]" or (batched and own_prompt in (None, "[]")):
             continue  # a batched request's choice needs its own prompt ids (older spans held the first only)
-        index = choice.get("index", position)
+        index = choice.get("index")
+        index = index if isinstance(index, int) and not isinstance(index, bool) else position
         logprobs = _array(choice.get("logprobs"))
         calls.append(LlmCall(span, sequence_id, own_prompt or prompt, tokens, logprobs, choice_index=int(index)))
     return calls
