@@ -331,7 +331,9 @@ class Gateway:
         headers: list[tuple[bytes, bytes]],
     ) -> None:
         record.status_code = 200
-        await reply.start(200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *headers])
+        content_type = response.headers.get("Content-Type", "")  # the backend's, with its charset
+        content_type = content_type if content_type.startswith("text/event-stream") else "text/event-stream"
+        await reply.start(200, [(b"content-type", content_type.encode()), (b"cache-control", b"no-cache"), *headers])
         decoder = SSEDecoder()
         responses = record.operation == "responses"
         acc = record.accumulator = ResponsesAccumulator() if responses else StreamAccumulator(record.operation)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from openai import AsyncOpenAI
@@ -365,3 +366,12 @@ async def test_a_backend_that_refuses_stream_options_is_asked_again_without_them
     assert [s.status.status_code for s in spans] == ["OK", "OK"] and all(
         s.attributes["rollway.retry_count"] == 0 for s in spans
     )
+
+
+async def test_a_stream_keeps_the_backends_content_type(gw: RunningGateway, mock: MockBackendProcess) -> None:
+    body = {"messages": MESSAGES, "max_tokens": 3, "stream": True}
+    async with httpx.AsyncClient(timeout=10) as http:
+        direct = await http.post(f"{mock.base_url}/chat/completions", json=body | {"model": "mock-model"})
+        proxied = await http.post(f"{gw.url}/v1/chat/completions", json=body | {"model": "policy"})
+    assert direct.headers["content-type"].startswith("text/event-stream")
+    assert proxied.headers["content-type"] == direct.headers["content-type"]
