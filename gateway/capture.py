@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway.litellm_backend import ALLOWED_FIELDS
 from store import Backend, Span, SpanStatus
 
 OPERATIONS = {
@@ -42,7 +43,7 @@ NO_STREAM_OPTIONS: set[str] = set()
 
 async def refused_stream_options(response: Any, backend: Backend) -> bool:
     """Whether ``response`` is a 400 that names ``stream_options``, from an ``openai``-kind backend (vLLM and
-    SGLang know it): remembered, and the response released, so that the call is asked again without it."""
+    SGLang know it): the response is then released, and the call asked again without it (``asked_again``)."""
     if backend.kind != "openai" or response.status != 400:
         return False
     try:
@@ -51,26 +52,37 @@ async def refused_stream_options(response: Any, backend: Backend) -> bool:
         return False
     if b"stream_options" not in body:
         return False
-    NO_STREAM_OPTIONS.add(backend.backend_id)
-    log.warning("backend '%s' refused stream_options: its streamed calls' spans have no usage", backend.backend_id)
     response.release()
     return True
 
 
+def asked_again(backend: Backend, status: int) -> None:
+    """The answer to a call asked again without ``stream_options``: if the backend took it, it is the one that
+    does not know them (remembered); if it refused that too, the first refusal was about something else (a
+    client's own ``stream_options``, an error message that quotes the request) and nothing is remembered."""
+    if status < 400 and backend.backend_id not in NO_STREAM_OPTIONS:
+        NO_STREAM_OPTIONS.add(backend.backend_id)
+        log.warning("backend '%s' refused stream_options: its streams' spans have no usage", backend.backend_id)
+
+
 def prepare(
-    operation: str, body: dict[str, Any], backend: Backend, sampling: dict[str, Any] | None
+    operation: str, body: dict[str, Any], backend: Backend, sampling: dict[str, Any] | None, usage: bool = True
 ) -> tuple[dict[str, Any], Injected]:
-    """The body sent upstream: upstream model name, alias sampling defaults, capture fields."""
+    """The body sent upstream: upstream model name, alias sampling defaults, capture fields (stream usage only
+    when ``usage``). A ``litellm`` backend gets only the defaults it takes (``litellm_backend.ALLOWED_FIELDS``):
+    an alias's vLLM defaults would otherwise fail every call it serves."""
     upstream = dict(body)
     upstream.pop("rollout_id", None)
     upstream["model"] = backend.model
     for key, value in (sampling or {}).items():
-        upstream.setdefault(key, value)
+        if backend.kind != "litellm" or key in ALLOWED_FIELDS:
+            upstream.setdefault(key, value)
     injected = Injected()
     if operation not in ("chat", "text_completion") or backend.kind == "litellm":
         return upstream, injected
     options = upstream.get("stream_options") or {}
-    if upstream.get("stream") and isinstance(options, dict) and backend.backend_id not in NO_STREAM_OPTIONS:
+    usage = usage and backend.backend_id not in NO_STREAM_OPTIONS
+    if upstream.get("stream") and isinstance(options, dict) and usage:
         # Usage (tokens, cached tokens) for the span, from every OpenAI-compatible kind; a ``stream_options``
         # that is not an object goes as it came (the backend refuses it, as it would a direct call).
         options = dict(options)

@@ -28,7 +28,7 @@ import aiohttp
 import orjson
 
 from gateway.settings import Settings
-from gateway.upstream import MASKED_KEY_LENGTH, backoff, wait
+from gateway.upstream import backoff, wait
 from store import AgentServer, AttemptedRollout, ConflictError, NotFoundError, Store, StoreError
 from store.signals import Signal
 
@@ -190,7 +190,7 @@ class Dispatcher:
                 if status in (200, 201, 202):
                     return _tools(raw), tries
                 said = raw.decode(errors="replace").replace(str(payload["api_key"]), "rk-***")  # never echo a key
-                if server.api_key is not None and len(server.api_key.get_secret_value()) >= MASKED_KEY_LENGTH:
+                if server.api_key is not None and server.api_key.get_secret_value():  # plain text: mask any
                     said = said.replace(server.api_key.get_secret_value(), "***")
                 problem = f"{url} answered {status}: {said[:300]}"
                 if status not in RETRY_STATUSES:

@@ -198,9 +198,8 @@ class Gateway:
         record, lease = prepared.record, prepared.lease
         config = lease.config
         exclude: set[str] = set()
-        attempt = 0
-        last_error: CallError | None = None
-        deadline = record.deadline
+        attempt, last_error = 0, None
+        deadline, refused = record.deadline, ""  # refused: the backend that refused our ``stream_options``
         while True:
             backend = self.router.choose(config.backends, record.rollout_id, exclude)
             if backend is None:
@@ -209,7 +208,8 @@ class Gateway:
                 assert backend is not None
             if record.backend is not None and backend.backend_id != record.backend.backend_id:
                 record.failovers += 1
-            upstream_body, injected = capture.prepare(record.operation, body, backend, config.sampling)
+            usage = refused != backend.backend_id
+            upstream_body, injected = capture.prepare(record.operation, body, backend, config.sampling, usage)
             record.backend = backend
             self.router.started(backend.backend_id)
             delay: float | None = None
@@ -244,7 +244,10 @@ class Gateway:
                 if response.status not in RETRY_STATUSES:
                     if injected.usage and await capture.refused_stream_options(response, backend):
                         self.router.finished(backend.backend_id, ok=True, counts_as_failure=False)
+                        refused = backend.backend_id
                         continue  # asked again at once, without the ``stream_options`` it refused
+                    if refused == backend.backend_id:
+                        capture.asked_again(backend, response.status)
                     return response, backend, injected
                 error_body = without_key(await read_quietly(response), backend)
                 self.router.finished(backend.backend_id, ok=False, counts_as_failure=response.status >= 500)

@@ -337,14 +337,8 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin):
 
     async def checkpoint(self) -> None:
         """SQLite: copy the write-ahead log into the database file, in a worker thread (the writer's own
-        automatic checkpoints are off so that their fsync never stalls the event loop).
-
-        A passive checkpoint copies the log but never starts it over: SQLite restarts the log from its beginning
-        only when a write begins with every frame copied and no reader in the log, which calls committed while
-        the copy ran (steady load) prevent every time — the file then grew by every write, 16 GB in 5 minutes at
-        280 calls/s. So a log longer than ``WAL_RESET_BYTES`` is also emptied (``store.engine.WalKeeper``): with
-        this process's writer paused (writes wait, the loop does not), a checkpoint takes the write lock, copies
-        the rest and truncates the file, waiting at most ``WAL_RESET_WAIT_MS`` for readers (else it backs off)."""
+        automatic checkpoints are off so that their fsync never stalls the event loop); a long log is also
+        emptied, with this process's writer paused (``store.engine.WalKeeper`` says why and how)."""
         reader = self.engines.reader
         if reader is None:
             return
@@ -353,7 +347,12 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin):
             self._wal = WalKeeper(reader)
         if await asyncio.to_thread(self._wal.passive) and isinstance(self.writer, BatchWriter):
             async with self.writer.paused():  # this process's writes wait: the lock is the checkpoint's
-                await asyncio.to_thread(self._wal.truncate)
+                truncating = asyncio.ensure_future(asyncio.to_thread(self._wal.truncate))
+                try:
+                    await asyncio.shield(truncating)
+                except asyncio.CancelledError:  # (closing) the thread holds the write lock: let it finish first
+                    await truncating
+                    raise
 
     async def _checkpoint_loop(self) -> None:
         while True:

@@ -157,9 +157,9 @@ class BatchWriter:
                     stop = True
                     break
                 batch.append(item)
-            await self._open.wait()  # (no await between this and marking the batch in flight)
-            self._busy = True
-            self._idle.clear()
+            self._busy = True  # from here: a write submitted now queues behind this batch, even during a pause
+            await self._open.wait()
+            self._idle.clear()  # (no await since the writer was found open)
             try:
                 await self._commit(batch)
             finally:

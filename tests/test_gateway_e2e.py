@@ -375,3 +375,24 @@ async def test_a_stream_keeps_the_backends_content_type(gw: RunningGateway, mock
         proxied = await http.post(f"{gw.url}/v1/chat/completions", json=body | {"model": "policy"})
     assert direct.headers["content-type"].startswith("text/event-stream")
     assert proxied.headers["content-type"] == direct.headers["content-type"]
+
+
+async def test_a_refusal_that_only_quotes_stream_options_is_passed_on_and_not_remembered(
+    gw: RunningGateway, mock: MockBackendProcess
+) -> None:
+    """A 400 that names ``stream_options`` for another reason (here: asked again without ours, refused again)
+    is the client's answer; the backend still gets ``stream_options`` on the next call."""
+    await register(
+        gw.store, "picky", {"backend_id": "picky", "base_url": mock.base_url, "kind": "openai", "model": "mock-model"}
+    )
+    refusal = {
+        "error": {"message": "stream_options.continuous_usage_stats is not supported", "type": "invalid_request_error"}
+    }
+    mock.add_faults({"kind": "status", "status": 400, "body": refusal, "times": 2, "match": {"stream": True}})
+    client = gw.client()
+    with pytest.raises(openai.BadRequestError):
+        await client.chat.completions.create(model="picky", messages=MESSAGES, max_tokens=5, stream=True)
+    stream = await client.chat.completions.create(model="picky", messages=MESSAGES, max_tokens=5, stream=True)
+    assert [chunk async for chunk in stream]
+    sent = [r["body"] for r in mock.requests(path="/v1/chat/completions")]
+    assert ["stream_options" in body for body in sent] == [True, False, True]

@@ -428,3 +428,16 @@ async def test_provider_parameters_still_reach_the_provider(gw: RunningGateway, 
     assert answer.choices[0].message.content == "".join(WORDS)
     [request] = stub.seen
     assert request["body"]["top_k"] == 3 and "metadata" not in request["body"]
+
+
+async def test_alias_defaults_a_litellm_backend_does_not_take_are_left_out(tmp_path: Path, stub: AnthropicStub) -> None:
+    """An alias's sampling defaults may be meant for its vLLM backends (``chat_template_kwargs``): a litellm
+    backend of the alias gets the ones it takes, and its calls do not fail over a default nobody sent."""
+    async with running_gateway(tmp_path) as gw:
+        backend = {"backend_id": "a", "kind": "litellm", "model": f"anthropic/{UPSTREAM_MODEL}", "base_url": stub.url}
+        sampling = {"temperature": 0.25, "chat_template_kwargs": {"enable_thinking": False}}
+        await gw.store.put_model("claude", [backend | {"api_key": SECRET}], sampling=sampling)
+        answer = await gw.client().chat.completions.create(model="claude", messages=MESSAGES, max_tokens=64)
+        assert answer.choices[0].message.content == "".join(WORDS)
+        [request] = stub.seen
+        assert request["body"]["temperature"] == 0.25 and "chat_template_kwargs" not in request["body"]
