@@ -23,7 +23,17 @@ from gateway.metrics import Metrics
 from gateway.registry import AliasPaused, Lease, ModelRegistry, UnknownAlias
 from gateway.routing import Router
 from gateway.settings import Settings
-from gateway.streaming import DONE, RESPONSE_ENDS, ResponsesAccumulator, SSEDecoder, StreamAccumulator, encode_event
+from gateway.streaming import (
+    DONE,
+    RESPONSE_ENDS,
+    ResponsesAccumulator,
+    SSEDecoder,
+    StreamAccumulator,
+    carries_output,
+    encode_event,
+    json_object,
+    stream_error,
+)
 from gateway.upstream import (
     Upstream,
     UpstreamFailure,
@@ -307,7 +317,7 @@ class Gateway:
         record.ttft_seconds = time.time() - record.start_time
         out = raw
         if response.status < 400:
-            parsed = _json_object(raw)
+            parsed = json_object(raw)
             if parsed is None:
                 raise envelope(502, "the backend's answer is not a JSON object", "upstream_error", "bad_response")
             record.response = parsed
@@ -352,11 +362,11 @@ class Gateway:
                     if payload == DONE:
                         done_event = raw
                         continue
-                    chunk = _json_object(payload)
+                    chunk = json_object(payload)
                     if chunk is None:  # not an event of the API: passed on as it came, nothing to record of it
                         out.append(raw)
                         continue
-                    if _stream_error(chunk, responses):
+                    if stream_error(chunk, responses):
                         record.error = orjson.dumps(chunk.get("error") or chunk).decode()
                         record.error_type = "stream_error"
                         out.append(raw)
@@ -371,7 +381,7 @@ class Gateway:
                         out.append(raw)
                     elif not (injected.usage and capture.is_usage_only_chunk(chunk)):
                         out.append(encode_event(capture.stripped(chunk, injected)))
-                    if not first_output_sent and out and _carries_output(chunk):
+                    if not first_output_sent and out and carries_output(chunk):
                         # Until the first token is out, every event goes out as soon as it is read: a read may
                         # hold many events, and time to first token should not wait for the rest of them.
                         first_output_sent = True
@@ -416,36 +426,3 @@ class Gateway:
 def _json_answer(response: Any) -> bool:
     """An answer with one JSON body (``Content-Type: application/json``), not an event stream."""
     return bool(response.headers.get("Content-Type", "").startswith("application/json"))
-
-
-def _json_object(data: bytes) -> dict[str, Any] | None:
-    """``data`` parsed, when it is a JSON object (what every answer and stream event of the API is)."""
-    try:
-        parsed = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    return parsed if isinstance(parsed, dict) else None
-
-
-def _stream_error(chunk: dict[str, Any], responses: bool) -> bool:
-    """An error the backend sent as a stream event (``{"error": ...}``; the Responses API: ``type: error``)."""
-    if responses:
-        return chunk.get("type") == "error"
-    return chunk.get("error") is not None and not chunk.get("choices")
-
-
-def _carries_output(chunk: Any) -> bool:
-    """A streamed chunk with generated text or a tool call in it (not just a role or usage)."""
-    if not isinstance(chunk, dict):
-        return False
-    if chunk.get("type") in ("response.output_text.delta", "response.function_call_arguments.delta"):
-        return True
-    for choice in chunk.get("choices") or ():
-        if not isinstance(choice, dict):
-            continue
-        if choice.get("text"):
-            return True
-        delta = choice.get("delta")
-        if isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls")):
-            return True
-    return False

@@ -253,3 +253,36 @@ class ResponsesAccumulator:
 
 def encode_event(data: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def json_object(data: bytes) -> dict[str, Any] | None:
+    """``data`` parsed, when it is a JSON object (what every answer and stream event of the API is)."""
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def stream_error(chunk: dict[str, Any], responses: bool) -> bool:
+    """An error the backend sent as a stream event (``{"error": ...}``; the Responses API: ``type: error``)."""
+    if responses:
+        return chunk.get("type") == "error"
+    return chunk.get("error") is not None and not chunk.get("choices")
+
+
+def carries_output(chunk: Any) -> bool:
+    """A streamed chunk with generated text or a tool call in it (not just a role or usage)."""
+    if not isinstance(chunk, dict):
+        return False
+    if chunk.get("type") in ("response.output_text.delta", "response.function_call_arguments.delta"):
+        return True
+    for choice in chunk.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        if choice.get("text"):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls")):
+            return True
+    return False

@@ -136,33 +136,24 @@ def test_rollway_serve_starts_on_a_sqlite_file_and_answers_health(tmp_path: Path
     assert "Application shutdown complete" in rest  # SIGTERM shuts down gracefully (store closed)
 
 
+def _serve_publicly(tmp_path: Path, **settings: str) -> subprocess.CompletedProcess[str]:
+    """``rollway serve --host 0.0.0.0`` with no ``ROLLWAY_*`` setting but ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLWAY_")} | settings
+    command = _rollway("serve", "--host", "0.0.0.0", cwd=tmp_path)
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+
+
 @pytest.mark.parametrize("empty", ["", "  "])
 def test_rollway_serve_refuses_an_empty_token(tmp_path: Path, empty: str) -> None:
     """Set to nothing, the token would have passed for one (listening beyond loopback, every admin call 401)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLWAY_")} | {"ROLLWAY_ADMIN_TOKEN": empty}
-    done = subprocess.run(
-        _rollway("serve", "--host", "0.0.0.0", cwd=tmp_path),
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _serve_publicly(tmp_path, ROLLWAY_ADMIN_TOKEN=empty)
     assert done.returncode == 2
     assert "admin_token" in done.stderr and "empty" in done.stderr
     assert not (tmp_path / "rollway.db").exists()
 
 
 def test_rollway_serve_refuses_a_public_address_without_token(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLWAY_")}
-    done = subprocess.run(
-        _rollway("serve", "--host", "0.0.0.0", cwd=tmp_path),
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _serve_publicly(tmp_path)
     assert done.returncode == 2
     assert "ROLLWAY_ADMIN_TOKEN" in done.stderr
     assert not (tmp_path / "rollway.db").exists()

@@ -317,14 +317,24 @@ async def test_concurrent_calls_of_one_attempt_get_gap_free_sequence_ids(gw: Run
     assert all(s.attributes["rollway.prompt_token_ids"] for s in spans)
 
 
+async def openai_kind(gw: RunningGateway, mock: MockBackendProcess, alias: str) -> None:
+    """``alias`` served by the mock as an ``openai``-kind backend (id ``alias``): no token ids are asked for."""
+    backend = {"backend_id": alias, "base_url": mock.base_url, "kind": "openai", "model": "mock-model"}
+    await register(gw.store, alias, backend)
+
+
+def refuse_streams(mock: MockBackendProcess, message: str, times: int) -> None:
+    """The mock answers the next ``times`` streamed requests with a 400 saying ``message``."""
+    refusal = {"error": {"message": message, "type": "invalid_request_error"}}
+    mock.add_faults({"kind": "status", "status": 400, "body": refusal, "times": times, "match": {"stream": True}})
+
+
 @pytest.mark.parametrize("operation", ["chat", "completions"])
 async def test_a_stream_from_an_openai_kind_backend_records_its_usage(
     gw: RunningGateway, direct: AsyncOpenAI, mock: MockBackendProcess, operation: str
 ) -> None:
     """Not a token-id backend: no token ids are asked for, but the stream's usage is (and not shown unasked)."""
-    await register(
-        gw.store, "plain", {"backend_id": "plain", "base_url": mock.base_url, "kind": "openai", "model": "mock-model"}
-    )
+    await openai_kind(gw, mock, "plain")
     client = gw.client()
     if operation == "chat":
         stream = await client.chat.completions.create(model="plain", messages=MESSAGES, max_tokens=9, stream=True)
@@ -348,13 +358,8 @@ async def test_a_backend_that_refuses_stream_options_is_asked_again_without_them
 ) -> None:
     """An OpenAI-compatible server that does not know ``stream_options`` (which the gateway adds, for usage):
     the call is asked again at once without it, and later calls to that backend go without it."""
-    await register(
-        gw.store, "strict", {"backend_id": "strict", "base_url": mock.base_url, "kind": "openai", "model": "mock-model"}
-    )
-    refusal = {
-        "error": {"message": "Unrecognized request argument supplied: stream_options", "type": "invalid_request_error"}
-    }
-    mock.add_faults({"kind": "status", "status": 400, "body": refusal, "times": 1, "match": {"stream": True}})
+    await openai_kind(gw, mock, "strict")
+    refuse_streams(mock, "Unrecognized request argument supplied: stream_options", times=1)
     client = gw.client()
     for _ in range(2):
         stream = await client.chat.completions.create(model="strict", messages=MESSAGES, max_tokens=5, stream=True)
@@ -382,13 +387,8 @@ async def test_a_refusal_that_only_quotes_stream_options_is_passed_on_and_not_re
 ) -> None:
     """A 400 that names ``stream_options`` for another reason (here: asked again without ours, refused again)
     is the client's answer; the backend still gets ``stream_options`` on the next call."""
-    await register(
-        gw.store, "picky", {"backend_id": "picky", "base_url": mock.base_url, "kind": "openai", "model": "mock-model"}
-    )
-    refusal = {
-        "error": {"message": "stream_options.continuous_usage_stats is not supported", "type": "invalid_request_error"}
-    }
-    mock.add_faults({"kind": "status", "status": 400, "body": refusal, "times": 2, "match": {"stream": True}})
+    await openai_kind(gw, mock, "picky")
+    refuse_streams(mock, "stream_options.continuous_usage_stats is not supported", times=2)
     client = gw.client()
     with pytest.raises(openai.BadRequestError):
         await client.chat.completions.create(model="picky", messages=MESSAGES, max_tokens=5, stream=True)
