@@ -29,6 +29,9 @@ class Injected:
     token_ids: bool = False
     logprobs: bool = False
     usage: bool = False
+    #: The backend writes ``"usage": null`` into stream chunks whatever was asked (vLLM's text completions):
+    #: a null usage is then its own, not the gateway's, and stays.
+    null_usage_is_native: bool = False
 
     @property
     def any(self) -> bool:
@@ -90,6 +93,7 @@ def prepare(
             options["include_usage"] = True
             upstream["stream_options"] = options
             injected.usage = True
+            injected.null_usage_is_native = backend.kind in TOKEN_ID_KINDS
     if backend.kind not in TOKEN_ID_KINDS:
         return upstream, injected
     if not upstream.get("return_token_ids"):
@@ -115,7 +119,7 @@ def stripped(body: dict[str, Any], injected: Injected) -> dict[str, Any]:
     out = dict(body)
     if injected.token_ids and "prompt_token_ids" in out:
         out["prompt_token_ids"] = None
-    if injected.usage:
+    if injected.usage and (out.get("usage") is not None or not injected.null_usage_is_native):
         out.pop("usage", None)
     choices = out.get("choices")
     if choices and (injected.token_ids or injected.logprobs):

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 from openai import AsyncOpenAI
 
@@ -278,6 +279,31 @@ async def test_completions_record_prompt_and_response_ids(
     assert span.attributes["rollway.prompt_token_ids"] == truth.choices[0].model_extra["prompt_token_ids"]
     assert span.attributes["rollway.response_token_ids"] == truth.choices[0].model_extra["token_ids"]
     assert span.attributes["rollway.response_logprobs"] == truth.choices[0].logprobs.token_logprobs
+
+
+async def _raw_chunks(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON objects of a stream's events as sent, without the fields that differ between two calls."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        reply = await http.post(url, json=body)
+    events = [line[len("data: ") :] for line in reply.text.splitlines() if line.startswith("data: ")]
+    assert events and events[-1] == "[DONE]"
+    return [{k: v for k, v in orjson.loads(e).items() if k not in {*VOLATILE, "model"}} for e in events[:-1]]
+
+
+@pytest.mark.parametrize("operation", ["chat/completions", "completions"])
+async def test_stream_events_are_the_backends_own_keys_and_values(
+    gw: RunningGateway, mock: MockBackendProcess, operation: str
+) -> None:
+    """Key for key, not only as the SDK parses them: vLLM writes ``"usage": null`` into every text-completion
+    chunk whether or not usage was asked for, so the gateway (which asks for usage) keeps a null usage there."""
+    _, rollout_id, attempt_id = await rollout_client(gw, "path")
+    fields = {"messages": MESSAGES} if operation == "chat/completions" else {"prompt": "Once upon a time"}
+    body: dict[str, Any] = {**fields, "max_tokens": 6, "stream": True}
+    prefix = f"{gw.url}/rollout/{rollout_id}/attempt/{attempt_id}"
+    via = await _raw_chunks(f"{prefix}/v1/{operation}", body | {"model": "policy"})
+    direct = await _raw_chunks(f"{mock.url}/v1/{operation}", body | {"model": "mock-model"})
+    assert via == direct
+    assert all("usage" in c for c in via) is (operation == "completions")
 
 
 async def test_embeddings_and_models(gw: RunningGateway, direct: AsyncOpenAI) -> None:
