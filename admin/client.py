@@ -111,7 +111,8 @@ class AsyncRollwayClient(ExportsMixin):
         return (await self._t.model(RolloutsResponse, "POST", "/rollouts", json=body, headers=_fresh_key())).rollouts
 
     async def start_rollout(self, task: TaskSpec | Mapping[str, Any], worker_id: str | None = None) -> Claim:
-        """Create a rollout with attempt 1 already handed to ``worker_id`` (no queue). Sent with a fresh
+        """Create a rollout with attempt 1 already handed to ``worker_id`` (no queue); a ``group_id`` with a
+        ``group_size`` makes it a member of that group, of that size (one rollout per call). Sent with a fresh
         ``Idempotency-Key``: a retry after a lost answer gets that rollout, not a second one."""
         body = dump_body(task) | ({"worker_id": worker_id} if worker_id is not None else {})
         return await self._t.model(Claim, "POST", "/rollouts/start", json=body, headers=_fresh_key())

@@ -64,6 +64,8 @@ async def enqueue(
     idempotency_key: IdempotencyKey = None,
 ) -> RolloutsResponse:
     """Queue tasks; `group_size: n` makes n rollouts sharing a `group_id`; a known `rollout_id` is idempotent.
+    Tasks naming an existing `group_id` join that group (next `group_index`); several tasks of the request
+    naming one `group_id`, all with the same `group_size: n`, are one rollout each in a group of size n.
 
     With an `Idempotency-Key` header, sending the same request again (a retry after a lost answer) returns the
     rollouts the first one queued instead of queueing the tasks twice; the key with other tasks is a 409."""
@@ -76,7 +78,11 @@ async def start(
 ) -> Claim:
     """Create a rollout with attempt 1 already running for `worker_id` (online learning; no queue). With an
     `Idempotency-Key` header (and no `rollout_id`), the same request again returns that rollout (new gateway
-    key) instead of starting another."""
+    key) instead of starting another.
+
+    With `group_id` it joins that group at the next `group_index`; `group_size` then declares the group's size
+    (it is complete, and exported, once that many members finished): a group with members and another size, or
+    already that many members, is a 400."""
     task = TaskSpec.model_validate(body.model_dump(exclude={"worker_id"}))
     return await to_claim(context, request, await context.store.start_rollout(task, body.worker_id, idempotency_key))
 

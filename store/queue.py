@@ -8,13 +8,12 @@ them to ``preparing`` in the same transaction that selects them: on SQLite under
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
 from functools import partial
 from typing import Any
 
 from sqlalchemy import Connection, Integer, RowMapping, Select, TextClause, bindparam, select, text, update
 
-from store import convert, ids, models, replays
+from store import convert, groups, ids, models, replays
 from store import resources as resources_ops
 from store.dialect import lock_rows, prebuilt, serialize_key, upsert
 from store.errors import ConflictError, StoreValidationError
@@ -88,63 +87,37 @@ def enqueue(conn: Connection, specs: list[TaskSpec], now: float, key: str | None
     """Insert the rollouts ``specs`` stand for; a client ``rollout_id`` that exists returns the stored one, and
     a repeated idempotency ``key`` returns what its first request queued (``replays.enqueued_before``)."""
     latest = _resolve_resources(conn, specs)
+    declared = groups.declared_sizes(specs)  # members of a group of that size: one rollout each
     planned: list[dict[str, Any]] = []
     keyed: list[tuple[dict[str, Any], TaskSpec]] = []  # rows whose ids derive from the key, with their task
     seen: set[str] = set()
     for position, spec in enumerate(specs):
-        for rollout_id, group_id, group_index in expand(spec, None if key is None else (key, position)):
+        one = spec.model_copy(update={"group_size": None}) if spec.group_id in declared else spec
+        for rollout_id, group_id, group_index in expand(one, None if key is None else (key, position)):
             rid = rollout_id or ids.rollout_id()
             if rid in seen:
                 continue
             seen.add(rid)
-            planned.append(_row(spec, rid, (group_id, group_index), RolloutStatus.QUEUING, latest, now))
+            planned.append(_row(one, rid, (group_id, group_index), RolloutStatus.QUEUING, latest, now))
             if key is not None and not spec.rollout_id:
                 keyed.append((planned[-1], spec))
     if any(spec.group_id for spec in specs):
-        _join_groups(conn, specs, planned)
+        groups.join(conn, [spec.group_id for spec in specs if spec.group_id], planned, declared)
     if key is None and not any(s.rollout_id for s in specs):
         conn.execute(R.insert(), planned)
         return [_as_mapping(r) for r in planned]
     if key is not None:
         serialize_key(conn, key)
         if (earlier := replays.enqueued_before(conn, key, specs, planned, keyed)) is not None:
+            made = {row["rollout_id"] for row, _ in keyed}
+            if not groups.keeps_sizes([r for r in earlier if r["rollout_id"] in made], declared):
+                raise replays.other_request(key)
             return earlier
     # Idempotent enqueue: skip ids that already exist (a concurrent insert is absorbed by ON CONFLICT).
     conn.execute(upsert(conn, R).on_conflict_do_nothing(index_elements=["rollout_id"]), planned)
     rows = conn.execute(select(R).where(R.c.rollout_id.in_([r["rollout_id"] for r in planned]))).mappings().all()
     by_id = {r["rollout_id"]: r for r in rows}
     return [by_id[r["rollout_id"]] for r in planned]
-
-
-def _join_groups(conn: Connection, specs: list[TaskSpec], planned: list[dict[str, Any]]) -> None:
-    """Tasks that name a ``group_id`` join that group: the rollouts they add get the indexes after the members it
-    has (from earlier requests: the CLI's batches of one file, direct starts), and a size that counts them all
-    (the group's size is its members' largest). A new group with ``group_size: n`` gets 0..n-1, as before; tasks
-    without it used to be groups of one, all at index 0. In one request a group is one task with ``group_size``
-    or tasks that all leave it out (else: which size?). Rows that exist already (a request sent again) keep
-    theirs. Replicas joining one group take turns (``serialize_key``)."""
-    tasks: dict[str, list[TaskSpec]] = defaultdict(list)
-    for spec in specs:
-        if spec.group_id:
-            tasks[spec.group_id].append(spec)
-    for group_id, members in tasks.items():
-        if len(members) > 1 and any(m.group_size is not None for m in members):
-            raise StoreValidationError(
-                f"tasks sharing group_id '{group_id}' must all leave out group_size (they join the group), "
-                "or the group must be one task with group_size"
-            )
-    groups = sorted(tasks)
-    for group_id in groups:
-        serialize_key(conn, "group:" + group_id)
-    stored: dict[str, set[str]] = defaultdict(set)
-    for group_id, rollout_id in conn.execute(select(R.c.group_id, R.c.rollout_id).where(R.c.group_id.in_(groups))):
-        stored[group_id].add(rollout_id)
-    new = [row for row in planned if row["group_id"] in tasks and row["rollout_id"] not in stored[row["group_id"]]]
-    had = Counter({group_id: len(members) for group_id, members in stored.items()})
-    size = had + Counter(row["group_id"] for row in new)
-    for row in new:
-        row["group_size"], row["group_index"] = size[row["group_id"]], had[row["group_id"]]
-        had[row["group_id"]] += 1
 
 
 class _Mapping(dict[str, Any]):
@@ -322,23 +295,31 @@ def start_rollout(
 ) -> AttemptedRollout:
     """Create a rollout that skips the queue: attempt 1 in ``preparing`` right away. With an idempotency
     ``key`` (and no client ``rollout_id``), the rollout's id derives from it, and the same call again gets the
-    rollout and attempt the first one made, as they are now."""
-    if (spec.group_size or 1) != 1:
-        raise StoreValidationError("start_rollout takes a single task: group_size must be 1")
+    rollout and attempt the first one made, as they are now.
+
+    It makes one rollout: with a ``group_id``, it joins that group, and a ``group_size`` declares the group's
+    size (``store.groups``: the group is complete once that many members finished)."""
+    if (spec.group_size or 1) != 1 and not spec.group_id:
+        raise StoreValidationError(
+            "a direct start makes one rollout: group_size is the size of the group it joins, and needs a group_id"
+        )
     latest = _resolve_resources(conn, [spec])
     group = (spec.group_id, 0 if spec.group_id else None)
     rollout_id = spec.rollout_id or (None if key is None else ids.derived("ro-", key, 0))
+    declared = {spec.group_id: spec.group_size} if spec.group_id and spec.group_size else {}
     if key is not None:
         serialize_key(conn, key)
     row = _row(spec, rollout_id or ids.rollout_id(), group, RolloutStatus.PREPARING, latest, now)
-    if spec.group_id:
-        _join_groups(conn, [spec], [row])
     if rollout_id:
         taken = conn.execute(select(R).where(R.c.rollout_id == rollout_id)).mappings().first()
-        if taken is not None and spec.rollout_id is None:
+        if taken is not None and spec.rollout_id is None:  # sent again: its group was joined the first time
+            if not groups.keeps_sizes([taken], declared):
+                raise replays.other_request(key or "")
             return replays.started_before(conn, key or "", taken, row, spec, worker_id)
         if taken is not None:
             raise ConflictError(f"rollout '{spec.rollout_id}' already exists")
+    if spec.group_id:
+        groups.join(conn, [spec.group_id], [row], declared)
     row["pk"] = (conn.execute(R.insert().values(**row).returning(R.c.pk))).scalar_one()
     rollout = _as_mapping(row)
     attempt = _new_attempt(conn, rollout, worker_id, now)

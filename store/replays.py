@@ -50,7 +50,7 @@ _JOINING_COLUMNS = tuple(c for c in _TASK_COLUMNS if c not in ("group_size", "gr
 def same_task(row: dict[str, Any], spec: TaskSpec, stored: RowMapping) -> bool:
     """Whether ``stored`` is the rollout that ``spec``, planned as ``row``, would have made: every column the
     task sets, as JSON stores it; ``resources_id`` only when the task names one (else it was the latest then);
-    a named group's size and index only as the group had them (``queue._join_groups``), so not compared."""
+    a named group's size and index only as the group had them (``groups.join``), so not compared."""
     if spec.resources_id is not None and stored["resources_id"] != spec.resources_id:
         return False
     columns = _JOINING_COLUMNS if spec.group_id else _TASK_COLUMNS

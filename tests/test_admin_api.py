@@ -114,6 +114,29 @@ async def test_bad_input_gets_a_clear_4xx_envelope(
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
+async def test_direct_starts_name_the_size_of_the_group_they_join(admin: httpx.AsyncClient) -> None:
+    """POST /rollouts/start with group_id and group_size: one rollout, at the group's next index, in a group of
+    that size; another size, or a member more than the size, is a 400 saying so; a keyed start sent again after
+    the group filled up is its first answer."""
+    task = {"input": "q", "group_id": "grpo-7", "group_size": 2, "worker_id": "w"}
+    first = await admin.post("/admin/v1/rollouts/start", json=task, headers={"Idempotency-Key": "start-a"})
+    assert first.status_code == 201, first.text
+    assert (first.json()["rollout"]["group_size"], first.json()["rollout"]["group_index"]) == (2, 0)
+    other_size = await admin.post("/admin/v1/rollouts/start", json={**task, "group_size": 3})
+    assert other_size.status_code == 400
+    assert "group 'grpo-7' has size 2 (1 member), not 3" in other_size.json()["error"]["message"]
+    second = await admin.post("/admin/v1/rollouts/start", json=task)
+    assert second.status_code == 201 and second.json()["rollout"]["group_index"] == 1
+    full = await admin.post("/admin/v1/rollouts/start", json=task)
+    assert full.status_code == 400 and "no room for another member" in full.json()["error"]["message"]
+    again = await admin.post("/admin/v1/rollouts/start", json=task, headers={"Idempotency-Key": "start-a"})
+    assert again.status_code == 201 and again.json()["rollout"] == first.json()["rollout"]
+    view = (await admin.get("/admin/v1/groups/grpo-7")).json()
+    assert (view["size"], view["finished"], view["complete"], len(view["rollouts"])) == (2, 0, False, 2)
+    no_group = await admin.post("/admin/v1/rollouts/start", json={"input": "q", "group_size": 2})
+    assert no_group.status_code == 400 and "needs a group_id" in no_group.json()["error"]["message"]
+
+
 async def test_malformed_json_body_is_a_400_and_the_server_keeps_serving(admin: httpx.AsyncClient) -> None:
     response = await admin.post(
         "/admin/v1/rollouts", content=b"{not json", headers={"Content-Type": "application/json"}

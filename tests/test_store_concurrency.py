@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from sqlalchemy import select
 
-from store import AttemptStatus, RolloutStatus, Store, models, watchdog
+from store import AttemptStatus, RolloutStatus, Store, StoreValidationError, models, watchdog
 
 if TYPE_CHECKING:
     from conftest import FakeClock
@@ -279,3 +279,22 @@ async def test_two_stores_joining_one_group_at_once_give_each_member_its_own_ind
         members = await first.get_group(group)
         assert sorted(r.group_index for r in members) == [0, 1, 2, 3]
         assert max(r.group_size or 0 for r in members) == 4
+
+
+async def test_two_stores_starting_members_of_one_declared_group_at_once_never_overfill_it(
+    two_stores: tuple[Store, Store],
+) -> None:
+    """Direct starts declaring a group of 3, five at once from two replicas: three get the places 0..2, the
+    others are refused (the group is full), never a fourth member or an index given twice."""
+    first, second = two_stores
+    for round_ in range(5):
+        group = f"d{round_}"
+        task = {"input": round_, "group_id": group, "group_size": 3}
+        tries = await asyncio.gather(
+            *(store.start_rollout(task, f"w{i}") for i, store in enumerate([first, second] * 2 + [first])),
+            return_exceptions=True,
+        )
+        refused = [t for t in tries if isinstance(t, Exception)]
+        assert len(refused) == 2 and all(isinstance(e, StoreValidationError) for e in refused), refused
+        members = await second.get_group(group)
+        assert sorted((r.group_index, r.group_size) for r in members) == [(0, 3), (1, 3), (2, 3)]

@@ -967,9 +967,11 @@ async def test_a_new_attempt_and_spans_sent_again_with_their_key_are_not_made_tw
 
 
 async def test_start_rollout_takes_a_single_task(store: Store) -> None:
-    with pytest.raises(StoreValidationError):
+    with pytest.raises(StoreValidationError, match="needs a group_id"):  # n rollouts? No: one, in a named group
         await store.start_rollout({"input": 1, "group_size": 2})
     assert await all_rollouts(store) == []
+    alone = await store.start_rollout({"input": 1, "group_size": 1})
+    assert (alone.rollout.group_id, alone.rollout.group_size, alone.rollout.group_index) == (None, None, None)
 
 
 async def test_enqueue_with_unknown_resources_writes_nothing(store: Store) -> None:
@@ -1299,10 +1301,11 @@ async def test_tasks_naming_a_group_without_a_size_join_it(store: Store) -> None
     assert [r.group_index for r in once] == [4, 5]
     for mixed in (
         [{"input": 1, "group_id": "mixed", "group_size": 2}, {"input": 2, "group_id": "mixed"}],
-        [{"input": 1, "group_id": "mixed", "group_size": 2}, {"input": 2, "group_id": "mixed", "group_size": 2}],
+        [{"input": 1, "group_id": "mixed", "group_size": 2}, {"input": 2, "group_id": "mixed", "group_size": 3}],
     ):
         with pytest.raises(StoreValidationError, match="group_size"):  # which would the group's size be?
             await store.enqueue(mixed)
+    assert (await store.list_rollouts(group_id="mixed")).items == []
 
 
 async def test_every_member_of_a_joined_group_has_its_own_index(store: Store) -> None:
@@ -1329,6 +1332,73 @@ async def test_a_keyed_request_that_joined_a_group_gets_its_first_answer_again(s
     retried = await store.enqueue(pair, idempotency_key="enqueue-1")
     assert [(r.rollout_id, r.group_index) for r in retried] == [(r.rollout_id, r.group_index) for r in first]
     assert sorted(r.group_index for r in await store.get_group("g")) == [0, 1, 2, 3, 4]
+
+
+async def test_a_direct_start_declares_the_size_of_the_group_it_joins(store: Store) -> None:
+    """An online group built one direct start at a time: each start names the group and its size, joins it at the
+    next index, and the group keeps the size declared (it is complete once that many members finished)."""
+    first = await store.start_rollout({"input": 0, "group_id": "online", "group_size": 3}, "w1")
+    assert (first.rollout.group_id, first.rollout.group_size, first.rollout.group_index) == ("online", 3, 0)
+    second = await store.start_rollout({"input": 1, "group_id": "online", "group_size": 3}, "w2")
+    assert (second.rollout.group_size, second.rollout.group_index) == (3, 1)
+    await store.update_attempt(first.rollout.rollout_id, status="succeeded")
+    await store.update_attempt(second.rollout.rollout_id, status="succeeded")
+    assert (await store.export_rollouts(group_id="online")).rollouts == []  # two of three finished
+    joined = await store.start_rollout({"input": 2, "group_id": "online"}, "w3")  # no size: joins as it is
+    assert (joined.rollout.group_size, joined.rollout.group_index) == (3, 2)
+    for size, message in ((3, "of size 3 has 3 members: no room"), (4, "has size 3 \\(3 members\\), not 4")):
+        with pytest.raises(StoreValidationError, match=message):
+            await store.start_rollout({"input": 9, "group_id": "online", "group_size": size})
+    members = await store.get_group("online")
+    assert [(r.group_index, r.group_size) for r in members] == [(0, 3), (1, 3), (2, 3)]
+    await store.update_attempt(joined.rollout.rollout_id, status="succeeded")
+    exported = await store.export_rollouts(group_id="online")
+    assert [r.rollout_id for r in exported.rollouts] == [r.rollout_id for r in members]
+
+    # A group whose members joined without a size is as large as they are: a start cannot declare another.
+    await store.enqueue([{"input": i, "group_id": "counted"} for i in range(2)])
+    with pytest.raises(StoreValidationError, match="'counted' has size 2 \\(2 members\\), not 4"):
+        await store.start_rollout({"input": 2, "group_id": "counted", "group_size": 4})
+    assert len(await store.get_group("counted")) == 2
+
+
+async def test_enqueued_tasks_sharing_a_group_and_its_size_are_its_members(store: Store) -> None:
+    """Several tasks of one request naming a group with one group_size are one rollout each, and the size is the
+    group's; a single such task still stands for group_size rollouts of its input."""
+    pair = await store.enqueue(
+        [{"input": "a", "group_id": "g", "group_size": 4}, {"input": "b", "group_id": "g", "group_size": 4}]
+    )
+    assert [(r.input, r.group_size, r.group_index) for r in pair] == [("a", 4, 0), ("b", 4, 1)]
+    started = await store.start_rollout({"input": "c", "group_id": "g", "group_size": 4})
+    assert (started.rollout.group_size, started.rollout.group_index) == (4, 2)
+    with pytest.raises(StoreValidationError, match="'g' of size 4 has 3 members: no room for 2 more members"):
+        await store.enqueue([{"input": i, "group_id": "g", "group_size": 4} for i in "de"])
+    [last] = await store.enqueue([{"input": "d", "group_id": "g"}])  # joining: takes the last place
+    assert (last.group_size, last.group_index) == (4, 3)
+    assert sorted(r.group_index for r in await store.get_group("g")) == [0, 1, 2, 3]
+    sampled = await store.enqueue([{"input": "s", "group_id": "h", "group_size": 3}])
+    assert [(r.input, r.group_size, r.group_index) for r in sampled] == [("s", 3, i) for i in range(3)]
+
+
+async def test_a_keyed_start_or_enqueue_that_declared_a_size_gets_its_first_answer_again(store: Store) -> None:
+    """Sent again after the group filled up, a declared member is the same request (not 'no room'); sent again
+    naming another size, it is another request."""
+    task = {"input": 0, "group_id": "g", "group_size": 3}
+    started = await store.start_rollout(task, "w", idempotency_key="s")
+    pair = [{"input": i, "group_id": "g", "group_size": 3} for i in (1, 2)]
+    queued = await store.enqueue(pair, idempotency_key="e")
+    assert [r.group_index for r in queued] == [1, 2]  # the group is full now
+    again = await store.start_rollout(task, "w", idempotency_key="s")
+    assert (again.rollout.rollout_id, again.attempt.attempt_id) == (
+        started.rollout.rollout_id,
+        started.attempt.attempt_id,
+    )
+    assert [r.rollout_id for r in await store.enqueue(pair, idempotency_key="e")] == [r.rollout_id for r in queued]
+    with pytest.raises(ConflictError, match="'s' was already used for a different request"):
+        await store.start_rollout({**task, "group_size": 4}, "w", idempotency_key="s")
+    with pytest.raises(ConflictError, match="'e' was already used for a different request"):
+        await store.enqueue([{**t, "group_size": 4} for t in pair], idempotency_key="e")
+    assert len(await store.get_group("g")) == 3
 
 
 def test_a_client_rollout_id_must_leave_room_for_its_group_members() -> None:

@@ -334,6 +334,27 @@ async def test_a_group_exports_only_when_complete_unless_partial(app_store: Stor
     assert [i["reward"] for i in whole["items"]] == [None, 1.0] * 3
 
 
+async def test_a_group_of_direct_starts_exports_once_it_has_the_members_it_declared(
+    app_store: Store, client: httpx.AsyncClient
+) -> None:
+    """Online learning: members started one at a time, each finished before the next starts. Declaring the
+    group's size keeps it from looking complete (and being pulled) while only the first ones have finished."""
+    started = []
+    for i in range(3):
+        body = {"input": i, "group_id": "online", "group_size": 3, "worker_id": "w"}
+        response = await client.post("/admin/v1/rollouts/start", json=body)
+        assert response.status_code == 201, response.text
+        started.append(response.json()["rollout"]["rollout_id"])
+        await run(app_store, client, started[-1])
+        view = (await client.get("/admin/v1/groups/online")).json()
+        assert (view["size"], view["finished"], view["complete"]) == (3, i + 1, i == 2)
+        if i < 2:
+            assert (await export(client))["items"] == []  # an incremental pull waits for the third member
+    pulled = await export(client)
+    assert rollouts_in(pulled["items"]) == started
+    assert {i["group_id"] for i in pulled["items"]} == {"online"}
+
+
 async def test_incremental_pulls_return_each_finished_rollout_once(app_store: Store, client: httpx.AsyncClient) -> None:
     solo_1, solo_2 = await enqueue(app_store, {}, {})
     pair = await enqueue(app_store, {"group_id": "pair", "group_size": 2})
