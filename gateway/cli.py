@@ -133,7 +133,12 @@ def tasks() -> None:
 
 @admin_command(tasks, "enqueue")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--group-size", type=click.IntRange(1, 4096), default=None, help="Rollouts per task (a GRPO group).")
+@click.option(
+    "--group-size",
+    type=click.IntRange(1, 4096),
+    default=None,
+    help="Rollouts per task (a GRPO group); for lines sharing a group_id, the size of that group.",
+)
 @click.option("--mode", type=click.Choice(["train", "val", "test"]), default=None, help="Mode of every task.")
 @click.option("--batch-size", type=click.IntRange(1, 100_000), default=1000, show_default=True, help="Tasks per call.")
 @JSON_OPTION
@@ -141,7 +146,14 @@ def tasks_enqueue(
     connection: Connection, file: str, group_size: int | None, mode: str | None, batch_size: int, as_json: bool
 ) -> None:
     """Enqueue the tasks of a JSON Lines FILE ('-': stdin): one per line, either a task object with "input"
-    (and optionally mode, group_size, config, metadata, priority, ...) or a bare input."""
+    (and optionally mode, group_id, group_size, config, metadata, priority, ...) or a bare input.
+
+    A line with a group_size (its own, or --group-size) is a task of that many rollouts, in a new group or the
+    group_id it names. Lines that share a group_id and a group_size are instead the members of that group, one
+    rollout each, and the group_size is the group's size: it is complete (exported) once that many members
+    finished, those of the file and any that join it later (direct starts, other files). They are sent in one
+    request; more lines than the size, or different sizes, are refused before anything is sent. Lines sharing a
+    group_id with no size join the group, which is as large as its members."""
     from gateway.commands import enqueue
 
     enqueue(connection, file, group_size, mode, batch_size, as_json)

@@ -111,11 +111,52 @@ def read_tasks(path: str, group_size: int | None, mode: str | None) -> list[dict
     return tasks
 
 
+def requests(tasks: list[dict[str, Any]], batch: int) -> list[list[dict[str, Any]]]:
+    """The tasks in requests of up to ``batch``, in file order, except that the lines sharing a ``group_id`` and
+    naming a ``group_size`` (``--group-size`` gives it to lines without one) are the members of a group of that
+    size, sent together in one request where the group's first line is (even past ``batch``): alone in a
+    request, a member would be a task of ``group_size`` rollouts (``store.groups``). Lines of one group that
+    give different sizes, a size to some and none to others, or more lines than the size are refused before
+    anything is sent."""
+    lines: dict[str, list[dict[str, Any]]] = {}
+    for task in tasks:
+        if isinstance(task.get("group_id"), str):
+            lines.setdefault(task["group_id"], []).append(task)
+    members: set[str] = set()
+    for group_id, group in lines.items():
+        size = group[0].get("group_size")
+        if len(group) == 1 or all(t.get("group_size") is None for t in group):
+            continue  # a lone line (its group_size rollouts), or lines joining the group as they come
+        if any(t.get("group_size") != size for t in group):
+            raise ValueError(
+                f"the lines of group '{group_id}' must all name the same group_size (or all none; --group-size "
+                "gives one to lines without it)"
+            )
+        if isinstance(size, int) and len(group) > size:
+            raise ValueError(f"group '{group_id}' has {len(group)} lines, more than its group_size {size}")
+        members.add(group_id)
+    units: list[list[dict[str, Any]]] = []
+    for task in tasks:
+        named = task.get("group_id")
+        if not isinstance(named, str) or named not in members:
+            units.append([task])
+        elif task is lines[named][0]:
+            units.append(lines[named])  # the others come with it
+    out: list[list[dict[str, Any]]] = []
+    for unit in units:
+        if out and len(out[-1]) + len(unit) <= batch:
+            out[-1].extend(unit)
+        else:
+            out.append(list(unit))
+    return out
+
+
 def enqueue(
     connection: Connection, path: str, group_size: int | None, mode: str | None, batch: int, as_json: bool
 ) -> None:
     try:
         tasks = read_tasks(path, group_size, mode)
+        chunks = requests(tasks, batch)
     except (OSError, ValueError) as exc:
         err_console().print(f"[red]rollway:[/] {exc}", highlight=False)
         sys.exit(2)
@@ -124,8 +165,7 @@ def enqueue(
         rollouts: list[Rollout] = []
         with _bar(counted=True) as progress:
             task_id = progress.add_task("Enqueuing", total=len(tasks))
-            for start in range(0, len(tasks), batch):
-                chunk = tasks[start : start + batch]
+            for chunk in chunks:
                 rollouts.extend(await client.enqueue(chunk))
                 progress.advance(task_id, len(chunk))
         return rollouts

@@ -69,6 +69,37 @@ def test_tasks_enqueue_reads_bare_inputs_and_task_objects(
     assert table.exit_code == 0 and "Enqueued 1 tasks" in table.stdout
 
 
+def test_tasks_enqueue_lines_sharing_a_group_id_are_its_members_and_group_size_its_size(
+    gateway: GatewayProcess, admin: RollwayClient, tmp_path: Path
+) -> None:
+    lines = [
+        {"input": "a", "group_id": "cli-members"},
+        {"question": "bare"},  # a task of --group-size rollouts, as before
+        {"input": "b", "group_id": "cli-members"},  # sent with the group's first line, whatever --batch-size
+        {"input": "c", "group_id": "cli-lone"},  # the only line of its group: --group-size rollouts in it
+    ]
+    path = tmp_path / "groups.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = as_json(rollway(gateway, "tasks", "enqueue", str(path), "--group-size", "3", "--batch-size", "1", "--json"))
+    assert out["tasks"] == 4 and len(out["rollout_ids"]) == 2 + 3 + 3
+    members = admin.get_group("cli-members")
+    assert [(r.input, r.group_index, r.group_size) for r in members.rollouts] == [("a", 0, 3), ("b", 1, 3)]
+    assert (members.size, members.complete) == (3, False)  # a third member is still to come
+    assert [r.group_index for r in admin.get_group("cli-lone").rollouts] == [0, 1, 2]
+    third = admin.start_rollout({"input": "d", "group_id": "cli-members", "group_size": 3}, worker_id="cli-worker")
+    assert (third.rollout.group_index, third.rollout.group_size) == (2, 3)
+
+    before = len(admin.list_rollouts(limit=1000).items)
+    for refused, message in (
+        ([{"input": i, "group_id": "cli-over"} for i in range(4)], "4 lines, more than its group_size 3"),
+        ([{"input": 1, "group_id": "cli-mixed"}, {"input": 2, "group_id": "cli-mixed", "group_size": 2}], "same"),
+    ):
+        path.write_text("".join(json.dumps(line) + "\n" for line in [{"input": "first"}, *refused]))
+        result = rollway(gateway, "tasks", "enqueue", str(path), "--group-size", "3", "--batch-size", "1")
+        assert result.exit_code == 2 and message in result.stderr, result.output
+    assert len(admin.list_rollouts(limit=1000).items) == before  # refused before anything was sent ("first")
+
+
 def test_tasks_enqueue_names_the_line_that_is_not_json(gateway: GatewayProcess, tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text('{"ok": 1}\nnot json\n')
