@@ -371,6 +371,8 @@ def query(
         stmt = stmt.where(S.c.rollout_id == rollout_id)
         if attempt_id == "all":
             stmt = stmt.join(A, A.c.attempt_id == S.c.attempt_id).order_by(A.c.sequence_id, S.c.sequence_id)
+        elif attempt_id == "latest" and rollout["latest_attempt_id"] is None:
+            return []  # still queued: no attempt, so no spans (as Agent-lightning answers)
         else:
             attempt = load_attempt(conn, rollout, attempt_id, lock=False)
             stmt = stmt.where(S.c.attempt_id == attempt["attempt_id"]).order_by(S.c.sequence_id)

@@ -361,6 +361,18 @@ async def test_sequence_ids_run_1_to_n_per_attempt_and_restart_for_attempt_2(sto
     assert [s.sequence_id for s in await store.query_spans(rollout_id, first.attempt.attempt_id)] == [1, 2, 3]
 
 
+async def test_a_queued_rollout_has_no_spans_rather_than_no_attempt(store: Store) -> None:
+    """Agent-lightning answers an empty page for the latest attempt's spans of a rollout with none; a named
+    attempt that does not exist is still not found."""
+    rollout_id = await enqueue_one(store)
+    assert await store.query_spans(rollout_id, "latest") == []
+    assert await store.query_spans(rollout_id) == []
+    with pytest.raises(NotFoundError):
+        await store.query_spans(rollout_id, "at-000000000000")
+    with pytest.raises(NotFoundError):
+        await store.query_spans("ro-unknown", "latest")
+
+
 async def test_sequence_ids_of_different_rollouts_are_independent(store: Store) -> None:
     await store.enqueue([{"input": 1}, {"input": 2}])
     a, b = await store.claim("w1", limit=2)
