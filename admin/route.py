@@ -1,5 +1,5 @@
 """The admin API's route class (every ``/admin/v1`` router uses it): a request body that is not JSON is refused
-with a message that says so.
+with a message that says so, and so is a body that is JSON but not an object.
 
 FastAPI reports such a body as a validation error at ``("body", <character position>)`` with the message "JSON
 decode error", which the app's one validation handler would show as ``"1: JSON decode error"``, ``param "1"``.
@@ -16,10 +16,18 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 
+_NOT_AN_OBJECT = {"model_attributes_type", "dict_type"}
+_JSON_NAMES = {list: "an array", str: "a string", bytes: "text that is not JSON", int: "a number", float: "a number"}
+_JSON_NAMES |= {bool: "true or false", type(None): "null"}
+
 
 def _readable(exc: RequestValidationError) -> RequestValidationError:
     errors = exc.errors()
     first = errors[0] if errors else {}
+    if first.get("type") in _NOT_AN_OBJECT and tuple(first.get("loc", ())) == ("body",):
+        got = _JSON_NAMES.get(type(first.get("input")), "something else")
+        message = f"the request body must be a JSON object, got {got}"
+        return RequestValidationError([{"type": first["type"], "loc": ("body",), "msg": message, "input": {}}])
     if first.get("type") != "json_invalid":
         return exc
     position = next((p for p in first.get("loc", ())[1:] if isinstance(p, int)), None)

@@ -162,7 +162,7 @@ async def test_unknown_mode_and_backends_that_are_not_http_urls_are_400s(admin: 
     assert (await admin.put("/models/m", json={"backends": [good]})).status_code == 200
 
 
-async def test_a_body_that_is_not_json_is_a_400_saying_so_on_every_admin_route(gw: RunningGateway) -> None:
+async def test_a_body_that_is_not_a_json_object_is_a_400_saying_so_on_every_admin_route(gw: RunningGateway) -> None:
     paths = gw.app.openapi()["paths"]
     with_body = [
         (method.upper(), path.replace("{", "x-").replace("}", ""))
@@ -180,6 +180,9 @@ async def test_a_body_that_is_not_json_is_a_400_saying_so_on_every_admin_route(g
                 method,
                 path,
             )
+            for body, got in ((b"[1]", "an array"), (b'"x"', "a string")):
+                refused = error(await client.request(method, path, content=body), 400)
+                assert refused["message"] == f"the request body must be a JSON object, got {got}", (method, path)
 
 
 async def test_a_reward_that_is_not_a_number_is_a_400_and_records_nothing(
