@@ -67,6 +67,8 @@ class RolloutRow(SQLModel, table=True):
     attempt_count: int = 0
     latest_attempt_id: str | None = Field(default=None, max_length=64)
     updated_time: float
+    #: What the keyed request that made the row asked for, as a digest (``store.replays``; migration 0005).
+    request_digest: str | None = Field(default=None, max_length=32)
 
 
 class AttemptRow(SQLModel, table=True):
@@ -83,6 +85,7 @@ class AttemptRow(SQLModel, table=True):
     end_time: float | None = None
     last_heartbeat_time: float | None = None
     meta: Any = Field(default=None, sa_column=Column("metadata", JSON, nullable=True))
+    request_digest: str | None = Field(default=None, max_length=32)  # as the rollout's
 
 
 class SpanRow(SQLModel, table=True):

@@ -108,11 +108,14 @@ def enqueue(conn: Connection, specs: list[TaskSpec], now: float, key: str | None
         return [_as_mapping(r) for r in planned]
     if key is not None:
         serialize_key(conn, key)
-        if (earlier := replays.enqueued_before(conn, key, specs, planned, keyed)) is not None:
+        request = replays.enqueue_digest(specs)
+        if (earlier := replays.enqueued_before(conn, key, request, specs, planned, keyed)) is not None:
             made = {row["rollout_id"] for row, _ in keyed}
             if not groups.keeps_sizes([r for r in earlier if r["rollout_id"] in made], declared):
                 raise replays.other_request(key)
             return earlier
+        for row in planned:
+            row["request_digest"] = request
     # Idempotent enqueue: skip ids that already exist (a concurrent insert is absorbed by ON CONFLICT).
     conn.execute(upsert(conn, R).on_conflict_do_nothing(index_elements=["rollout_id"]), planned)
     rows = conn.execute(select(R).where(R.c.rollout_id.in_([r["rollout_id"] for r in planned]))).mappings().all()
@@ -129,7 +132,12 @@ def _as_mapping(row: dict[str, Any]) -> RowMapping:
 
 
 def _new_attempt(
-    conn: Connection, rollout: RowMapping, worker_id: str | None, now: float, attempt_id: str | None = None
+    conn: Connection,
+    rollout: RowMapping,
+    worker_id: str | None,
+    now: float,
+    attempt_id: str | None = None,
+    request: str | None = None,
 ) -> dict[str, Any]:
     attempt = {
         "rollout_id": rollout["rollout_id"],
@@ -141,6 +149,7 @@ def _new_attempt(
         "end_time": None,
         "last_heartbeat_time": None,
         "metadata": None,
+        "request_digest": request,
     }
     set_rollout_status(conn, rollout, RolloutStatus.PREPARING, now)  # refuses finished rollouts
     conn.execute(A.insert().values(**attempt))
@@ -245,6 +254,7 @@ def claim(
         serialize_key(conn, key)
         if earlier := replays.claimed_before(conn, key, worker_id, limit):
             return earlier
+    request = None if key is None else replays.claim_digest(worker_id)
     name = "queue_head" if agent is None else "agent_queue_head"
     head = prebuilt(conn, name, partial(_build_queue_head, agent=agent is not None))
     params: dict[str, Any] = {"limit": limit} if agent is None else {"limit": limit, "agent": agent}
@@ -265,6 +275,7 @@ def claim(
             "end_time": None,
             "last_heartbeat_time": None,
             "metadata": None,
+            "request_digest": request,
         }
         for i, r in enumerate(rows)
     ]
@@ -310,6 +321,8 @@ def start_rollout(
     if key is not None:
         serialize_key(conn, key)
     row = _row(spec, rollout_id or ids.rollout_id(), group, RolloutStatus.PREPARING, latest, now)
+    if key is not None:
+        row["request_digest"] = replays.start_digest(spec, worker_id)
     if rollout_id:
         taken = conn.execute(select(R).where(R.c.rollout_id == rollout_id)).mappings().first()
         if taken is not None and spec.rollout_id is None:  # sent again: its group was joined the first time
@@ -332,12 +345,13 @@ def start_attempt(
     """A new attempt for an existing rollout (a manual retry); the previous attempt becomes stale. With an
     idempotency ``key`` the attempt's id derives from it, and the same call again gets that attempt instead of
     starting another (which would make the one the first call started stale)."""
-    attempt_id = None
+    attempt_id = request = None
     if key is not None:
         serialize_key(conn, key)
         attempt_id = ids.derived("at-", key, -1)  # -1: not a claim's position
         if (earlier := replays.attempt_started_before(conn, key, attempt_id, rollout_id, worker_id)) is not None:
             return earlier
+        request = replays.attempt_digest(rollout_id, worker_id)
     rollout = load_rollout(conn, rollout_id)
-    attempt = _new_attempt(conn, rollout, worker_id, now, attempt_id)
+    attempt = _new_attempt(conn, rollout, worker_id, now, attempt_id, request)
     return (_attempted(conn, [(rollout, attempt)], now))[0]

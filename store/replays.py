@@ -1,25 +1,34 @@
 """Keyed requests sent again: what an enqueue, claim, direct start or new attempt carrying a client's
 idempotency key gets when its key was used before (see ``store.queue``; spans: ``spans.add_keyed``).
 
-Why the stored rows, and not a fingerprint of the request: a first try leaves no record of its request, only
-the rows it wrote — all in one transaction, with ids derived from the key and their place in the request
-(``ids.derived``). A request sent again is recognised by those rows and compared with them: every row it
-stands for must exist and hold what it asks for, and a row it does not stand for must not exist. That is
-enough to tell a task or span more or fewer, and any field changed, with no new table; a stored copy (a
-hash) of each request would need a table gaining a row for every keyed request the Python client makes (each
-enqueue, claim, reward and span write carries a fresh key) and a rule for pruning it. What the rows cannot
-show stays unchecked: a client's own ``rollout_id`` keeps its rule (a known id returns the stored rollout,
-whatever it holds), so a request sent again without the last tasks of the first one goes unnoticed when
-those named their own ids; a first request that made nothing with a derived id (tasks that all name their
-own ``rollout_id``, a claim that found the queue empty) leaves nothing to recognise the key by; and a
-claim's ``limit`` is only seen through what the claim took. The request sent again with another body is the
-client's mistake, not a retry: a ``ConflictError``, and nothing is returned as if it were the first answer.
+A first try leaves no record of its request apart from the rows it wrote — all in one transaction, with ids
+derived from the key and their place in the request (``ids.derived``) — and a digest of what it asked for,
+kept on each of those rows (``request_digest``, migration 0005: no key table, nothing to prune; it goes with
+its row). A request sent again is recognised by those rows: every row it stands for must exist, no row it does
+not stand for may exist (a task more or fewer), and the digest must be its own. The rows' columns are not what
+is compared, because they change after the first try without the request changing: ``update_rollout`` edits
+a rollout's input, metadata, config ..., ``update_attempt`` an attempt's worker; a retry after such an edit is
+still the same request, and gets the rows as they are now, while a request that asks for what the rows hold
+now is another request. Rows written before migration 0005 keep no digest and are compared by their columns,
+as before (an edit since then makes a retry a conflict).
+
+What a digest covers: an enqueue, all its tasks (those naming their own ``rollout_id`` too, in their places);
+a direct start, its task and worker; a new attempt, its rollout and worker; a claim, its worker (its
+``limit`` is only seen through what it took). Fields are taken as the task gives them, with the defaults the
+store fills in made explicit (``config``), so leaving out a default and spelling it out are one request (and
+a task joining a named group is not judged by the size and index the group gave its rollouts then). What
+cannot be recognised: a first request that made nothing with a derived id (tasks that all name their own
+``rollout_id``, a claim that found the queue empty). The request sent again with another body is the client's
+mistake, not a retry: a ``ConflictError``, and nothing is returned as if it were the first answer.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
+import orjson
 from sqlalchemy import Connection, RowMapping, bindparam, select
 
 from store import convert, ids, models
@@ -28,7 +37,7 @@ from store.dialect import prebuilt
 from store.engine import dumps, loads
 from store.errors import ConflictError
 from store.lifecycle import load_rollout
-from store.schemas import AttemptedRollout, TaskSpec
+from store.schemas import AttemptedRollout, RolloutConfig, TaskSpec
 from store.states import ATTEMPT_TERMINAL
 
 R = models.rollouts
@@ -39,7 +48,48 @@ def other_request(key: str) -> ConflictError:
     return ConflictError(f"idempotency key '{key}' was already used for a different request")
 
 
-#: The rollout columns a task sets (``queue._row``), compared when a keyed request is sent again.
+def digest(*request: Any) -> str:
+    """The digest a keyed request leaves on the rows it makes: of its JSON, keys sorted (32 hex digits)."""
+    try:
+        text = orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # what orjson refuses (integers beyond 64 bits ...), as ``engine.dumps`` does
+        text = json.dumps(request, sort_keys=True).encode()
+    return hashlib.sha256(text).hexdigest()[:32]
+
+
+def _task(spec: TaskSpec) -> dict[str, Any]:
+    """A task as a digest sees it: the fields it sets, with the default ``config`` spelled out (a field added to
+    ``TaskSpec`` later leaves the digests of the tasks that do not set it as they were)."""
+    explicit = spec.model_copy(update={"config": spec.config or RolloutConfig()})
+    return explicit.model_dump(mode="json", exclude_defaults=True)
+
+
+def enqueue_digest(specs: list[TaskSpec]) -> str:
+    return digest("enqueue", [_task(spec) for spec in specs])
+
+
+def start_digest(spec: TaskSpec, worker_id: str | None) -> str:
+    return digest("start", _task(spec), worker_id)
+
+
+def attempt_digest(rollout_id: str, worker_id: str | None) -> str:
+    return digest("attempt", rollout_id, worker_id)
+
+
+def claim_digest(worker_id: str | None) -> str:
+    return digest("claim", worker_id)
+
+
+def _made_by(stored: RowMapping, request: str, *, same_columns: bool) -> bool:
+    """Whether ``stored`` was made by the request whose digest is ``request``. A row written before migration
+    0005 keeps no digest: ``same_columns`` (it holds what the request asks for) decides, as it did then."""
+    if stored["request_digest"] is None:
+        return same_columns
+    return bool(stored["request_digest"] == request)
+
+
+#: The rollout columns a task sets (``queue._row``), compared when a row written before migration 0005 is sent
+#: again with its key.
 _TASK_COLUMNS = ("input", "mode", "config", "metadata", "group_id", "group_size", "group_index", "priority", "agent")
 
 
@@ -60,29 +110,30 @@ def same_task(row: dict[str, Any], spec: TaskSpec, stored: RowMapping) -> bool:
 def enqueued_before(
     conn: Connection,
     key: str,
+    request: str,
     specs: list[TaskSpec],
     planned: list[dict[str, Any]],
     keyed: list[tuple[dict[str, Any], TaskSpec]],
 ) -> list[RowMapping] | None:
-    """The rollouts the first enqueue with ``key`` queued, as stored, when this is that request again (rows
-    ``planned``, of which ``keyed`` have ids derived from the key); None when the key is new.
+    """The rollouts the first enqueue with ``key`` queued, as they are now, when this is that request again
+    (digest ``request``; rows ``planned``, of which ``keyed`` have ids derived from the key); None when the key
+    is new.
 
     The request again finds every rollout it stands for (one more task, or a larger group, would be a new one)
     and no keyed rollout at the place after its last task or at a place where it names its own ``rollout_id``
-    (the first request had one more task, or another one, there); each keyed rollout holds what its task
-    asks for."""
+    (the first request had one more task, or another one, there); each keyed rollout was made by it."""
     foreign = [ids.derived("ro-", key, p, 0) for p, spec in enumerate(specs) if spec.rollout_id]
     foreign.append(ids.derived("ro-", key, len(specs), 0))
     wanted = [r["rollout_id"] for r in planned] + foreign
     stored = {r["rollout_id"]: r for r in conn.execute(select(R).where(R.c.rollout_id.in_(wanted))).mappings()}
     if not any(row["rollout_id"] in stored for row, _ in keyed) and not any(f in stored for f in foreign):
         return None  # the key's first request (or one that failed, and wrote nothing)
-    if (
-        any(f in stored for f in foreign)
-        or any(r["rollout_id"] not in stored for r in planned)
-        or not all(same_task(row, spec, stored[row["rollout_id"]]) for row, spec in keyed)
-    ):
+    if any(f in stored for f in foreign) or any(r["rollout_id"] not in stored for r in planned):
         raise other_request(key)
+    for row, spec in keyed:
+        made = stored[row["rollout_id"]]
+        if not _made_by(made, request, same_columns=same_task(row, spec, made)):
+            raise other_request(key)
     return [stored[r["rollout_id"]] for r in planned]
 
 
@@ -99,7 +150,8 @@ def claimed_before(conn: Connection, key: str, worker_id: str | None, limit: int
         return []
     wanted = [first, *(ids.derived("at-", key, i) for i in range(1, limit + 1))]  # + 1: the first took more?
     attempts = conn.execute(select(A).where(A.c.attempt_id.in_(wanted))).mappings().all()
-    if any(a["worker_id"] != worker_id for a in attempts):
+    request = claim_digest(worker_id)
+    if not all(_made_by(a, request, same_columns=a["worker_id"] == worker_id) for a in attempts):
         raise ConflictError(f"idempotency key '{key}' was already used by another worker's claim")
     if any(a["attempt_id"] == wanted[limit] for a in attempts):
         raise other_request(key)
@@ -116,11 +168,12 @@ def claimed_before(conn: Connection, key: str, worker_id: str | None, limit: int
 def started_before(
     conn: Connection, key: str, rollout: RowMapping, row: dict[str, Any], spec: TaskSpec, worker_id: str | None
 ) -> AttemptedRollout:
-    """The rollout a direct start with ``key`` made (``rollout``, stored; ``row``, as this request plans it)
-    and its first attempt, as they are now, when this request is the first one again."""
+    """The rollout a direct start with ``key`` made (``rollout``, stored; ``row``, as this request plans it,
+    with its digest) and its first attempt, as they are now, when this request is the first one again."""
     first = conn.execute(select(A).where(A.c.rollout_id == rollout["rollout_id"], A.c.sequence_id == 1))
     attempt = first.mappings().one()
-    if attempt["worker_id"] != worker_id or not same_task(row, spec, rollout):
+    same_columns = attempt["worker_id"] == worker_id and same_task(row, spec, rollout)
+    if not _made_by(rollout, row["request_digest"], same_columns=same_columns):
         raise other_request(key)
     return as_they_are(conn, [(rollout, attempt)])[0]
 
@@ -134,7 +187,8 @@ def attempt_started_before(
     made = conn.execute(select(A).where(A.c.attempt_id == attempt_id)).mappings().first()
     if made is None:
         return None
-    if (made["rollout_id"], made["worker_id"]) != (rollout_id, worker_id):
+    request = attempt_digest(rollout_id, worker_id)
+    if made["rollout_id"] != rollout_id or not _made_by(made, request, same_columns=made["worker_id"] == worker_id):
         raise other_request(key)
     rollout = load_rollout(conn, rollout_id)
     if made["status"] in ATTEMPT_TERMINAL or rollout["latest_attempt_id"] != attempt_id:

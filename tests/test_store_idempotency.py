@@ -56,6 +56,19 @@ async def test_a_keyed_enqueue_sent_again_with_another_request_is_a_conflict(
     assert [r.rollout_id for r in again] == [r.rollout_id for r in first]
 
 
+async def test_a_keyed_enqueue_sent_again_with_its_own_id_tasks_changed_or_left_out_is_a_conflict(
+    store: Store,
+) -> None:
+    """The digest covers every task of the request, those naming their own ``rollout_id`` too (their rows are
+    not compared: a known id returns the stored rollout, whatever it holds)."""
+    request: list[dict[str, Any]] = [{"input": 1}, {"rollout_id": "mine", "input": 2}]
+    first = await store.enqueue(request, idempotency_key="k")
+    for other in ([request[0]], [request[0], {"rollout_id": "mine", "input": 3}]):
+        with pytest.raises(ConflictError, match="'k' was already used for a different request"):
+            await store.enqueue(other, idempotency_key="k")
+    assert await store.enqueue(request, idempotency_key="k") == first
+
+
 async def test_overlapping_tries_of_one_keyed_enqueue_queue_it_once(store: Store) -> None:
     tries = await asyncio.gather(*(store.enqueue(TASKS, idempotency_key="race") for _ in range(4)))
     assert len({tuple(r.rollout_id for r in rollouts) for rollouts in tries}) == 1
@@ -141,3 +154,57 @@ async def test_fields_the_caller_stamps_on_each_try_are_not_compared(store: Stor
     assert await store.add_spans([later], idempotency_key="r", stamped=("start_time", "end_time")) == [first]
     with pytest.raises(ConflictError):
         await store.add_spans([later], idempotency_key="r")
+
+
+# -- what happened to the rows since: edits are not another request -----------------------------------------
+
+
+async def test_a_keyed_enqueue_sent_again_after_its_rollouts_were_edited_gets_them_as_they_are(store: Store) -> None:
+    await store.update_resources("rs-other", {"prompt": "q"})
+    first = await store.enqueue(TASKS, idempotency_key="k")
+    edits = {"input": "edited", "mode": "test", "config": {"max_attempts": 5}, "resources_id": "rs-other"}
+    for rollout in first:
+        await store.update_rollout(rollout.rollout_id, {**edits, "metadata": {"source": "edited"}})
+    again = await store.enqueue(TASKS, idempotency_key="k")
+    assert [r.rollout_id for r in again] == [r.rollout_id for r in first]
+    assert {(r.input, r.metadata["source"]) for r in again if r.metadata} == {("edited", "edited")}  # as they are
+    # What the rows hold now is not what the first request asked for: sent with the key, it is another request.
+    with pytest.raises(ConflictError, match="'k' was already used for a different request"):
+        await store.enqueue(changed(0, metadata={"source": "edited"}), idempotency_key="k")
+    assert len((await store.list_rollouts(limit=100)).items) == 4
+
+
+async def test_a_keyed_start_sent_again_after_its_rollout_and_attempt_were_edited_gets_them(store: Store) -> None:
+    task = {"input": "q", "metadata": {"m": 1}, "config": {"max_attempts": 2}}
+    first = await store.start_rollout(task, "w1", idempotency_key="s")
+    rid = first.rollout.rollout_id
+    await store.update_rollout(rid, {"metadata": {"m": 2}, "input": "edited"})
+    await store.update_attempt(rid, worker_id="w2")
+    again = await store.start_rollout(task, "w1", idempotency_key="s")
+    assert (again.rollout.rollout_id, again.attempt.attempt_id) == (rid, first.attempt.attempt_id)
+    assert (again.rollout.metadata, again.attempt.worker_id) == ({"m": 2}, "w2")
+    for other, worker in (({**task, "metadata": {"m": 2}}, "w1"), (task, "w2")):
+        with pytest.raises(ConflictError, match="'s' was already used for a different request"):
+            await store.start_rollout(other, worker, idempotency_key="s")
+
+
+async def test_a_keyed_new_attempt_sent_again_after_its_worker_was_changed_gets_it(store: Store) -> None:
+    rid = (await store.start_rollout({"input": "q"}, "w1")).rollout.rollout_id
+    second = await store.start_attempt(rid, "w1", idempotency_key="a")
+    await store.update_attempt(rid, second.attempt.attempt_id, worker_id="w2")
+    again = await store.start_attempt(rid, "w1", idempotency_key="a")
+    assert (again.attempt.attempt_id, again.attempt.worker_id) == (second.attempt.attempt_id, "w2")
+    assert again.rollout.attempt_count == 2
+    with pytest.raises(ConflictError, match="'a' was already used for a different request"):
+        await store.start_attempt(rid, "w2", idempotency_key="a")  # the worker it has now did not ask for it
+
+
+async def test_a_keyed_claim_sent_again_after_its_worker_was_changed_gets_it(store: Store) -> None:
+    await store.enqueue([{"input": i} for i in range(3)])
+    first = await store.claim("w1", limit=2, idempotency_key="c")
+    await store.update_attempt(first[0].rollout.rollout_id, worker_id="w2")
+    again = await store.claim("w1", limit=2, idempotency_key="c")
+    assert [c.attempt.attempt_id for c in again] == [c.attempt.attempt_id for c in first]
+    assert again[0].attempt.worker_id == "w2"
+    with pytest.raises(ConflictError, match="'c' was already used by another worker's claim"):
+        await store.claim("w2", limit=2, idempotency_key="c")

@@ -4,14 +4,16 @@ schema with Alembic, keeps the data, and does nothing to a database that is alre
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+from alembic import command
+from alembic.config import Config
 from sqlalchemy import Connection, Engine, event, inspect
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from store import RolloutStatus, Store, migrate, models
+from store import ConflictError, RolloutStatus, Store, migrate, models
 from store.engine import create_engines, migration_engine
 
 HEAD_TABLES = {
@@ -127,6 +129,52 @@ async def test_a_database_at_0001_is_upgraded_with_its_data(store_url: str) -> N
         key, plain = await store.mint_key("admin", name="after-upgrade")
         found = await store.find_key(plain)
         assert found is not None and found.key_id == key.key_id
+
+
+def _downgrade(conn: Connection, revision: str) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(migrate.MIGRATIONS))
+    config.attributes["connection"] = conn
+    command.downgrade(config, revision)
+
+
+async def test_keyed_rows_written_before_0005_are_recognised_by_what_they_hold(store_url: str) -> None:
+    """Rows from before migration 0005 keep no digest of the keyed request that made them: the request sent again
+    after the upgrade is compared with their columns, as it was then."""
+    async with await Store.open(store_url, run_watchdog=False) as store:
+        queued = await store.enqueue([{"input": 1, "metadata": {"m": 1}}], idempotency_key="k")
+        started = await store.start_rollout({"input": 2}, "w1", idempotency_key="s")
+        rid = started.rollout.rollout_id
+        attempt = await store.start_attempt(rid, "w1", idempotency_key="a")
+        [claimed] = await store.claim("w1", idempotency_key="c")
+    engines = create_engines(store_url)
+    target = engines.pg if engines.pg is not None else migration_engine(store_url)
+    try:
+        await _run(target, lambda conn: _downgrade(conn, "0004"), write=True)
+        assert await migrate.current_revision(target) == "0004"
+    finally:
+        if isinstance(target, Engine):
+            target.dispose()
+        await engines.dispose()
+
+    async with await Store.open(store_url, run_watchdog=False) as store:
+        assert [
+            r.rollout_id for r in await store.enqueue([{"input": 1, "metadata": {"m": 1}}], idempotency_key="k")
+        ] == [queued[0].rollout_id]
+        assert (await store.start_rollout({"input": 2}, "w1", idempotency_key="s")).rollout.rollout_id == rid
+        assert (await store.start_attempt(rid, "w1", idempotency_key="a")).attempt == attempt.attempt
+        assert [c.attempt.attempt_id for c in await store.claim("w1", idempotency_key="c")] == [
+            claimed.attempt.attempt_id
+        ]
+        refused: list[Callable[[], Awaitable[Any]]] = [
+            lambda: store.enqueue([{"input": 1, "metadata": {"m": 2}}], idempotency_key="k"),
+            lambda: store.start_rollout({"input": 2}, "w2", idempotency_key="s"),
+            lambda: store.start_attempt(rid, "w2", idempotency_key="a"),
+            lambda: store.claim("w2", idempotency_key="c"),
+        ]
+        for call in refused:
+            with pytest.raises(ConflictError):
+                await call()
 
 
 async def test_reopening_a_database_at_head_changes_nothing(store_url: str, statements: list[str]) -> None:
