@@ -40,14 +40,20 @@ IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", min_lengt
 
 
 async def to_claim(
-    context: AdminContext, request: Request, attempted: AttemptedRollout, key: str | None = None
+    context: AdminContext,
+    request: Request,
+    attempted: AttemptedRollout,
+    key: str | None = None,
+    *,
+    arrived: float | None = None,
 ) -> Claim:
     """The claim a worker gets: the attempt's gateway URL and a key that only works for that attempt (minted
-    here unless the claim already came with one)."""
+    here unless the claim already came with one; ``arrived``: when a keyed start arrived, see
+    ``Store.mint_attempt_key``)."""
     rollout_id, attempt_id = attempted.rollout.rollout_id, attempted.attempt.attempt_id
     base = (context.public_url or str(request.base_url)).rstrip("/")
     if key is None:
-        _, key = await context.store.mint_key("rollout", rollout_id=rollout_id, attempt_id=attempt_id)
+        key = await context.store.mint_attempt_key(attempted, arrived=arrived)
     return Claim(
         rollout=attempted.rollout,
         attempt=attempted.attempt,
@@ -77,14 +83,16 @@ async def start(
     body: StartRequest, context: Context, request: Request, idempotency_key: IdempotencyKey = None
 ) -> Claim:
     """Create a rollout with attempt 1 already running for `worker_id` (online learning; no queue). With an
-    `Idempotency-Key` header (and no `rollout_id`), the same request again returns that rollout (new gateway
-    key) instead of starting another.
+    `Idempotency-Key` header (and no `rollout_id`), the same request again returns that rollout (with a new
+    gateway key; the one the earlier answer carried is revoked) instead of starting another.
 
     With `group_id` it joins that group at the next `group_index`; `group_size` then declares the group's size
     (it is complete, and exported, once that many members finished): a group with members and another size, or
     already that many members, is a 400."""
+    arrived = None if idempotency_key is None else context.store.clock()
     task = TaskSpec.model_validate(body.model_dump(exclude={"worker_id"}))
-    return await to_claim(context, request, await context.store.start_rollout(task, body.worker_id, idempotency_key))
+    started = await context.store.start_rollout(task, body.worker_id, idempotency_key)
+    return await to_claim(context, request, started, arrived=arrived)
 
 
 @router.post("/claims", response_model=ClaimsResponse)
@@ -94,7 +102,8 @@ async def claim(
     """Take up to `limit` queued rollouts, waiting up to `wait_seconds` (≤ 60) for work to arrive.
 
     With an `Idempotency-Key` header, the same claim again returns the rollouts the first one took (with new
-    gateway keys) instead of taking more; the key from another worker is a 409."""
+    gateway keys; those the earlier answer carried are revoked) instead of taking more; the key from another
+    worker is a 409."""
     claimed = await context.store.claim_with_keys(body.worker_id, body.limit, body.wait_seconds, idempotency_key)
     return ClaimsResponse(claims=[await to_claim(context, request, c, key) for c, key in claimed])
 
@@ -145,9 +154,11 @@ async def new_attempt(
     rollout_id: str, body: AttemptRequest, context: Context, request: Request, idempotency_key: IdempotencyKey = None
 ) -> Claim:
     """Start a new attempt (the previous one becomes stale). With an `Idempotency-Key` header, the same request
-    again returns the attempt the first one started (new gateway key) instead of starting another."""
+    again returns the attempt the first one started (with a new gateway key; the one the earlier answer carried
+    is revoked) instead of starting another."""
+    arrived = None if idempotency_key is None else context.store.clock()
     started = await context.store.start_attempt(rollout_id, body.worker_id, idempotency_key)
-    return await to_claim(context, request, started)
+    return await to_claim(context, request, started, arrived=arrived)
 
 
 @router.patch("/rollouts/{rollout_id}/attempts/{attempt_id}", response_model=Attempt)

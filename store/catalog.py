@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,7 +18,7 @@ from sqlalchemy import Connection, delete, select, update
 from store import ids, models
 from store.errors import NotFoundError, StoreValidationError
 from store.lifecycle import bump_counter
-from store.schemas import ApiKey, Backend, KeyScope, ModelAlias
+from store.schemas import ApiKey, AttemptedRollout, Backend, KeyScope, ModelAlias
 
 M = models.model_aliases
 C = models.counters
@@ -218,6 +219,34 @@ def mint_key(
     }
     conn.execute(K.insert().values(**row))
     return _key(row), plain
+
+
+def attempt_keys(
+    conn: Connection, handed: Sequence[AttemptedRollout], now: float, *, arrived: float | None = None
+) -> list[str]:
+    """A rollout-scoped key for each attempt a claim or a start hands out (the keys themselves).
+
+    ``arrived``: when a request carrying an idempotency key arrived. An attempt it hands out that is older than
+    that was made by an earlier try of the request, whose answer the client did not get (or gave up on): the
+    key that answer carried cannot be sent again (only its hash is stored), so this answer carries a new one,
+    and the keys minted for the attempt before the request arrived are revoked — one live key, this answer's.
+    Keys minted after it arrived are left alone: they come from tries that overlapped this one (waiting for
+    work together), and the client may hold any of their answers."""
+    again = [a.attempt for a in handed if arrived is not None and a.attempt.start_time < arrived]
+    if again:
+        stale = update(K).where(
+            K.c.rollout_id.in_({a.rollout_id for a in again}),  # (indexed)
+            K.c.attempt_id.in_([a.attempt_id for a in again]),
+            K.c.scope == "rollout",
+            K.c.created_time < arrived,
+            K.c.revoked_time.is_(None),
+        )
+        if conn.execute(stale.values(revoked_time=now)).rowcount:
+            _changed(conn)  # every replica drops the keys it cached
+    return [
+        mint_key(conn, "rollout", now, rollout_id=a.rollout.rollout_id, attempt_id=a.attempt.attempt_id)[1]
+        for a in handed
+    ]
 
 
 def find_key(conn: Connection, plain: str, now: float) -> ApiKey | None:

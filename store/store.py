@@ -210,16 +210,14 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin):
         idempotency_key: str | None = None,
     ) -> list[tuple[AttemptedRollout, str]]:
         """``claim``, and in the same transaction a rollout-scoped gateway key for each attempt (the key itself,
-        returned only here: the store keeps its hash; a repeated claim gets new keys)."""
+        returned only here: the store keeps its hash). A repeated claim gets new keys, and those that earlier
+        tries got are revoked (``catalog.attempt_keys``)."""
+        arrived = None if idempotency_key is None else self.clock()
 
         def op(conn: Connection) -> list[tuple[AttemptedRollout, str]]:
             now = self.clock()
-            out = []
-            for claimed in queue.claim(conn, worker_id, limit, now, key=idempotency_key):
-                rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
-                _, key = catalog.mint_key(conn, "rollout", now, rollout_id=rollout_id, attempt_id=attempt_id)
-                out.append((claimed, key))
-            return out
+            claimed = queue.claim(conn, worker_id, limit, now, key=idempotency_key)
+            return list(zip(claimed, catalog.attempt_keys(conn, claimed, now, arrived=arrived), strict=True))
 
         return await self._claim_waiting(limit, wait_seconds, op)
 

@@ -9,7 +9,7 @@ from typing import Any
 from store import catalog, replicas, resources
 from store.plumbing import StorePlumbing
 from store.replicas import ReplicaInfo, ReplicaReport
-from store.schemas import ApiKey, Backend, KeyScope, ModelAlias, Page, ResourcesUpdate
+from store.schemas import ApiKey, AttemptedRollout, Backend, KeyScope, ModelAlias, Page, ResourcesUpdate
 
 
 class CatalogMixin(StorePlumbing):
@@ -88,6 +88,13 @@ class CatalogMixin(StorePlumbing):
                 expires_time=expires_time,
             )
         )
+
+    async def mint_attempt_key(self, handed: AttemptedRollout, *, arrived: float | None = None) -> str:
+        """A rollout-scoped key for an attempt a start handed out. ``arrived``: when the start arrived, if it
+        carried an idempotency key: the keys an earlier try of it got for the attempt are revoked
+        (``catalog.attempt_keys``)."""
+        now = self.clock()
+        return (await self._write(lambda conn: catalog.attempt_keys(conn, [handed], now, arrived=arrived)))[0]
 
     async def find_key(self, plain: str) -> ApiKey | None:
         now = self.clock()

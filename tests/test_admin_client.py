@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from openai import AsyncOpenAI
+from sqlalchemy import select
 
 from admin.client import (
     AsyncRollwayClient,
@@ -26,7 +27,7 @@ from admin.client import (
 from admin.client_sync import RollwayClient
 from admin.schemas import Claim, GroupView, MintedKey, ModelView, StatsView, WaitResponse
 from gateway.mock import MockBackendProcess
-from store import Attempt, ResourcesUpdate, Rollout, Span
+from store import Attempt, ResourcesUpdate, Rollout, Span, models
 from tests.gateway_harness import RunningGateway, closed_port, running_gateway
 
 TOKEN = "admin-secret-token"
@@ -314,6 +315,33 @@ async def test_a_claim_whose_answer_was_lost_is_retried_without_taking_more(gw: 
         assert all(c.api_key and c.base_url.endswith(f"/attempt/{c.attempt.attempt_id}/v1") for c in claims)
         rest = await client.claim("worker-2", limit=5)
     assert [c.rollout.rollout_id for c in rest] == [queued[2].rollout_id]
+
+
+async def test_a_claim_start_or_new_attempt_answered_again_leaves_one_live_key_the_answers(
+    gw: RunningGateway,
+) -> None:
+    """Only a hash of a gateway key is stored, so the key of a lost answer cannot be sent again: the answer to
+    the retry carries a new one, and the lost one is revoked (no second live key for the attempt)."""
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=NO_RETRY) as client:
+        await client.enqueue([{"input": 1}])
+        rid = (await client.start_rollout({"input": "r"}, worker_id="w")).rollout.rollout_id
+    calls = {
+        "claim": lambda c: c.claim("w"),
+        "start": lambda c: c.start_rollout({"input": "s"}, worker_id="w"),
+        "new attempt": lambda c: c.new_attempt(rid, worker_id="w"),
+    }
+    keys = models.api_keys
+    for name, call in calls.items():
+        transport = LosingAnswers(lose=1)
+        async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=transport) as client:
+            answer = await call(client)
+        [claim] = answer if isinstance(answer, list) else [answer]
+        assert len(transport.requests) == 2, name
+        query = select(keys.c.revoked_time).where(keys.c.attempt_id == claim.attempt.attempt_id)
+        minted = await gw.store.read(lambda conn, query=query: conn.execute(query).scalars().all())
+        assert sorted(revoked is None for revoked in minted) == [False, True], name
+        found = await gw.store.find_key(claim.api_key)
+        assert found is not None and found.attempt_id == claim.attempt.attempt_id, name
 
 
 async def test_rewards_spans_and_attempts_whose_answers_were_lost_are_not_recorded_twice(gw: RunningGateway) -> None:

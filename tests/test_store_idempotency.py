@@ -5,12 +5,16 @@ first made (tests/test_store_contract.py). Runs on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from sqlalchemy import func, select
 
-from store import ConflictError, RolloutConfig, Store, ids
+from store import ConflictError, RolloutConfig, Store, ids, models
 from tests.store_helpers import span
+
+if TYPE_CHECKING:
+    from tests.conftest import FakeClock
 
 TASKS: list[dict[str, Any]] = [
     {"input": {"q": "a"}, "metadata": {"source": "gsm8k"}, "priority": 2, "config": {"max_attempts": 2}},
@@ -208,3 +212,42 @@ async def test_a_keyed_claim_sent_again_after_its_worker_was_changed_gets_it(sto
     assert again[0].attempt.worker_id == "w2"
     with pytest.raises(ConflictError, match="'c' was already used by another worker's claim"):
         await store.claim("w2", limit=2, idempotency_key="c")
+
+
+# -- the gateway keys of an answer given again -----------------------------------------------------------------
+
+
+async def live_keys(store: Store, attempt_id: str) -> int:
+    keys = models.api_keys
+    query = select(func.count()).where(keys.c.attempt_id == attempt_id, keys.c.revoked_time.is_(None))
+    return int(await store.read(lambda conn: conn.execute(query).scalar_one()))
+
+
+async def test_a_keyed_claim_answered_again_leaves_one_live_key_the_last_answers(
+    store: Store, clock: FakeClock
+) -> None:
+    await store.enqueue([{"input": i} for i in range(2)])
+    first = await store.claim_with_keys("w1", limit=2, idempotency_key="c")
+    clock.advance(1.0)  # the answer was lost; the client sends the claim again
+    again = await store.claim_with_keys("w1", limit=2, idempotency_key="c")
+    assert [c.attempt.attempt_id for c, _ in again] == [c.attempt.attempt_id for c, _ in first]
+    for (claimed, lost), (_, key) in zip(first, again, strict=True):
+        assert lost != key and await store.find_key(lost) is None  # only a hash is kept: the lost key is revoked
+        found = await store.find_key(key)
+        assert found is not None and found.attempt_id == claimed.attempt.attempt_id
+        assert await live_keys(store, claimed.attempt.attempt_id) == 1
+
+
+async def test_overlapping_tries_of_a_keyed_claim_revoke_neither_answers_key(store: Store, clock: FakeClock) -> None:
+    """Two tries of one claim wait for work together (the client gave up on the first, whose server side still
+    waits): the one that finds the other's claim must not revoke the key the other answered with — the client
+    may hold that answer. Only keys minted before a try arrived are revoked."""
+    tries = []
+    for _ in range(2):
+        tries.append(asyncio.create_task(store.claim_with_keys("w1", wait_seconds=10, idempotency_key="c")))
+        await asyncio.sleep(0.05)
+        clock.advance(1.0)
+    await store.enqueue([{"input": 1}])
+    answers = await asyncio.gather(*tries)
+    assert len({claimed.attempt.attempt_id for [(claimed, _)] in answers}) == 1
+    assert all([await store.find_key(key) is not None for [(_, key)] in answers])
