@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Column, Connection, select
 
 
 def rollout_id() -> str:
@@ -51,3 +55,24 @@ def derived_hex(key: str, *parts: int | str, digits: int = 16) -> str:
     request, like ``derived``."""
     seed = "\x00".join(["hex", key, *map(str, parts)]).encode()
     return hashlib.sha256(seed).hexdigest()[:digits]
+
+
+def redraw_taken(conn: Connection, column: Column[Any], rows: list[dict[str, Any]], make: Callable[[], str]) -> None:
+    """Draw again the random ids of ``rows`` (under ``column``'s name) that ``column`` holds already.
+
+    Random ids have 48 bits (Agent-lightning's shape): among the millions of rollouts and attempts a long
+    training run makes, one may come up twice, and a rollout whose id another already has would be refused (or,
+    next to tasks with their own ids, answered with that other rollout)."""
+    field = column.name
+    while rows:
+        wanted = [row[field] for row in rows]
+        taken: set[str] = set()
+        for start in range(0, len(wanted), _CHECKED_AT_ONCE):
+            chunk = wanted[start : start + _CHECKED_AT_ONCE]
+            taken.update(conn.execute(select(column).where(column.in_(chunk))).scalars())
+        rows = [row for row in rows if row[field] in taken]
+        for row in rows:
+            row[field] = make()
+
+
+_CHECKED_AT_ONCE = 5000  # ids per query (bound parameters)

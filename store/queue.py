@@ -91,16 +91,27 @@ def enqueue(conn: Connection, specs: list[TaskSpec], now: float, key: str | None
     planned: list[dict[str, Any]] = []
     keyed: list[tuple[dict[str, Any], TaskSpec]] = []  # rows whose ids derive from the key, with their task
     seen: set[str] = set()
+    drawn: list[dict[str, Any]] = []  # rows with a random id
+
+    def unseen() -> str:
+        while (rid := ids.rollout_id()) in seen:
+            pass
+        seen.add(rid)
+        return rid
+
     for position, spec in enumerate(specs):
         one = spec.model_copy(update={"group_size": None}) if spec.group_id in declared else spec
         for rollout_id, group_id, group_index in expand(one, None if key is None else (key, position)):
-            rid = rollout_id or ids.rollout_id()
-            if rid in seen:
+            if rollout_id in seen:
                 continue
+            rid = rollout_id or unseen()
             seen.add(rid)
             planned.append(_row(one, rid, (group_id, group_index), RolloutStatus.QUEUING, latest, now))
+            if rollout_id is None:
+                drawn.append(planned[-1])
             if key is not None and not spec.rollout_id:
                 keyed.append((planned[-1], spec))
+    ids.redraw_taken(conn, R.c.rollout_id, drawn, unseen)
     if any(spec.group_id for spec in specs):
         groups.join(conn, [spec.group_id for spec in specs if spec.group_id], planned, declared)
     if key is None and not any(s.rollout_id for s in specs):
@@ -151,6 +162,8 @@ def _new_attempt(
         "metadata": None,
         "request_digest": request,
     }
+    if attempt_id is None:
+        ids.redraw_taken(conn, A.c.attempt_id, [attempt], ids.attempt_id)
     set_rollout_status(conn, rollout, RolloutStatus.PREPARING, now)  # refuses finished rollouts
     conn.execute(A.insert().values(**attempt))
     conn.execute(
@@ -279,6 +292,8 @@ def claim(
         }
         for i, r in enumerate(rows)
     ]
+    if key is None:
+        ids.redraw_taken(conn, A.c.attempt_id, attempts, ids.attempt_id)
     conn.execute(A.insert(), attempts)
     conn.execute(
         prebuilt(conn, "claimed", _build_claimed),
@@ -321,6 +336,8 @@ def start_rollout(
     if key is not None:
         serialize_key(conn, key)
     row = _row(spec, rollout_id or ids.rollout_id(), group, RolloutStatus.PREPARING, latest, now)
+    if rollout_id is None:
+        ids.redraw_taken(conn, R.c.rollout_id, [row], ids.rollout_id)
     if key is not None:
         row["request_digest"] = replays.start_digest(spec, worker_id)
     if rollout_id:

@@ -334,6 +334,40 @@ async def test_any_json_input_and_metadata_round_trip(store: Store, value: Any) 
     assert (claimed.rollout.input, type(claimed.rollout.input)) == (value, type(value))
 
 
+async def test_a_random_id_that_comes_up_again_is_drawn_again(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random ids have 48 bits: one that a stored rollout or attempt has already is drawn again, rather than the
+    write being refused or, next to a task with its own id, answered with the other rollout."""
+    [old] = await store.enqueue([{"input": "old"}])
+    [old_claim] = await store.claim("w")
+    taken = old.rollout_id
+
+    def draws(*values: str) -> None:
+        it = iter(values)
+        monkeypatch.setattr(ids, "rollout_id", lambda: next(it))
+
+    draws(taken, "ro-00000000000a")
+    mixed = await store.enqueue([{"input": "second"}, {"input": "own", "rollout_id": "mine"}])
+    assert [(r.rollout_id, r.input) for r in mixed] == [("ro-00000000000a", "second"), ("mine", "own")]
+    draws("ro-00000000000b", "ro-00000000000b", taken, "ro-00000000000c")  # also twice in one request
+    plain = await store.enqueue([{"input": "third"}, {"input": "fourth"}])
+    assert [(r.rollout_id, r.input) for r in plain] == [("ro-00000000000b", "third"), ("ro-00000000000c", "fourth")]
+    draws(taken, "ro-00000000000d")
+    started = await store.start_rollout({"input": "started"})
+    assert (started.rollout.rollout_id, started.rollout.input) == ("ro-00000000000d", "started")
+    assert (await store.get_rollout(taken)).input == "old"
+
+    def attempt_draws(*values: str) -> None:
+        it = iter(values)
+        monkeypatch.setattr(ids, "attempt_id", lambda: next(it))
+
+    attempt_draws(old_claim.attempt.attempt_id, "at-00000000000e")
+    [claimed] = await store.claim("w2")
+    assert claimed.attempt.attempt_id == "at-00000000000e"
+    attempt_draws("at-00000000000e", "at-00000000000f")
+    renewed = await store.start_attempt(claimed.rollout.rollout_id)
+    assert renewed.attempt.attempt_id == "at-00000000000f"
+
+
 # -- spans and sequence ids -------------------------------------------------------------------------------
 
 
