@@ -255,7 +255,7 @@ async def test_each_choice_of_an_n_call_is_a_sample_and_the_conversation_follows
 ) -> None:
     """A call with ``n=3``, a reward, then a next turn that continues choice 1, the final reward: every choice is
     a triplet (rewarded as its call); merged, choice 1 carries on the conversation and choices 0 and 2 are rows
-    of their own; SLIME and verl have one record per row."""
+    of their own; SLIME and verl have one record per row, each with the rollout's (final) reward."""
     async with gateway(tmp_path, mock) as gw:
         rollout_id, _ = await claim_one(gw.store)
         client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
@@ -289,18 +289,18 @@ async def test_each_choice_of_an_n_call_is_a_sample_and_the_conversation_follows
         for row, ids in ((alone_0, choice_ids[0]), (alone_2, choice_ids[2])):
             assert (row["token_ids"], row["n_calls"], row["reward"], row["prefix_breaks"]) == (prompt + ids, 1, 0.5, 0)
 
-        samples = await items(gw, "/exports/slime")
+        samples = await items(gw, "/exports/slime")  # each record carries the rollout's reward (its outcome)
         assert [(s["metadata"]["choice_index"], s["reward"], s["status"]) for s in samples] == [
             (0, 1.0, "truncated"),  # the last call stopped on max_tokens
-            (0, 0.5, "completed"),
-            (2, 0.5, "completed"),
+            (0, 1.0, "completed"),
+            (2, 1.0, "completed"),
         ]
         assert [s["tokens"] for s in samples] == [chain["token_ids"], alone_0["token_ids"], alone_2["token_ids"]]
         verl = await items(gw, "/exports/verl")
         assert [(r["choice_index"], r["prompt_ids"], r["reward"]) for r in verl] == [
             (0, prompt, 1.0),
-            (0, prompt, 0.5),
-            (2, prompt, 0.5),
+            (0, prompt, 1.0),
+            (2, prompt, 1.0),
         ]
 
 

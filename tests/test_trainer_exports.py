@@ -20,6 +20,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
+from admin.adapters import merged_rows, triplets
 from admin.adapters.trainers import slime_samples, verl_rows
 from gateway.cli import main
 from gateway.mock import MockBackendProcess
@@ -92,7 +93,7 @@ def test_slime_export_of_the_demo_carries_the_backends_tokens_masks_and_rewards(
         spans = get(demo_gateway, f"/admin/v1/rollouts/{rollout_id}/spans")["items"]
         calls = [s for s in spans if s["attributes"].get("gen_ai.operation.name") == "chat"]
         [reward] = [s["attributes"]["rollway.reward.value"] for s in spans if s["name"] == "rollway.reward"]
-        assert segments[-1]["reward"] == reward  # the recorded reward, on the last segment
+        assert {s["reward"] for s in segments} == {reward}  # the recorded reward, on every segment
         position = 0
         for record in sorted(segments, key=lambda r: r["metadata"]["segment"]):
             n = record["metadata"]["n_calls"]
@@ -123,7 +124,7 @@ def test_slime_export_of_the_demo_carries_the_backends_tokens_masks_and_rewards(
         assert row["response_mask"] == record["loss_mask"] and row["uid"] == record["metadata"]["group_id"]
         scores = row["token_level_scores"]
         assert len(scores) == len(row["response_ids"]) and scores[:-1] == [0.0] * (len(scores) - 1)
-        assert scores[-1] == (record["reward"] or 0.0) and row["reward"] == record["reward"]
+        assert scores[-1] == row["reward"] == record["reward"] is not None
 
     # The CLI writes the same records as JSON Lines; a cursor continues after them.
     out = tmp_path / "slime.jsonl"
@@ -184,7 +185,7 @@ def _call(seq: int, prompt: list[int], response: list[int], finish: str = "stop"
     )
 
 
-def _reward(seq: int, value: float) -> Span:
+def _reward(seq: int, value: float | None) -> Span:
     return Span(
         rollout_id="ro-1",
         attempt_id="at-1",
@@ -218,10 +219,49 @@ def test_a_multi_turn_rollout_is_one_sample_with_context_tokens_masked() -> None
 def test_a_prefix_break_gives_two_samples_and_a_rollout_without_calls_an_aborted_one() -> None:
     spans = [_call(1, [1, 2], [3]), _call(2, [9, 9], [7]), _reward(3, 1.0)]
     first, second = slime_samples(_rollout(spans))
-    assert (first["tokens"], first["reward"], second["tokens"], second["reward"]) == ([1, 2, 3], None, [9, 9, 7], 1.0)
+    assert (first["tokens"], second["tokens"]) == ([1, 2, 3], [9, 9, 7])
     assert [s["metadata"]["segment"] for s in (first, second)] == [0, 1]
     [empty] = slime_samples(_rollout([], status="failed"))
     assert (empty["tokens"], empty["response_length"], empty["status"]) == ([], 0, "aborted")
     assert verl_rows(_rollout([], status="failed")) == []
     [failed] = slime_samples(_rollout(spans[:1], status="failed"))
     assert failed["status"] == "aborted"
+
+
+def test_every_segment_of_a_rollout_split_at_a_prefix_break_carries_the_rollouts_reward() -> None:
+    """The trajectory's outcome reward goes to each of its segments (SLIME and verl), while triplets and merged
+    rows keep Agent-lightning's matching: the reward on the last call only."""
+    spans = [_call(1, [1, 2], [3]), _call(2, [9, 9], [7]), _reward(3, 1.0)]
+    samples = slime_samples(_rollout(spans))
+    assert [(s["reward"], s["status"]) for s in samples] == [(1.0, "completed"), (1.0, "completed")]
+    rows = verl_rows(_rollout(spans))
+    assert [(r["reward"], r["token_level_scores"]) for r in rows] == [(1.0, [1.0]), (1.0, [1.0])]
+    assert [t["reward"] for t in triplets("ro-1", "at-1", spans)] == [None, 1.0]
+    assert [r["reward"] for r in merged_rows("ro-1", "at-1", spans)] == [None, 1.0]
+
+
+def test_the_rollouts_reward_is_that_of_its_latest_rewarded_call() -> None:
+    """An intermediate reward on the first segment and the final one on the second: every record has the final
+    one; a reward only on an early call (nothing after the last) is still the rollout's."""
+    spans = [_call(1, [1, 2], [3]), _reward(2, 0.25), _call(3, [9, 9], [7]), _reward(4, 0.75)]
+    assert [s["reward"] for s in slime_samples(_rollout(spans))] == [0.75, 0.75]
+    early = [_call(1, [1, 2], [3]), _reward(2, 0.25), _call(3, [9, 9], [7])]
+    assert [s["reward"] for s in slime_samples(_rollout(early))] == [0.25, 0.25]
+    assert [r["token_level_scores"] for r in verl_rows(_rollout(early))] == [[0.25], [0.25]]
+
+
+def test_a_rollout_without_a_reward_is_never_scored_zero() -> None:
+    """No reward: SLIME records are ``aborted`` with ``reward: None`` (SLIME asserts a reward on completed and
+    truncated samples), verl rows have ``reward`` and ``token_level_scores`` None (never zeros); a null reward
+    span is no reward."""
+    for spans in (
+        [_call(1, [1, 2], [3, 4]), _call(2, [1, 2, 3, 4, 5], [6], finish="length")],
+        [_call(1, [1, 2], [3]), _call(2, [9, 9], [7]), _reward(3, None)],
+    ):
+        samples = slime_samples(_rollout(spans))
+        assert [(s["reward"], s["status"]) for s in samples] == [(None, "aborted")] * len(samples)
+        assert all(s["tokens"] and s["loss_mask"] for s in samples)  # the tokens are still there
+        rows = verl_rows(_rollout(spans))
+        assert [(r["reward"], r["token_level_scores"], r["status"]) for r in rows] == [(None, None, "aborted")] * len(
+            rows
+        )

@@ -10,7 +10,8 @@ it converts to a tensor directly; ``loss_mask`` says which positions are real); 
 when a call of the row has no logprobs or fewer/more than its response tokens. A call whose prompt does not
 extend the row (the agent rewrote or truncated history) starts a new row; ``prefix_breaks`` — the number of
 such breaks in the attempt — is the same on every row of the rollout. A row's ``reward`` is the last reward
-matched to a call of that row (``None`` when no call of it got one).
+matched to a call of that row (``None`` when no call of it got one); SLIME samples and verl rows, cut from these
+rows, carry the rollout's reward instead (``admin.adapters.trainers``).
 
 A call with several choices (``n > 1``) continues its row with the choice the next call's prompt extends by
 token prefix (choice 0 when none does, or for the last call); each of its other choices is a row of its own:

@@ -1,31 +1,40 @@
 """Exported rollouts → trainer records: SLIME ``Sample``s and verl-style rows. Pure functions, no I/O.
 
-Both are built on the merged rows of ``admin.adapters.triplets`` (one row per rollout segment: calls chained
-by token prefix, ``loss_mask`` 1 on sampled tokens, rewards matched as for triplets), so retries, reward
-matching and prefix breaks follow the same rules as ``GET /admin/v1/triplets?merge=true``. A segment's
-*prompt* is its first call's prompt; everything after it — sampled tokens and the tool/observation tokens
-between turns — is its *response*.
+Both are built on the merged rows of ``admin.adapters.merged`` (one row per rollout segment: calls chained
+by token prefix, ``loss_mask`` 1 on sampled tokens), so retries, prefix breaks and choices follow the same
+rules as ``GET /admin/v1/triplets?merge=true``. A segment's *prompt* is its first call's prompt; everything
+after it — sampled tokens and the tool/observation tokens between turns — is its *response*.
+
+Rewards are the trajectory's outcome, not the per-call matching of triplets. Every record of a rollout (every
+segment, before and after a prefix break, and every choice's row) carries the *rollout's reward*: the reward of
+its latest call that got one under Agent-lightning's matching (``admin.adapters.triplets``, rules 4 and 5) — the
+``final_reward`` Agent-lightning's verl trainer gives every triplet of a rollout, and the one trajectory-level
+reward of the SLIME integration's multi-turn ``Sample`` (seed 004). ``None`` when no call got a reward, and
+then never a number: no score, and a SLIME status that does not train. Intermediate rewards stay in the
+triplet export.
 
 SLIME ``Sample`` (one per segment): ``tokens`` (prompt + response ids), ``response_length``, ``loss_mask`` and
 ``rollout_log_probs`` (over the response only, so both have ``response_length`` items; logprobs ``0.0`` on
-unsampled tokens, ``None`` when a call lacks them), ``reward`` (the segment's, ``None`` when none matched),
-``status`` (``completed``; ``truncated`` when the rollout's last call stopped on ``length``; ``aborted`` for a
-failed or cancelled rollout), ``group_index`` (the position of the rollout's group, ``ExportRollout.group_seq``:
-the same for every member in every mode, increasing along a grouped export), ``index`` (the member's index within
-its group, 0 without a group), ``prompt`` (the first call's messages, or a text completion's prompt), ``response``
-(the last call's text; no tokenizer here) and ``metadata`` (rollout, attempt, group ids, segment numbers, finish
-reason). A finished rollout without a trainable call gives one ``aborted`` sample with empty ``tokens``, so a
-group always has all its members.
+unsampled tokens, ``None`` when a call lacks them), ``reward`` (the rollout's), ``status`` (``completed``;
+``truncated`` when the segment ends with the rollout's last call and it stopped on ``length``; ``aborted`` for
+a failed or cancelled rollout and for a rollout without a reward — SLIME's ``generate_and_rm`` requires a
+reward of every ``completed``/``truncated`` sample, and its own unrewarded samples are the aborted ones),
+``group_index`` (the position of the rollout's group, ``ExportRollout.group_seq``: the same for every member in
+every mode, increasing along a grouped export), ``index`` (the member's index within its group, 0 without a
+group), ``prompt`` (the first call's messages, or a text completion's prompt), ``response`` (the last call's
+text; no tokenizer here) and ``metadata`` (rollout, attempt, group ids, segment numbers, finish reason). A
+finished rollout without a trainable call gives one ``aborted`` sample with empty ``tokens``, so a group always
+has all its members.
 
 verl row (one per segment): ``uid`` (the group id, or the rollout id: what GRPO groups by), ``prompt_ids``,
-``response_ids``, ``response_mask``, ``rollout_log_probs``, ``token_level_scores`` (zeros with the reward on the
-last response token; all zeros when there is no reward) and ``reward``. Rollouts without a trainable call
-give no row.
+``response_ids``, ``response_mask``, ``rollout_log_probs``, ``token_level_scores`` (zeros with the rollout's
+reward on the last response token; ``None`` when the rollout has no reward — never zeros), ``reward`` and
+``status`` (as SLIME's). Rollouts without a trainable call give no row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -68,10 +77,18 @@ class Segment:
     """One merged row of a rollout, split at its prompt, with the calls it chains."""
 
     def __init__(
-        self, rollout: ExportRollout, row: MergedRow, calls: list[LlmCall], number: int, total: int, last_call: int
+        self,
+        rollout: ExportRollout,
+        row: MergedRow,
+        calls: list[LlmCall],
+        number: int,
+        total: int,
+        last_call: int,
+        reward: float | None,
     ):
         self.rollout = rollout
         self.row = row
+        self.reward = reward  # the rollout's, not the row's (module doc)
         self.calls = calls
         self.number = number
         self.total = total
@@ -96,7 +113,7 @@ class Segment:
         return self.calls[-1].choice_index if self.calls else 0
 
     def status(self) -> str:
-        if self.rollout.status != "succeeded":
+        if self.rollout.status != "succeeded" or self.reward is None:
             return "aborted"
         last = bool(self.calls) and self.calls[-1].sequence_id == self.last_call
         return "truncated" if last and self.finish_reason == "length" else "completed"
@@ -116,6 +133,12 @@ class Segment:
         }
 
 
+def rollout_reward(calls: Iterable[LlmCall]) -> float | None:
+    """The reward of the latest call that got one (Agent-lightning's ``final_reward``), or None."""
+    rewarded = [call for call in calls if call.reward is not None]
+    return max(rewarded, key=lambda call: call.sequence_id).reward if rewarded else None
+
+
 def segments(rollout: ExportRollout) -> list[Segment]:
     """The rollout's merged rows with the calls each one chains (in order)."""
     attempt = rollout.latest_attempt_id
@@ -123,6 +146,7 @@ def segments(rollout: ExportRollout) -> list[Segment]:
         return []
     found, breaks = merged.segments(rollout.spans, attempt)
     last_call = max((s.calls[-1].sequence_id for s in found), default=0)
+    reward = rollout_reward(call for s in found for call in s.calls)
     return [
         Segment(
             rollout,
@@ -131,6 +155,7 @@ def segments(rollout: ExportRollout) -> list[Segment]:
             n,
             len(found),
             last_call,
+            reward,
         )
         for n, s in enumerate(found)
     ]
@@ -176,7 +201,7 @@ def slime_samples(rollout: ExportRollout) -> list[dict[str, Any]]:
             "response": _text(s.calls[-1]) if s.calls else "",
             "response_length": s.response_length,
             "loss_mask": s.response_mask,
-            "reward": s.row["reward"],
+            "reward": s.reward,
             "rollout_log_probs": s.response_logprobs,
             "status": s.status(),
             "metadata": s.metadata(),
@@ -189,10 +214,11 @@ def verl_rows(rollout: ExportRollout) -> list[dict[str, Any]]:
     """verl-style rows for each segment of ``rollout`` (see the module docstring)."""
     rows = []
     for s in segments(rollout):
-        reward = s.row["reward"]
-        scores = [0.0] * s.response_length
-        if reward is not None and scores:
-            scores[-1] = reward
+        reward = s.reward
+        scores: list[float] | None = None
+        if reward is not None:
+            scores = [0.0] * s.response_length
+            scores[-1] = reward  # a segment has at least one response token
         rows.append(
             {
                 "uid": rollout.group_id or rollout.rollout_id,
