@@ -16,11 +16,21 @@ demo.db``::
 per group, increasing). With ``partial=True`` a "group" is the members of a page that share a ``group_index``
 (members that finish after the page come in a later group). ``rollout_log_probs`` is ``None`` when a call had
 no logprobs (fine for GRPO).
+
+Only samples SLIME trains as they are reach it: ``completed`` or ``truncated``, with a reward. SLIME's
+``generate_and_rm`` asserts a reward on those, and would generate an ``aborted`` sample again on its own
+engines; a missing reward is never made a number here. A group with any other member — a rollout without a
+reward, a failed or cancelled one — is held back whole (SLIME expects ``n_samples_per_prompt`` samples per
+group): ``held`` maps its group id (a rollout's id without a group) to the rollouts that are not trainable. A
+late reward brings the rollout, and its whole group, back along the cursor (docs/exports.md): the group is
+handed over then, and leaves ``held``. With ``partial=True`` each record stands alone: the trainable members
+of a page's group are handed over, the others held by rollout id until they come again.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 import time
@@ -29,6 +39,10 @@ from enum import Enum
 from typing import Any
 
 import httpx
+
+logger = logging.getLogger(__name__)
+
+TRAINABLE = frozenset({"completed", "truncated"})  # statuses SLIME trains as they are (with a reward)
 
 
 class Status(Enum):
@@ -88,6 +102,7 @@ class RollwayDataSource:
         self._groups: queue.Queue[list[Any]] = queue.Queue()
         self._stop = threading.Event()
         self._next_index = 0
+        self.held: dict[str, list[str]] = {}  # group id (or rollout id) → its rollouts that are not trainable
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="rollway-data-source", daemon=True)
         self._thread.start()
@@ -151,9 +166,28 @@ class RollwayDataSource:
         for record in records:  # with partial=True a group's members need not be next to each other
             groups.setdefault(record["group_index"], []).append(record)
         for group in groups.values():
-            self._groups.put([self._sample(r) for r in group])
+            ready = self._trainable(group)
+            if ready:
+                self._groups.put([self._sample(r) for r in ready])
         self.cursor = response.headers.get("x-rollway-next-cursor") or self.cursor
         return len(groups)
+
+    def _trainable(self, group: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The records of ``group`` to hand to SLIME (all or none; with ``partial``, each on its own); the
+        others are noted in ``held`` (see the module doc)."""
+        units = [[r] for r in group] if self.partial else [group]
+        ready = []
+        for unit in units:
+            meta = unit[0]["metadata"]
+            key = meta["rollout_id"] if self.partial else meta["group_id"] or meta["rollout_id"]
+            lacking = [r for r in unit if r["status"] not in TRAINABLE or r["reward"] is None]
+            if not lacking:
+                self.held.pop(key, None)
+                ready += unit
+                continue
+            self.held[key] = sorted({r["metadata"]["rollout_id"] for r in lacking})
+            logger.info("holding %s back: %s without a reward, failed or cancelled", key, ", ".join(self.held[key]))
+        return ready
 
     def _sample(self, record: dict[str, Any]) -> Any:
         sample = self.sample_type()

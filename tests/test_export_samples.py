@@ -171,6 +171,55 @@ async def test_every_member_of_a_group_has_one_group_index_in_every_mode(
         assert sorted(members) == sorted([sorted([g0, g1, g2]), [solo.rollout_id]])
 
 
+async def test_the_data_source_hands_slime_no_sample_without_a_reward_and_waits_for_a_late_one(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """A group of two, one member without a reward, and a failed solo rollout: the data source hands SLIME
+    nothing of them (whole groups; with ``partial=True``, the rewarded member alone) and lists them as held.
+    The late reward brings the member back with its group, which is handed over then."""
+    async with gateway(tmp_path, mock) as gw:
+        rewarded, unrewarded = await gw.store.enqueue([TaskSpec(group_id="g", group_size=2)])
+        [failed] = await gw.store.enqueue([TaskSpec()])
+        assert len(await gw.store.claim("w", limit=3)) == 3
+        await one_call(gw, rewarded.rollout_id)
+        client = gw.client(f"{gw.url}/rollout/{unrewarded.rollout_id}/v1")
+        await client.chat.completions.create(model="policy", messages=QUESTION, max_tokens=4)
+        await finish(gw, unrewarded.rollout_id, reward=None)
+        client = gw.client(f"{gw.url}/rollout/{failed.rollout_id}/v1")
+        await client.chat.completions.create(model="policy", messages=QUESTION, max_tokens=4)
+        assert await gw.state.registry.drain("policy", 10)
+        await admin(gw, "PATCH", f"/rollouts/{failed.rollout_id}/attempts/latest", json={"status": "failed"})
+        statuses = {s["metadata"]["rollout_id"]: (s["status"], s["reward"]) for s in await items(gw, "/exports/slime")}
+        assert statuses == {
+            rewarded.rollout_id: ("truncated", 1.0),  # stopped on max_tokens: trained as it is
+            unrewarded.rollout_id: ("aborted", None),
+            failed.rollout_id: ("aborted", None),
+        }
+
+        module = load_example("slime_data_source")
+        whole = module.RollwayDataSource(gw.url, poll_interval=0.1)
+        partial = module.RollwayDataSource(gw.url, partial=True, poll_interval=0.1)
+        try:
+            with pytest.raises(TimeoutError):
+                await asyncio.to_thread(whole.get_samples, 1, 1.5)
+            assert whole.held == {"g": [unrewarded.rollout_id], failed.rollout_id: [failed.rollout_id]}
+            [[alone]] = await asyncio.to_thread(partial.get_samples, 1, 10)
+            assert (alone.metadata["rollout_id"], alone.reward) == (rewarded.rollout_id, 1.0)
+            assert set(partial.held) == {unrewarded.rollout_id, failed.rollout_id}
+
+            await admin(gw, "POST", f"/rollouts/{unrewarded.rollout_id}/rewards", json={"value": 0.5})
+            [group] = await asyncio.to_thread(whole.get_samples, 1, 10)
+            [[late]] = await asyncio.to_thread(partial.get_samples, 1, 10)
+        finally:
+            await asyncio.to_thread(whole.stop)
+            await asyncio.to_thread(partial.stop)
+        got = {s.metadata["rollout_id"]: (s.status, s.reward) for s in group}
+        truncated = module.Status.TRUNCATED
+        assert got == {rewarded.rollout_id: (truncated, 1.0), unrewarded.rollout_id: (truncated, 0.5)}
+        assert (late.metadata["rollout_id"], late.status, late.reward) == (unrewarded.rollout_id, truncated, 0.5)
+        assert whole.held == {failed.rollout_id: [failed.rollout_id]} and set(partial.held) == {failed.rollout_id}
+
+
 def reward_span(rollout_id: str, value: float | None, name: str = "primary", attempt_id: str | None = None) -> Span:
     return Span(
         rollout_id=rollout_id,
