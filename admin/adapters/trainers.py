@@ -218,7 +218,8 @@ def verl_rows(rollout: ExportRollout) -> list[dict[str, Any]]:
         scores: list[float] | None = None
         if reward is not None:
             scores = [0.0] * s.response_length
-            scores[-1] = reward  # a segment has at least one response token
+            if scores:  # a call may answer no token at all (an immediate stop)
+                scores[-1] = reward
         rows.append(
             {
                 "uid": rollout.group_id or rollout.rollout_id,
