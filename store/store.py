@@ -15,7 +15,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import IntegrityError
 
 from store import catalog, convert, exports, migrate, queries, queue, watchdog
-from store.engine import Engines, WalKeeper, create_engines, migration_engine
+from store.engine import Engines, create_engines, migration_engine
 from store.errors import ConflictError, NotFoundError, StoreValidationError
 from store.lifecycle import (
     apply_attempt_status,
@@ -40,6 +40,7 @@ from store.store_agents import AgentsMixin
 from store.store_catalog import CatalogMixin
 from store.store_edits import EditsMixin
 from store.store_spans import SpansMixin
+from store.store_wal import WalMixin
 from store.writer import BatchWriter, PgWriter, Writer
 
 log = logging.getLogger("rollway.store")
@@ -55,10 +56,9 @@ class _Unset:
 UNSET: Any = _Unset()
 
 MAX_WAIT_SECONDS = 60.0
-CHECKPOINT_INTERVAL = 1.0
 
 
-class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin):
+class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
     """The embedded store over SQLite or PostgreSQL (see the package docstring)."""
 
     def __init__(
@@ -77,10 +77,7 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin):
         self.poll_interval = poll_interval
         self.finished = Signal()
         self.queued = Signal()
-        self._watchdog_task: asyncio.Task[None] | None = None
-        self._checkpoint_task: asyncio.Task[None] | None = None
-        self._checkpointed_at = 0
-        self._wal: WalKeeper | None = None
+        self._loops: list[asyncio.Task[None]] = []  # the watchdog's and the WAL checkpoints'
         self.span_observer: Callable[[int], None] | None = None  # told how many spans each add_spans wrote
 
     @classmethod
@@ -118,18 +115,17 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin):
         store = cls(engines, writer, clock=clock, watchdog_interval=watchdog_interval, poll_interval=poll_interval)
         await writer.start()
         if engines.is_sqlite:
-            store._checkpoint_task = asyncio.create_task(store._checkpoint_loop(), name="rollway-checkpoint")
+            store._loops.append(asyncio.create_task(store._checkpoint_loop(), name="rollway-checkpoint"))
         if run_watchdog and watchdog_interval > 0:
-            store._watchdog_task = asyncio.create_task(store._watchdog_loop(), name="rollway-watchdog")
+            store._loops.append(asyncio.create_task(store._watchdog_loop(), name="rollway-watchdog"))
         return store
 
     async def close(self) -> None:
-        for task in (self._watchdog_task, self._checkpoint_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._watchdog_task = self._checkpoint_task = None
+        for task in self._loops:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._loops.clear()
         await self.writer.close()
         if self.engines.is_sqlite:
             await self.checkpoint()
@@ -332,35 +328,6 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin):
                 await self.sweep()
             except Exception:
                 log.exception("watchdog sweep failed")
-
-    async def checkpoint(self) -> None:
-        """SQLite: copy the write-ahead log into the database file, in a worker thread (the writer's own
-        automatic checkpoints are off so that their fsync never stalls the event loop); a long log is also
-        emptied, with this process's writer paused (``store.engine.WalKeeper`` says why and how)."""
-        reader = self.engines.reader
-        if reader is None:
-            return
-        self._checkpointed_at = self.writer.stats.transactions
-        if self._wal is None:
-            self._wal = WalKeeper(reader)
-        if await asyncio.to_thread(self._wal.passive) and isinstance(self.writer, BatchWriter):
-            async with self.writer.paused():  # this process's writes wait: the lock is the checkpoint's
-                truncating = asyncio.ensure_future(asyncio.to_thread(self._wal.truncate))
-                try:
-                    await asyncio.shield(truncating)
-                except asyncio.CancelledError:  # (closing) the thread holds the write lock: let it finish first
-                    await truncating
-                    raise
-
-    async def _checkpoint_loop(self) -> None:
-        while True:
-            await asyncio.sleep(CHECKPOINT_INTERVAL)
-            if self.writer.stats.transactions == self._checkpointed_at:
-                continue
-            try:
-                await self.checkpoint()
-            except Exception:
-                log.exception("WAL checkpoint failed")
 
     def _notify_all(self) -> None:
         self.finished.notify()

@@ -1,0 +1,49 @@
+"""The SQLite write-ahead log part of ``Store``: checkpoints, in a worker thread, once a second after writes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from store.engine import Engines, WalKeeper
+from store.writer import BatchWriter, Writer
+
+log = logging.getLogger("rollway.store")
+
+CHECKPOINT_INTERVAL = 1.0
+
+
+class WalMixin:
+    engines: Engines
+    writer: Writer
+    _checkpointed_at: int = 0  # the writer's transaction count at the last checkpoint
+    _wal: WalKeeper | None = None
+
+    async def checkpoint(self) -> None:
+        """SQLite: copy the write-ahead log into the database file, in a worker thread (the writer's own
+        automatic checkpoints are off so that their fsync never stalls the event loop); a long log is also
+        emptied, with this process's writer paused (``store.engine.WalKeeper`` says why and how)."""
+        reader = self.engines.reader
+        if reader is None:
+            return
+        self._checkpointed_at = self.writer.stats.transactions
+        if self._wal is None:
+            self._wal = WalKeeper(reader)
+        if await asyncio.to_thread(self._wal.passive) and isinstance(self.writer, BatchWriter):
+            async with self.writer.paused():  # this process's writes wait: the lock is the checkpoint's
+                truncating = asyncio.ensure_future(asyncio.to_thread(self._wal.truncate))
+                try:
+                    await asyncio.shield(truncating)
+                except asyncio.CancelledError:  # (closing) the thread holds the write lock: let it finish first
+                    await truncating
+                    raise
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(CHECKPOINT_INTERVAL)
+            if self.writer.stats.transactions == self._checkpointed_at:
+                continue
+            try:
+                await self.checkpoint()
+            except Exception:
+                log.exception("WAL checkpoint failed")
