@@ -1,7 +1,8 @@
 """Rollway's embedded store: rollouts, attempts, spans, resources, models and keys over SQLite or PostgreSQL.
 
 It knows nothing of HTTP. ``Store.open(url)`` creates or upgrades the schema and starts the single batched
-writer (SQLite) and the watchdog; every other public object is a pydantic schema from ``store.schemas``.
+writer (SQLite), the watchdog and the heartbeat of calls in flight; every other public object is a pydantic
+schema from ``store.schemas``.
 """
 
 from store.errors import ConflictError, NotFoundError, StoreError, StoreValidationError, UnavailableError

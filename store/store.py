@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from store import catalog, convert, exports, migrate, queries, queue, watchdog
 from store.engine import Engines, create_engines, migration_engine
 from store.errors import ConflictError, NotFoundError, StoreValidationError
+from store.keepalive import INTERVAL, CallsInFlight
 from store.lifecycle import (
     apply_attempt_status,
     load_attempt,
@@ -69,6 +70,7 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
         clock: Callable[[], float] = time.time,
         watchdog_interval: float = 1.0,
         poll_interval: float = 0.5,
+        keepalive_interval: float = INTERVAL,
     ) -> None:
         self.engines = engines
         self.writer = writer
@@ -78,6 +80,7 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
         self.finished = Signal()
         self.queued = Signal()
         self._loops: list[asyncio.Task[None]] = []  # the watchdog's and the WAL checkpoints'
+        self.calls_in_flight = CallsInFlight(self._write, clock, keepalive_interval)
         self.span_observer: Callable[[int], None] | None = None  # told how many spans each add_spans wrote
 
     @classmethod
@@ -91,8 +94,10 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
         poll_interval: float = 0.5,
         run_watchdog: bool = True,
         max_batch: int = 256,
+        keepalive_interval: float = INTERVAL,
     ) -> Store:
-        """Open (and create or upgrade) the database at ``url`` and start the writer and watchdog."""
+        """Open (and create or upgrade) the database at ``url`` and start the writer, the watchdog and the
+        heartbeat of calls in flight (``store.keepalive``; every ``keepalive_interval`` seconds, 0: never)."""
         engines = create_engines(url, sqlite_synchronous=sqlite_synchronous)
         try:
             if engines.pg is not None:
@@ -112,15 +117,24 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
         else:
             assert engines.writer is not None
             writer = BatchWriter(engines.writer, max_batch=max_batch)
-        store = cls(engines, writer, clock=clock, watchdog_interval=watchdog_interval, poll_interval=poll_interval)
+        store = cls(
+            engines,
+            writer,
+            clock=clock,
+            watchdog_interval=watchdog_interval,
+            poll_interval=poll_interval,
+            keepalive_interval=keepalive_interval,
+        )
         await writer.start()
         if engines.is_sqlite:
             store._loops.append(asyncio.create_task(store._checkpoint_loop(), name="rollway-checkpoint"))
         if run_watchdog and watchdog_interval > 0:
             store._loops.append(asyncio.create_task(store._watchdog_loop(), name="rollway-watchdog"))
+        store.calls_in_flight.start()
         return store
 
     async def close(self) -> None:
+        await self.calls_in_flight.close()
         for task in self._loops:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from store import calls, spans
+from store.keepalive import CallsInFlight
 from store.plumbing import StorePlumbing
 from store.schemas import Span
 
@@ -17,6 +18,7 @@ _SPAN_LIST: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
 
 class SpansMixin(StorePlumbing):
     span_observer: Callable[[int], None] | None  # told how many spans each add_spans wrote
+    calls_in_flight: CallsInFlight  # admitted, span not written: each keeps its attempt alive (store.keepalive)
 
     async def allocate_sequence(
         self, rollout_id: str | None, attempt_id: str | None = "latest", count: int = 1
@@ -25,13 +27,21 @@ class SpansMixin(StorePlumbing):
         return await self._write(lambda conn: spans.allocate(conn, rollout_id, attempt_id, count))
 
     async def begin_call(self, rollout_id: str | None, attempt_id: str | None = None) -> calls.CallTicket:
-        """An LLM call arrived: check its attempt is live, allocate its sequence id, tell its deadline."""
-        return await self._write(lambda conn: calls.begin(conn, rollout_id, attempt_id))
+        """An LLM call arrived: check its attempt is live, allocate its sequence id, tell its deadline. From here
+        until ``record_call`` the call keeps its attempt alive (``store.keepalive``)."""
+        ticket = await self._write(lambda conn: calls.begin(conn, rollout_id, attempt_id))
+        if ticket.attempt_id is not None:
+            self.calls_in_flight.arrived(ticket.rollout_id or "", ticket.attempt_id, ticket.sequence_id)
+        return ticket
 
     async def record_call(self, span: Span) -> None:
-        """Write the span of a call that ``begin_call`` admitted (see ``store.calls.record``)."""
+        """Write the span of a call that ``begin_call`` admitted (see ``store.calls.record``): the call is over."""
         now = self.clock()
-        await self._write(lambda conn: calls.record(conn, span, now))
+        try:
+            await self._write(lambda conn: calls.record(conn, span, now))
+        finally:
+            if span.attempt_id is not None:
+                self.calls_in_flight.ended(span.rollout_id or "", span.attempt_id, span.sequence_id or 0)
 
     async def next_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
         return (await self.allocate_sequence(rollout_id, attempt_id))[1]
