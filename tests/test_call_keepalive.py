@@ -63,10 +63,11 @@ def slow_call(gw: RunningGateway, rollout_id: str, seconds: float, attempt_id: s
 async def test_a_call_in_flight_keeps_its_attempt_running_and_its_rollout_out_of_the_queue(
     tmp_path: Path, mock: MockBackendProcess
 ) -> None:
-    """The audit's case: unresponsive_seconds 1.5 and one 4 s call. The attempt went ``unresponsive`` and the
-    rollout ``requeuing`` (claimable by another worker) during the call; now it stays running throughout."""
+    """The audit's case (unresponsive_seconds 1.5, one 4 s call; 2.5 here, for a loaded machine's sake): the
+    attempt went ``unresponsive`` and the rollout ``requeuing`` (claimable by another worker) during the call;
+    now it stays running throughout."""
     async with running_gateway(tmp_path, watchdog_interval=0.1) as gw:
-        rollout_id, attempt_id = await claimed(gw, mock, {"unresponsive_seconds": 1.5, **RETRY_UNRESPONSIVE})
+        rollout_id, attempt_id = await claimed(gw, mock, {"unresponsive_seconds": 2.5, **RETRY_UNRESPONSIVE})
         call = slow_call(gw, rollout_id, 4.0)
         seen = await watch(gw.store, rollout_id, attempt_id, call)
         assert (await call).choices[0].message.content
@@ -79,7 +80,7 @@ async def test_a_call_in_flight_keeps_its_attempt_running_and_its_rollout_out_of
 
 async def test_streamed_calls_in_flight_keep_the_attempt_alive_too(tmp_path: Path, mock: MockBackendProcess) -> None:
     async with running_gateway(tmp_path, watchdog_interval=0.1) as gw:
-        rollout_id, attempt_id = await claimed(gw, mock, {"unresponsive_seconds": 1.5, **RETRY_UNRESPONSIVE})
+        rollout_id, attempt_id = await claimed(gw, mock, {"unresponsive_seconds": 2.5, **RETRY_UNRESPONSIVE})
         [client] = gw.clients
 
         async def stream() -> str:
