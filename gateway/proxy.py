@@ -221,6 +221,7 @@ class Gateway:
             usage = refused != backend.backend_id
             upstream_body, injected = capture.prepare(record.operation, body, backend, config.sampling, usage)
             record.backend = backend
+            record.model_version = backend.version or lease.version
             self.router.started(backend.backend_id)
             delay: float | None = None
             try:

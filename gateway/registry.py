@@ -3,7 +3,8 @@ alias — paused, in-flight calls, and the pause/drain/swap/resume mechanics.
 
 A call *admits* itself to an alias and gets a ``Lease``: the alias configuration (backends, version) at that
 moment. A swap replaces the configuration atomically for later calls; calls holding a lease finish on the
-backends they started with, and every span records the version of its lease.
+backends they started with, and every span records the version of its lease (the ``version`` of the lease's
+backend that served it, when that backend has one).
 
 Replicas (processes sharing the database): every change to an alias moves the store's catalog revision
 forward in the change's own transaction. Each call's arrival transaction reads it (``CallTicket``), and the
