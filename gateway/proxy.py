@@ -19,6 +19,7 @@ import orjson
 from gateway import capture
 from gateway.attribution import Attribution
 from gateway.capture import CallRecord, Injected, Trace, traceparent
+from gateway.failover import Tries
 from gateway.metrics import Metrics
 from gateway.registry import AliasPaused, Lease, ModelRegistry, UnknownAlias
 from gateway.routing import Router
@@ -37,7 +38,6 @@ from gateway.streaming import (
 from gateway.upstream import (
     Upstream,
     UpstreamFailure,
-    backoff,
     passthrough_headers,
     read_quietly,
     retry_after,
@@ -204,18 +204,16 @@ class Gateway:
     async def connect(
         self, prepared: Prepared, body: dict[str, Any]
     ) -> tuple[aiohttp.ClientResponse, Backend, Injected]:
-        """Send the call to a backend, retrying and failing over until a response we will pass on arrives."""
+        """Send the call to a backend, retrying and failing over (``gateway.failover``) until a response we will
+        pass on arrives."""
         record, lease = prepared.record, prepared.lease
         config = lease.config
-        exclude: set[str] = set()
+        tries = Tries(config.backends)
         attempt, last_error = 0, None
         deadline, refused = record.deadline, ""  # refused: the backend that refused our ``stream_options``
         while True:
-            backend = self.router.choose(config.backends, record.rollout_id, exclude)
-            if backend is None:
-                exclude.clear()
-                backend = self.router.choose(config.backends, record.rollout_id, exclude)
-                assert backend is not None
+            backend = self.router.choose(config.backends, record.rollout_id, tries.passed_over())
+            assert backend is not None  # ``Tries.pause`` leaves a backend that is not passed over
             if record.backend is not None and backend.backend_id != record.backend.backend_id:
                 record.failovers += 1
             usage = refused != backend.backend_id
@@ -223,7 +221,7 @@ class Gateway:
             record.backend = backend
             record.model_version = backend.version or lease.version
             self.router.started(backend.backend_id)
-            delay: float | None = None
+            retry_wait: float | None = None
             try:
                 response: Any
                 if backend.kind == "litellm":
@@ -246,7 +244,6 @@ class Gateway:
                 self.router.finished(backend.backend_id, ok=False, counts_as_failure=exc.kind == "connect")
                 if exc.kind != "connect":
                     raise envelope(504, str(exc), "timeout", exc.kind) from exc
-                exclude.add(backend.backend_id)
                 last_error = envelope(502, str(exc), "upstream_error", "backend_unreachable")
             except asyncio.CancelledError:
                 self.router.finished(backend.backend_id, ok=False, counts_as_failure=False)
@@ -264,18 +261,16 @@ class Gateway:
                 self.router.finished(backend.backend_id, ok=False, counts_as_failure=response.status >= 500)
                 last_error = CallError(response.status, error_body, passthrough_headers(response))
                 if response.status == 429:
-                    delay = retry_after(response.headers.get("Retry-After"), self.settings.retry_max_wait)
-                    if len(config.backends) > 1:
-                        exclude.add(backend.backend_id)
-                        delay = None if delay is None else 0.0
-                else:
-                    exclude.add(backend.backend_id)
+                    retry_wait = retry_after(response.headers.get("Retry-After"), self.settings.retry_max_wait)
+            tries.failed(backend.backend_id, retry_wait)
             if attempt >= self.settings.upstream_retries:
-                assert last_error is not None
                 raise last_error
+            pause = tries.pause(attempt + 1, self.settings.retry_max_wait)
+            if pause > 0 and deadline is not None and time.time() + pause >= deadline:
+                raise last_error  # the rollout's deadline would pass first: no use waiting for it
             attempt += 1
             record.retry_count = attempt
-            await wait(delay if delay is not None else backoff(attempt, self.settings.retry_max_wait))
+            await wait(pause)
 
     async def run(
         self, prepared: Prepared, body: dict[str, Any], reply: Reply, headers: list[tuple[bytes, bytes]]

@@ -1,7 +1,7 @@
 """Calls to backends: one pooled aiohttp session for the process, one function per try.
 
-Retries, failover and backoff live in ``gateway.proxy``; this module only knows how to send a request and
-how a failure should be classified.
+Retries and failover live in ``gateway.proxy`` and ``gateway.failover``; this module only knows how to send a
+request, how a failure should be classified, and the backoff and ``Retry-After`` arithmetic.
 """
 
 from __future__ import annotations

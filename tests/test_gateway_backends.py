@@ -1,9 +1,14 @@
 """Several backends behind one alias, end to end: the official openai SDK (or httpx) → a real gateway → the mock
 backend. Each backend of the alias names a model of its own on the one mock process, so that a fault can target
-one backend. Covered: the version of the backend that served a call in its span and in the exports."""
+one backend. Covered: 429s with ``Retry-After`` on every backend, and the version of the backend that served a
+call in its span and in the exports.
+
+The mock's long-polls (``stats(wait_...)``) run in a thread: the gateway serves in this test's event loop."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,6 +32,82 @@ async def gateway(tmp_path: Path, *backends: dict[str, Any], **settings: Any) ->
 def backend(mock: MockBackendProcess, name: str, **extra: Any) -> dict[str, Any]:
     """Backend ``name`` of the alias: the mock, asked for model ``model-<name>`` (what a fault can match)."""
     return vllm(mock, name, model=f"model-{name}", **extra)
+
+
+async def stats(mock: MockBackendProcess, **wait: Any) -> dict[str, Any]:
+    return await asyncio.to_thread(mock.stats, **wait)
+
+
+async def post(gw: RunningGateway, path: str = "/v1/chat/completions", timeout: float = 20) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=timeout) as http:
+        return await http.post(f"{gw.url}{path}", json={"model": "policy", "messages": MESSAGES, "max_tokens": 4})
+
+
+async def warm(gw: RunningGateway) -> None:
+    """One call first, so that the timed ones do not pay for the first connections."""
+    assert (await post(gw)).status_code == 200
+
+
+# -- Retry-After when the alias has several backends ------------------------------------------------------
+
+
+async def test_when_every_backend_asks_to_wait_the_call_waits_for_the_first_to_be_ready(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """Both backends answer 429 with Retry-After (1 s and 2 s): the call goes from the first to the second at
+    once, then waits the shorter wait and is served by the backend that asked for it, about 1 s after it came
+    (it was re-sent within milliseconds, to a backend that had asked for seconds)."""
+    async with gateway(tmp_path, backend(mock, "a"), backend(mock, "b")) as gw:
+        rollout_id, _ = await claim_one(gw.store)
+        await warm(gw)
+        mock.add_faults(
+            {"kind": "rate_limit", "retry_after": 1, "match": "model-a"},
+            {"kind": "rate_limit", "retry_after": 2, "match": "model-b"},
+        )
+        started = time.monotonic()
+        response = await post(gw, f"/rollout/{rollout_id}/v1/chat/completions")
+        elapsed = time.monotonic() - started
+        assert response.status_code == 200, response.text
+        assert 0.95 <= elapsed < 1.8, elapsed
+        assert (await stats(mock))["by_status"] == {"200": 2, "429": 2}
+        assert await gw.state.registry.drain("policy", 10)
+        [span] = await gw.store.query_spans(rollout_id)
+        assert span.status.status_code == "OK"
+        assert span.attributes["rollway.retry_count"] == 2
+        assert span.attributes["rollway.backend_id"] == "a"
+
+
+async def test_a_429_fails_over_at_once_to_a_backend_not_asking_to_wait(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    async with gateway(tmp_path, backend(mock, "a"), backend(mock, "b")) as gw:
+        await warm(gw)
+        mock.add_faults({"kind": "rate_limit", "retry_after": 5, "match": "model-a", "times": None})
+        for _ in range(3):  # whichever backend least-outstanding picks first: served by b, without waiting
+            started = time.monotonic()
+            response = await post(gw)
+            assert response.status_code == 200, response.text
+            assert time.monotonic() - started < 1.0
+        assert await gw.state.registry.drain("policy", 10)
+        spans = await gw.store.query_spans(None)
+        assert [s.attributes["rollway.backend_id"] for s in spans][1:] == ["b", "b", "b"]
+
+
+async def test_a_wait_past_the_rollouts_deadline_is_not_waited_for(tmp_path: Path, mock: MockBackendProcess) -> None:
+    """Every backend asks for 3 s and the rollout has 1 s left: the client gets the backend's 429 (with its
+    Retry-After) at once, not a 504 after the deadline."""
+    async with gateway(tmp_path, backend(mock, "a"), backend(mock, "b")) as gw:
+        await gw.store.enqueue([{"input": {"task": "t"}, "config": {"timeout_seconds": 1.0}}])
+        [claimed] = await gw.store.claim("worker-1")
+        rollout_id = claimed.rollout.rollout_id
+        await warm(gw)
+        mock.add_faults({"kind": "rate_limit", "retry_after": 3, "times": None})
+        started = time.monotonic()
+        response = await post(gw, f"/rollout/{rollout_id}/v1/chat/completions")
+        assert response.status_code == 429, response.text
+        assert response.headers["retry-after"] == "3"
+        assert time.monotonic() - started < 0.9
+        assert (await stats(mock))["by_status"] == {"200": 1, "429": 2}
 
 
 # -- the version of the backend that served the call ------------------------------------------------------
