@@ -13,15 +13,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from gateway.upstream import backoff
 from store import Backend
+
+if TYPE_CHECKING:
+    from gateway.routing import Router
 
 
 class Tries:
     """One call's failed backends and the waits its backends asked for."""
 
     def __init__(self, backends: Sequence[Backend], clock: Callable[[], float] = time.monotonic) -> None:
+        self.backends = backends
         self._ids = [b.backend_id for b in backends]
         self._clock = clock
         self._failed: set[str] = set()
@@ -36,6 +41,13 @@ class Tries:
     def passed_over(self) -> set[str]:
         """The backends the next try avoids while another will do: asking to wait, or failed this round."""
         return self._failed | self.asking()
+
+    def pick(self, router: Router, rollout_id: str | None) -> Backend | None:
+        """The backend of the next try, among those with a free slot: never one asking to wait, one that failed
+        this round only when no other has room; None when none has room."""
+        return router.choose(self.backends, rollout_id, self.passed_over()) or router.choose(
+            self.backends, rollout_id, self.asking()
+        )
 
     def next_ready(self) -> float | None:
         """Seconds until the first backend asking to wait is ready again (None: none is asking)."""

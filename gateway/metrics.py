@@ -317,6 +317,11 @@ class _StateCollector:
             "Tries in flight to the backend from this process.",
             labels=["alias", "backend"],
         )
+        waiting = GaugeMetricFamily(
+            "rollway_requests_waiting",
+            "Calls waiting in this process for a backend slot: every backend of the alias at its max_concurrency.",
+            labels=["alias"],
+        )
         if snap is not None:
             for status, n in snap.rollouts.items():
                 rollouts.add_metric([status], n)
@@ -326,13 +331,14 @@ class _StateCollector:
             router = self.router
             for model in snap.models:
                 paused.add_metric([model.alias], 1.0 if model.paused else 0.0)
+                waiting.add_metric([model.alias], 0 if router is None else router.waiting(model.alias))
                 for backend in model.backends:
                     labels = [model.alias, backend.backend_id]
                     healthy = router is None or router.is_up(backend.backend_id)
                     backend_up.add_metric(labels, 1.0 if healthy else 0.0)
                     busy = 0 if router is None else router.health(backend.backend_id).outstanding
                     outstanding.add_metric(labels, busy)
-        yield from (rollouts, attempts, queue, paused, backend_up, outstanding)
+        yield from (rollouts, attempts, queue, paused, backend_up, outstanding, waiting)
 
 
 def _multiproc_dir() -> str | None:

@@ -7,7 +7,7 @@ failover (only before the first byte reached the client), streaming pass-through
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -32,6 +32,7 @@ from gateway.streaming import (
     StreamAccumulator,
     carries_output,
     encode_event,
+    json_answer,
     json_object,
     stream_error,
 )
@@ -175,6 +176,9 @@ class Gateway:
     async def _refused(self, record: CallRecord, err: CallError, error_type: str | None = None) -> CallError:
         """A call refused after its sequence id was taken: its span says why (no gap in the sequence)."""
         err.headers.append((b"x-rollway-sequence-id", str(record.sequence_id).encode()))
+        return await self._record_refusal(record, err, error_type)
+
+    async def _record_refusal(self, record: CallRecord, err: CallError, error_type: str | None) -> CallError:
         record.status_code, record.error = err.status, err.body.decode(errors="replace")
         record.error_type = error_type or f"http_{err.status}"
         await self.finish(record)
@@ -205,64 +209,48 @@ class Gateway:
         self, prepared: Prepared, body: dict[str, Any]
     ) -> tuple[aiohttp.ClientResponse, Backend, Injected]:
         """Send the call to a backend, retrying and failing over (``gateway.failover``) until a response we will
-        pass on arrives."""
+        pass on arrives. Each try holds a slot of its backend (``max_concurrency``) until it ends."""
         record, lease = prepared.record, prepared.lease
         config = lease.config
         tries = Tries(config.backends)
         attempt, last_error = 0, None
         deadline, refused = record.deadline, ""  # refused: the backend that refused our ``stream_options``
+        backend: Backend | None = None
         while True:
-            backend = self.router.choose(config.backends, record.rollout_id, tries.passed_over())
-            assert backend is not None  # ``Tries.pause`` leaves a backend that is not passed over
+            if backend is None:  # (asked again without ``stream_options``: the same backend, the same slot)
+                backend = await self._slot(record, tries)
             if record.backend is not None and backend.backend_id != record.backend.backend_id:
                 record.failovers += 1
             usage = refused != backend.backend_id
             upstream_body, injected = capture.prepare(record.operation, body, backend, config.sampling, usage)
             record.backend = backend
             record.model_version = backend.version or lease.version
-            self.router.started(backend.backend_id)
             retry_wait: float | None = None
             try:
-                response: Any
-                if backend.kind == "litellm":
-                    from gateway import litellm_backend  # LiteLLM only when such a backend serves a call
-
-                    # LiteLLM's one timeout bounds each read (httpx), like ``read_timeout`` does for aiohttp.
-                    timeout = self.settings.read_timeout
-                    if deadline is not None:
-                        timeout = max(0.001, min(timeout, deadline - time.time()))
-                    response = await litellm_backend.call(backend, prepared.path, upstream_body, timeout)
-                else:
-                    response = await self.upstream.send(
-                        backend,
-                        prepared.path,
-                        orjson.dumps(upstream_body),
-                        trace=(traceparent(record.trace_id, record.span_id, record.trace_flags), record.trace_state),
-                        deadline=deadline,
-                    )
+                response = await self._send(prepared, backend, upstream_body)
+                if response.status not in RETRY_STATUSES:
+                    if injected.usage and await capture.refused_stream_options(response, backend):
+                        refused = backend.backend_id
+                        continue  # asked again at once, without the ``stream_options`` it refused
+                    if refused == backend.backend_id:
+                        capture.asked_again(backend, response.status)
+                    return response, backend, injected  # the try's slot is ``run``'s to give back
+                error_body = without_key(await read_quietly(response), backend)
             except UpstreamFailure as exc:
                 self.router.finished(backend.backend_id, ok=False, counts_as_failure=exc.kind == "connect")
                 if exc.kind != "connect":
                     raise envelope(504, str(exc), "timeout", exc.kind) from exc
                 last_error = envelope(502, str(exc), "upstream_error", "backend_unreachable")
-            except asyncio.CancelledError:
+            except BaseException:  # cancelled (the client left), or broken: the slot is given back all the same
                 self.router.finished(backend.backend_id, ok=False, counts_as_failure=False)
                 raise
             else:
-                if response.status not in RETRY_STATUSES:
-                    if injected.usage and await capture.refused_stream_options(response, backend):
-                        self.router.finished(backend.backend_id, ok=True, counts_as_failure=False)
-                        refused = backend.backend_id
-                        continue  # asked again at once, without the ``stream_options`` it refused
-                    if refused == backend.backend_id:
-                        capture.asked_again(backend, response.status)
-                    return response, backend, injected
-                error_body = without_key(await read_quietly(response), backend)
                 self.router.finished(backend.backend_id, ok=False, counts_as_failure=response.status >= 500)
                 last_error = CallError(response.status, error_body, passthrough_headers(response))
                 if response.status == 429:
                     retry_wait = retry_after(response.headers.get("Retry-After"), self.settings.retry_max_wait)
             tries.failed(backend.backend_id, retry_wait)
+            backend = None
             if attempt >= self.settings.upstream_retries:
                 raise last_error
             pause = tries.pause(attempt + 1, self.settings.retry_max_wait)
@@ -272,6 +260,40 @@ class Gateway:
             record.retry_count = attempt
             await wait(pause)
 
+    async def _send(self, prepared: Prepared, backend: Backend, upstream_body: dict[str, Any]) -> Any:
+        """One try: the backend's response (aiohttp's, or LiteLLM's look-alike), unread."""
+        record, deadline = prepared.record, prepared.record.deadline
+        if backend.kind == "litellm":
+            from gateway import litellm_backend  # LiteLLM only when such a backend serves a call
+
+            # LiteLLM's one timeout bounds each read (httpx), like ``read_timeout`` does for aiohttp.
+            timeout = self.settings.read_timeout
+            if deadline is not None:
+                timeout = max(0.001, min(timeout, deadline - time.time()))
+            return await litellm_backend.call(backend, prepared.path, upstream_body, timeout)
+        return await self.upstream.send(
+            backend,
+            prepared.path,
+            orjson.dumps(upstream_body),
+            trace=(traceparent(record.trace_id, record.span_id, record.trace_flags), record.trace_state),
+            deadline=deadline,
+        )
+
+    async def _slot(self, record: CallRecord, tries: Tries) -> Backend:
+        """The backend of the call's next try, its slot taken: waiting while every backend the call may use is at
+        its ``max_concurrency``, up to ``ROLLWAY_PAUSE_WAIT_SECONDS`` or the rollout's deadline; then 429."""
+        bound = self.settings.pause_wait_seconds
+        if record.deadline is not None:
+            bound = min(bound, record.deadline - time.time())
+        pick = functools.partial(tries.pick, self.router, record.rollout_id)
+        backend = await self.router.acquire(record.alias or "", tries.backends, pick, bound, tries.next_ready)
+        if backend is not None:
+            return backend
+        message = f"every backend of model '{record.alias}' is busy (at its max_concurrency); retry later"
+        err = envelope(429, message, "rate_limit_exceeded", "model_busy")
+        err.headers.append((b"retry-after", str(int(max(1.0, self.settings.pause_wait_seconds))).encode()))
+        raise await self._record_refusal(record, err, "model_busy")
+
     async def run(
         self, prepared: Prepared, body: dict[str, Any], reply: Reply, headers: list[tuple[bytes, bytes]]
     ) -> None:
@@ -280,7 +302,7 @@ class Gateway:
         response, backend, injected = await self.connect(prepared, body)
         ok = response.status < 500
         try:
-            if record.stream and response.status == 200 and not _json_answer(response):
+            if record.stream and response.status == 200 and not json_answer(response):
                 # (a backend may answer a streamed request with one JSON body, e.g. embeddings: passed as such)
                 await self._stream(record, response, injected, reply, headers)
             else:
@@ -417,8 +439,3 @@ class Gateway:
             await reply.body(b"data: " + not_recorded().body + b"\n\n", more=False)
             return
         await reply.body(done_event or b"", more=False)
-
-
-def _json_answer(response: Any) -> bool:
-    """An answer with one JSON body (``Content-Type: application/json``), not an event stream."""
-    return bool(response.headers.get("Content-Type", "").startswith("application/json"))

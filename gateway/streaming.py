@@ -264,6 +264,11 @@ def json_object(data: bytes) -> dict[str, Any] | None:
     return parsed if isinstance(parsed, dict) else None
 
 
+def json_answer(response: Any) -> bool:
+    """An answer with one JSON body (``Content-Type: application/json``), not an event stream."""
+    return bool(response.headers.get("Content-Type", "").startswith("application/json"))
+
+
 def stream_error(chunk: dict[str, Any], responses: bool) -> bool:
     """An error the backend sent as a stream event (``{"error": ...}``; the Responses API: ``type: error``)."""
     if responses:

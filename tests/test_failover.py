@@ -5,6 +5,7 @@ and waits for the first to be ready when every backend is asking."""
 from __future__ import annotations
 
 from gateway.failover import Tries
+from gateway.routing import Router
 from store import Backend
 from tests.conftest import FakeClock
 
@@ -33,6 +34,9 @@ def test_when_every_backend_asks_to_wait_the_call_waits_for_the_shortest() -> No
     assert tries.pause(2, MAX_WAIT) == 1.0  # b's, the sooner one
     clock.advance(0.999)  # (a timer may fire a little early: b counts as ready all the same)
     assert tries.passed_over() == {"a"}
+    router = Router(clock)
+    picked = tries.pick(router, None)
+    assert picked is not None and picked.backend_id == "b"
 
 
 def test_a_single_backend_is_waited_for() -> None:
@@ -60,3 +64,16 @@ def test_a_failed_backend_comes_before_one_asking_to_wait() -> None:
     tries.failed("b", retry_after=5.0)
     assert 0 <= tries.pause(2, MAX_WAIT) <= 0.2  # a backoff, not b's 5 s
     assert tries.passed_over() == {"b"}
+
+
+def test_the_pick_takes_a_failed_backend_with_room_over_waiting_for_a_full_one() -> None:
+    router = Router(FakeClock())
+    a, b = backends("a", "b", max_concurrency=1)
+    tries = Tries([a, b], FakeClock())
+    router.started("b")  # b is full (another call)
+    tries.failed("a")
+    assert tries.pause(1, MAX_WAIT) >= 0
+    picked = tries.pick(router, None)
+    assert picked is not None and picked.backend_id == "a"
+    router.started("a")
+    assert tries.pick(router, None) is None  # both full: the call waits for a slot

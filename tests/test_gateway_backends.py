@@ -1,13 +1,14 @@
 """Several backends behind one alias, end to end: the official openai SDK (or httpx) → a real gateway → the mock
 backend. Each backend of the alias names a model of its own on the one mock process, so that a fault can target
-one backend. Covered: 429s with ``Retry-After`` on every backend, and the version of the backend that served a
-call in its span and in the exports.
+one backend. Covered: 429s with ``Retry-After`` on every backend, ``max_concurrency`` as a cap (calls wait for a
+slot, then 429), and the version of the backend that served a call in its span and in the exports.
 
 The mock's long-polls (``stats(wait_...)``) run in a thread: the gateway serves in this test's event loop."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from gateway.mock import MockBackendProcess
 from tests.gateway_harness import RunningGateway, claim_one, register, running_gateway, vllm
 
 MESSAGES = [{"role": "user", "content": "What is 17 + 25?"}]
+ENVELOPE_KEYS = {"message", "type", "param", "code"}
 
 
 @asynccontextmanager
@@ -43,9 +46,30 @@ async def post(gw: RunningGateway, path: str = "/v1/chat/completions", timeout: 
         return await http.post(f"{gw.url}{path}", json={"model": "policy", "messages": MESSAGES, "max_tokens": 4})
 
 
+async def scrape(gw: RunningGateway) -> str:
+    async with httpx.AsyncClient(timeout=10) as http:
+        response = await http.get(f"{gw.url}/metrics")
+    assert response.status_code == 200, response.text
+    return response.text
+
+
 async def warm(gw: RunningGateway) -> None:
     """One call first, so that the timed ones do not pay for the first connections."""
     assert (await post(gw)).status_code == 200
+
+
+def track_outstanding(gw: RunningGateway, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every try's count of tries in flight to its backend, as it starts."""
+    router = gw.state.router
+    seen: list[int] = []
+    started = router.started
+
+    def counting(backend_id: str) -> None:
+        started(backend_id)
+        seen.append(router.health(backend_id).outstanding)
+
+    monkeypatch.setattr(router, "started", counting)
+    return seen
 
 
 # -- Retry-After when the alias has several backends ------------------------------------------------------
@@ -108,6 +132,84 @@ async def test_a_wait_past_the_rollouts_deadline_is_not_waited_for(tmp_path: Pat
         assert response.headers["retry-after"] == "3"
         assert time.monotonic() - started < 0.9
         assert (await stats(mock))["by_status"] == {"200": 1, "429": 2}
+
+
+# -- max_concurrency is a cap ---------------------------------------------------------------------------
+
+
+async def test_max_concurrency_is_a_cap_calls_wait_for_a_slot(
+    tmp_path: Path, mock: MockBackendProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One backend with max_concurrency 1 and three calls at once: they are served one after the other (never
+    two tries in flight to it), all of them successfully."""
+    async with gateway(tmp_path, backend(mock, "a", max_concurrency=1), pause_wait_seconds=10) as gw:
+        seen = track_outstanding(gw, monkeypatch)
+        mock.add_faults({"kind": "delay", "ms": 150, "times": None})
+        responses = await asyncio.gather(*(post(gw) for _ in range(3)))
+        assert [r.status_code for r in responses] == [200, 200, 200]
+        assert seen == [1, 1, 1]
+        starts = sorted(r["at"] for r in await asyncio.to_thread(mock.requests, path="/v1/chat/completions"))
+        assert all(later - earlier >= 0.14 for earlier, later in itertools.pairwise(starts)), starts
+
+
+async def test_a_call_that_finds_every_backend_full_too_long_gets_a_429_and_a_span(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """Two capped backends, both busy (their calls hang): a third call waits up to the pause bound, then gets a
+    429 ``model_busy`` with Retry-After, in the envelope, recorded as an error span; it never reached a backend."""
+    capped = [backend(mock, "a", max_concurrency=1), backend(mock, "b", max_concurrency=1)]
+    async with gateway(tmp_path, *capped, pause_wait_seconds=0.3) as gw:
+        mock.add_faults({"kind": "hang", "times": 2})
+        hanging = [asyncio.create_task(post(gw)) for _ in range(2)]
+        await stats(mock, wait_requests=2, timeout=10)
+        rollout_id, _ = await claim_one(gw.store)
+        started = time.monotonic()
+        response = await post(gw, f"/rollout/{rollout_id}/v1/chat/completions")
+        assert 0.25 <= time.monotonic() - started < 2
+        assert response.status_code == 429, response.text
+        error = response.json()["error"]
+        assert set(error) == ENVELOPE_KEYS
+        assert error["type"] == "rate_limit_exceeded" and error["code"] == "model_busy"
+        assert int(response.headers["retry-after"]) >= 1
+        assert (await stats(mock))["requests_total"] == 2
+        [span] = await gw.store.query_spans(rollout_id)
+        assert response.headers["x-rollway-sequence-id"] == str(span.sequence_id)
+        assert span.status.status_code == "ERROR"
+        assert span.attributes["http.response.status_code"] == 429
+        assert span.attributes["error.type"] == "model_busy"
+        assert span.attributes["rollway.backend_id"] is None
+        metrics = await scrape(gw)
+        busy = 'rollway_request_errors_total{alias="policy",error_type="model_busy",route="/v1/chat/completions"}'
+        assert f"{busy} 1.0" in metrics
+        assert 'rollway_requests_waiting{alias="policy"} 0.0' in metrics
+        for task in hanging:
+            task.cancel()
+        await asyncio.gather(*hanging, return_exceptions=True)
+        assert await gw.state.registry.drain("policy", 10)
+
+
+async def test_a_client_that_leaves_while_waiting_for_a_slot_leaves_the_queue(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """A call waiting for the only slot is abandoned by its client: its span says cancelled, and once the busy
+    call ends the slot goes to the next call (not to the one that left)."""
+    async with gateway(tmp_path, backend(mock, "a", max_concurrency=1), pause_wait_seconds=30) as gw:
+        mock.add_faults({"kind": "hang", "times": 1})
+        busy = asyncio.create_task(post(gw))
+        await stats(mock, wait_requests=1, timeout=10)
+        rollout_id, _ = await claim_one(gw.store)
+        with pytest.raises(httpx.ReadTimeout):
+            await post(gw, f"/rollout/{rollout_id}/v1/chat/completions", timeout=0.5)
+        busy.cancel()
+        await asyncio.gather(busy, return_exceptions=True)
+        response = await post(gw)
+        assert response.status_code == 200, response.text
+        assert await gw.state.registry.drain("policy", 10)
+        [left] = await gw.store.query_spans(rollout_id)
+        assert left.attributes["rollway.cancelled"] is True
+        assert left.attributes["rollway.backend_id"] is None
+        assert (await stats(mock))["requests_total"] == 2
+        assert gw.state.router.waiting() == 0 and gw.state.router.health("a").outstanding == 0
 
 
 # -- the version of the backend that served the call ------------------------------------------------------

@@ -1,9 +1,14 @@
 """Backend choice (``gateway.routing.Router``): sticky per rollout within a load bound, least outstanding
-weighted otherwise, ``max_concurrency`` as a soft cap, passive health with a doubling cool-down."""
+weighted otherwise, ``max_concurrency`` as a cap (calls wait for a slot, first come first served), passive
+health with a doubling cool-down."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
+from collections.abc import Sequence
+
+import pytest
 
 from gateway.routing import BASE_COOLDOWN, LOAD_FACTOR, LOAD_SLACK, Router
 from store import Backend
@@ -68,7 +73,114 @@ def test_a_full_backend_is_passed_over_while_another_has_room() -> None:
     assert start(router, [small, B]) == "small"
     assert [start(router, [small, B]) for _ in range(3)] == ["b", "b", "b"]
     capped_b = backend("b", max_concurrency=3)
-    assert start(router, [small, capped_b]) in {"small", "b"}  # every one full: still served (a soft cap)
+    assert router.choose([small, capped_b], None, set()) is None  # every one full: none (a cap, not a preference)
+    router.finished("b", ok=True, counts_as_failure=False)
+    assert start(router, [small, capped_b]) == "b"
+
+
+def test_a_rollout_sticks_within_the_caps_only() -> None:
+    router = Router(Clock())
+    one, two = backend("one", max_concurrency=1), backend("two", max_concurrency=1)
+    first = start(router, [one, two], "r1")
+    assert start(router, [one, two], "r1") != first  # its backend is full: the other one
+    assert router.choose([one, two], "r1", set()) is None
+    router.finished(first, ok=True, counts_as_failure=False)
+    assert start(router, [one, two], "r1") == first
+
+
+async def acquire(router: Router, backends: Sequence[Backend], timeout: float = 30, alias: str = "m") -> str | None:
+    chosen = await router.acquire(alias, backends, lambda: router.choose(backends, None, set()), timeout)
+    return None if chosen is None else chosen.backend_id
+
+
+async def queued(router: Router, backends: Sequence[Backend], count: int) -> list[asyncio.Task[str | None]]:
+    """``count`` calls waiting for a slot, in this order."""
+    tasks = []
+    for _ in range(count):
+        tasks.append(asyncio.create_task(acquire(router, backends)))
+        await asyncio.sleep(0)  # one turn of the loop: the call is in the queue
+    assert router.waiting("m") == count
+    return tasks
+
+
+async def test_calls_wait_for_a_slot_and_get_it_first_come_first_served() -> None:
+    router = Router(Clock())
+    capped = [backend("a", max_concurrency=1)]
+    assert await acquire(router, capped) == "a"
+    tasks = await queued(router, capped, 3)
+    served: list[int] = []
+    pending = set(tasks)
+    for _ in range(3):
+        router.finished("a", ok=True, counts_as_failure=False)  # the slot goes to the first in line
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        [task] = done
+        assert task.result() == "a" and router.health("a").outstanding == 1
+        served.append(tasks.index(task))
+    assert served == [0, 1, 2]
+    assert router.waiting() == 0
+
+
+async def test_a_newcomer_queues_behind_the_calls_already_waiting() -> None:
+    router = Router(Clock())
+    capped = [backend("a", max_concurrency=2)]
+    assert [await acquire(router, capped), await acquire(router, capped)] == ["a", "a"]
+    [first] = await queued(router, capped, 1)
+    router.finished("a", ok=True, counts_as_failure=False)
+    newcomer = asyncio.create_task(acquire(router, capped, timeout=0.05))
+    assert await first == "a"
+    assert await newcomer is None  # it came after the waiting call: no slot was left for it
+
+
+async def test_waiting_ends_at_the_bound_and_a_call_that_leaves_gives_up_its_place() -> None:
+    router = Router(Clock())
+    capped = [backend("a", max_concurrency=1)]
+    assert await acquire(router, capped) == "a"
+    assert await acquire(router, capped, timeout=0.01) is None
+    assert await acquire(router, capped, timeout=0) is None  # no wait at all
+    leaving, staying = await queued(router, capped, 2)
+    leaving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    assert router.waiting() == 1
+    router.finished("a", ok=True, counts_as_failure=False)
+    assert await staying == "a"
+    assert router.waiting() == 0 and router.health("a").outstanding == 1
+
+
+async def test_a_slot_handed_to_a_call_as_it_leaves_goes_to_the_next() -> None:
+    router = Router(Clock())
+    capped = [backend("a", max_concurrency=1)]
+    assert await acquire(router, capped) == "a"
+    leaving, staying = await queued(router, capped, 2)
+    router.finished("a", ok=True, counts_as_failure=False)  # handed to ``leaving``, which has not run yet
+    leaving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    assert await staying == "a"
+    assert router.health("a").outstanding == 1
+
+
+async def test_backends_without_max_concurrency_are_unlimited_and_other_aliases_do_not_wait() -> None:
+    router = Router(Clock())
+    capped, free = [backend("a", max_concurrency=1)], [backend("other")]
+    assert await acquire(router, capped) == "a"
+    [waiting] = await queued(router, capped, 1)
+    assert [await acquire(router, free, alias="n") for _ in range(50)] == ["other"] * 50
+    router.finished("other", ok=True, counts_as_failure=False)  # not a slot the waiting call can use
+    assert not waiting.done()
+    router.finished("a", ok=True, counts_as_failure=False)
+    assert await waiting == "a"
+
+
+async def test_a_waiting_call_looks_again_when_an_ejected_backend_is_back() -> None:
+    """Every healthy backend is full and the other is ejected: the call gets the ejected one once its cool-down
+    ends, without a try ending."""
+    router = Router()  # the real clock: the cool-down ends in real time
+    a, b = backend("a", max_concurrency=1), backend("b")
+    assert await acquire(router, [a]) == "a"
+    router.eject("b")
+    router.health("b").down_until -= BASE_COOLDOWN - 0.05  # back in 50 ms
+    assert await acquire(router, [a, b], timeout=5) == "b"
 
 
 def test_failures_eject_a_backend_for_a_cooldown_that_doubles_on_relapse() -> None:
