@@ -9,11 +9,12 @@ one of three ways:
   count it (a group built only this way is as large as its members, whenever you look).
 - *sampled* — an enqueued task with ``group_size: n``, the only one of its request to name the group: n rollouts
   of its input at the next n indexes; the size grows by n. A new group so gets 0..n-1.
-- *declared member* — a direct start with ``group_size: n``, or one of several tasks of an enqueue that name the
-  group, all with the same ``group_size: n``: one rollout each, at the next index, and n is the size of the
-  group (not a count): it is complete once n members finished, however they arrive (direct starts one at a
-  time, queued tasks, the CLI's batches). A group that has members and another size (declared otherwise, or
-  counted by joining members) is refused, and so is a member that would make it larger than n (it is full).
+- *declared member* — a direct start with ``group_size: n`` (n > 1; with 1, a start joins), or one of several
+  tasks of an enqueue that name the group, all with the same ``group_size: n``: one rollout each, at the next
+  index, and n is the size of the group (not a count): it is complete once n members finished, however they
+  arrive (direct starts one at a time, queued tasks, the CLI's batches). A group that has members and another
+  size (declared otherwise, or counted by joining members) is refused, and so is a member that would make it
+  larger than n (it is full).
 
 Rows that exist already (a request sent again) keep their index and size, and are not checked again. Replicas
 joining one group take turns (``serialize_key``: PostgreSQL's advisory lock on the group), so no index is given

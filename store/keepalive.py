@@ -91,6 +91,14 @@ def touch(conn: Connection, targets: Sequence[tuple[str, str]], now: float) -> i
     """A heartbeat for each (rollout id, attempt id) of ``targets`` (module docstring); how many attempts got one."""
     touched = touch_running(conn, sorted({attempt_id for _, attempt_id in targets}), now)
     rest = [(rollout_id, attempt_id) for rollout_id, attempt_id in targets if attempt_id not in touched]
+    if rest:
+        # Attempts a newer one replaced are left out before any lock is taken: ``revive`` locks the rollout,
+        # and this transaction may hold the newer attempt (touched above) that a lifecycle write holding the
+        # rollout waits for (on PostgreSQL, a deadlock); nor does a stale call lock its rollout every round.
+        wanted = sorted({rollout_id for rollout_id, _ in rest})
+        query = select(R.c.rollout_id, R.c.latest_attempt_id).where(R.c.rollout_id.in_(wanted))
+        latest = {rollout_id: attempt_id for rollout_id, attempt_id in conn.execute(query)}
+        rest = [(rollout_id, attempt_id) for rollout_id, attempt_id in rest if latest.get(rollout_id) == attempt_id]
     return len(touched) + (revive(conn, rest, now) if rest else 0)
 
 

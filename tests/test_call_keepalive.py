@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import asyncpg
 import openai
 import pytest
 
@@ -312,3 +313,28 @@ async def test_the_loop_writes_only_while_a_call_has_been_in_flight_for_an_inter
         writes = store.writer.stats.transactions
         await asyncio.sleep(0.35)
         assert store.writer.stats.transactions == writes
+
+
+@pytest.mark.postgres
+async def test_a_stale_attempts_call_locks_nothing_of_its_rollout(pg_url: str, clock: FakeClock) -> None:
+    """PostgreSQL: a round holds the running attempt it touched; were it then to lock the rollout for another
+    call's stale attempt, a lifecycle write holding that rollout (it locks rollout, then attempt) and waiting
+    for the attempt would deadlock with it. The stale attempt is left out before any lock is taken."""
+    store = await Store.open(pg_url, clock=clock, run_watchdog=False, keepalive_interval=0)
+    try:
+        rollout_id, old = await started(store, unresponsive_seconds=10, max_attempts=3)
+        await store.begin_call(rollout_id, old)
+        new = (await store.start_attempt(rollout_id, "w2")).attempt.attempt_id
+        await store.add_span(span(rollout_id, new))  # the new attempt runs
+        await store.begin_call(rollout_id, new)
+        holder = await asyncpg.connect(pg_url)
+        try:
+            async with holder.transaction():
+                await holder.execute("SELECT 1 FROM rollouts WHERE rollout_id = $1 FOR UPDATE", rollout_id)
+                touched = await asyncio.wait_for(store.calls_in_flight.keep_alive(min_age=0), 10)
+        finally:
+            await holder.close()
+        assert touched == 1
+        assert (await store.get_attempt(rollout_id, new)).last_heartbeat_time == clock.now
+    finally:
+        await store.close()

@@ -1426,6 +1426,13 @@ async def test_enqueued_tasks_sharing_a_group_and_its_size_are_its_members(store
     assert [(r.input, r.group_size, r.group_index) for r in sampled] == [("s", 3, i) for i in range(3)]
 
 
+async def test_a_start_with_group_size_1_joins_the_group(store: Store) -> None:
+    """``group_size: 1`` is what a start makes (one rollout), not a group of one: such starts join the group."""
+    for i in range(3):
+        started = await store.start_rollout({"input": i, "group_id": "loose", "group_size": 1}, "w")
+        assert (started.rollout.group_index, started.rollout.group_size) == (i, i + 1)
+
+
 async def test_a_keyed_start_or_enqueue_that_declared_a_size_gets_its_first_answer_again(store: Store) -> None:
     """Sent again after the group filled up, a declared member is the same request (not 'no room'); sent again
     naming another size, it is another request."""
