@@ -333,7 +333,8 @@ def start_rollout(
     group = (spec.group_id, 0 if spec.group_id else None)
     rollout_id = spec.rollout_id or (None if key is None else ids.derived("ro-", key, 0))
     # group_size 1 is a start's default (one rollout): it joins the group as it is, as before sizes were declared.
-    declared = {spec.group_id: spec.group_size} if spec.group_id and (spec.group_size or 1) > 1 else {}
+    size = spec.group_size or 1
+    declared = {spec.group_id: size} if spec.group_id and size > 1 else {}
     if key is not None:
         serialize_key(conn, key)
     row = _row(spec, rollout_id or ids.rollout_id(), group, RolloutStatus.PREPARING, latest, now)
