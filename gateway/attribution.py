@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -51,15 +52,23 @@ def bearer(headers: dict[str, str]) -> str | None:
 class KeyCache:
     """Key lookups, cached briefly so a hot agent costs no store read per call. A revocation made through
     this process takes effect at once; one made through another replica once a call's arrival here reads the
-    new catalog revision (the registry then calls ``forget``), at the latest after ``KEY_CACHE_TTL`` seconds."""
+    new catalog revision (the registry then calls ``forget``), at the latest after ``KEY_CACHE_TTL`` seconds.
 
-    def __init__(self, store: Store) -> None:
+    Entries are kept in the order they were cached; those past the TTL (never served again) are dropped from the
+    front whenever a key is cached, so the cache holds about the last ``KEY_CACHE_TTL`` seconds' keys rather than
+    every finished attempt's rollout key (up to ``KEY_CACHE_SIZE``)."""
+
+    def __init__(self, store: Store, clock: Callable[[], float] = time.monotonic) -> None:
         self._store = store
+        self._clock = clock
         self._entries: OrderedDict[str, tuple[float, ApiKey | None]] = OrderedDict()
         self._generation = 0  # moves on every forget: a lookup that began before one is not cached
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     async def find(self, plain: str) -> ApiKey | None:
-        now = time.monotonic()
+        now = self._clock()
         hit = self._entries.get(plain)
         if hit is not None and now - hit[0] < KEY_CACHE_TTL:
             key = hit[1]
@@ -73,9 +82,17 @@ class KeyCache:
             return await self._store.find_key(plain)
         self._entries[plain] = (now, found)
         self._entries.move_to_end(plain)
-        if len(self._entries) > KEY_CACHE_SIZE:
-            self._entries.popitem(last=False)
+        self._prune(now)
         return found
+
+    def _prune(self, now: float) -> None:
+        """Drop the oldest entries while they are past the TTL (or the cache is over its size)."""
+        entries = self._entries
+        while entries:
+            cached_at = entries[next(iter(entries))][0]
+            if now - cached_at < KEY_CACHE_TTL and len(entries) <= KEY_CACHE_SIZE:
+                return
+            entries.popitem(last=False)
 
     def forget(self, key_id: str | None = None) -> None:
         self._generation += 1

@@ -366,3 +366,22 @@ async def test_an_http_1_0_client_gets_a_length_not_chunks(gw: RunningGateway, m
     assert "transfer-encoding" not in fields
     assert int(fields["content-length"]) == len(payload)
     assert "choices" in orjson.loads(payload) if status == 200 else "error" in orjson.loads(payload)
+
+
+async def test_the_key_cache_keeps_only_keys_it_may_still_serve(store: Store) -> None:
+    """A trainer's rollout keys are used for one attempt and never again: entries past the TTL are dropped as new
+    keys come in, so the cache holds the last few seconds' keys, not every finished attempt's (each was ~1.6 KB,
+    up to ``KEY_CACHE_SIZE`` of them)."""
+    ticks = FakeClock(0.0)
+    keys = KeyCache(store, clock=ticks)
+    for batch in range(8):
+        for _ in range(20):
+            rollout_id, attempt_id = await claim_one(store)
+            _, plain = await store.mint_key("rollout", rollout_id=rollout_id, attempt_id=attempt_id)
+            assert await keys.find(plain) is not None
+            ticks.advance(0.1)  # 20 keys each 2 s: at most 3 batches are younger than the 5 s TTL
+        assert len(keys) <= 60, f"batch {batch}: {len(keys)} keys cached"
+    ticks.advance(10)
+    _, plain = await store.mint_key("gateway")
+    assert await keys.find(plain) is not None
+    assert len(keys) == 1
