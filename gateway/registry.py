@@ -214,6 +214,7 @@ class ModelRegistry:
                     config = None
             if config is None:
                 self._states.pop(alias, None)
+                self._locks.pop(alias, None)  # any name a client sends: an unknown one must leave nothing behind
                 known = [m.alias for m in await self._store.list_models()]
                 raise UnknownAlias(alias, known)
             return self._install(alias, config)

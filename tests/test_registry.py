@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.registry import AliasPaused, ModelRegistry
+from gateway.registry import AliasPaused, ModelRegistry, UnknownAlias
 from store import Store
 
 ALIAS = "policy"
@@ -116,3 +116,20 @@ async def test_a_new_catalog_revision_makes_a_replica_reload_before_its_next_cal
     assert (later.version, [b.backend_id for b in later.config.backends]) == ("v2", ["b"])
     assert told == ["changed", "changed"]
     assert not replica.observe(await store.catalog_revision())  # seen already: the cache stays
+
+
+async def test_names_of_unknown_aliases_leave_nothing_behind(store: Store) -> None:
+    """A call naming a model that does not exist is a 404; the name (any string a client sends) must not stay in
+    the registry, or every distinct wrong name grows the process (it kept a lock per name)."""
+    await store.put_model(ALIAS, [BACKEND], version="v1")
+    registry = ModelRegistry(store, ttl=TTL)
+    await registry.state(ALIAS)
+    for i in range(50):
+        with pytest.raises(UnknownAlias):
+            await registry.state(f"no-such-model-{i}")
+    assert set(registry._locks) == set(registry._states) == {ALIAS}
+    await store.delete_model(ALIAS)
+    registry.invalidate(ALIAS)
+    with pytest.raises(UnknownAlias):
+        await registry.state(ALIAS)
+    assert registry._locks == {} and registry._states == {}
