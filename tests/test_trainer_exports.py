@@ -240,7 +240,7 @@ def test_every_segment_of_a_rollout_split_at_a_prefix_break_carries_the_rollouts
     assert [r["reward"] for r in merged_rows("ro-1", "at-1", spans)] == [None, 1.0]
 
 
-def test_the_rollouts_reward_is_that_of_its_latest_rewarded_call() -> None:
+def test_the_rollouts_reward_is_its_last_reward_span() -> None:
     """An intermediate reward on the first segment and the final one on the second: every record has the final
     one; a reward only on an early call (nothing after the last) is still the rollout's."""
     spans = [_call(1, [1, 2], [3]), _reward(2, 0.25), _call(3, [9, 9], [7]), _reward(4, 0.75)]
@@ -248,6 +248,45 @@ def test_the_rollouts_reward_is_that_of_its_latest_rewarded_call() -> None:
     early = [_call(1, [1, 2], [3]), _reward(2, 0.25), _call(3, [9, 9], [7])]
     assert [s["reward"] for s in slime_samples(_rollout(early))] == [0.25, 0.25]
     assert [r["token_level_scores"] for r in verl_rows(_rollout(early))] == [[0.25], [0.25]]
+
+
+def test_an_outcome_reward_after_step_rewards_is_the_rollouts_though_no_call_is_left_to_match_it() -> None:
+    """A step reward 0.0 after each call, then the outcome 1.0: SLIME and verl get 1.0 (Agent-lightning's
+    ``find_final_reward``: the last reward span), not the 0.0 of the last call; triplets keep the matching
+    (each step reward on its call, the outcome on none)."""
+    spans = [_call(1, [1], [2]), _reward(2, 0.0), _call(3, [1, 2, 7], [4]), _reward(4, 0.0), _reward(5, 1.0)]
+    assert [(s["reward"], s["status"]) for s in slime_samples(_rollout(spans))] == [(1.0, "completed")]
+    assert [(r["reward"], r["token_level_scores"]) for r in verl_rows(_rollout(spans))] == [(1.0, [0.0, 0.0, 1.0])]
+    assert [t["reward"] for t in triplets("ro-1", "at-1", spans)] == [0.0, 0.0]
+
+
+def test_of_two_rewards_after_the_last_call_the_later_one_is_the_rollouts() -> None:
+    """Rewards 0.1 then 0.2 after three calls: the rollout's reward is 0.2 (the last reward span), though
+    Agent-lightning's matching gives 0.1 to the last call and 0.2 to the one before it."""
+    spans = [_call(1, [1], [2]), _call(2, [1, 2, 7], [4]), _call(3, [1, 2, 7, 4, 8], [6]), _reward(4, 0.1)]
+    spans.append(_reward(5, 0.2))
+    assert [s["reward"] for s in slime_samples(_rollout(spans))] == [0.2]
+    assert [r["reward"] for r in verl_rows(_rollout(spans))] == [0.2]
+    assert [t["reward"] for t in triplets("ro-1", "at-1", spans)] == [None, 0.2, 0.1]
+    # by sequence id, not by the order spans come in; a null reward is no reward; another attempt's is not its
+    other_attempt = Span(
+        rollout_id="ro-1",
+        attempt_id="at-0",
+        sequence_id=7,
+        trace_id=f"{7:032x}",
+        span_id=f"{7:016x}",
+        name="rollway.reward",
+        attributes={"rollway.reward.name": "primary", "rollway.reward.value": 0.9},
+    )
+    shuffled = [spans[4], spans[0], _reward(6, None), other_attempt, spans[3], spans[1], spans[2]]
+    assert [s["reward"] for s in slime_samples(_rollout(shuffled))] == [0.2]
+
+
+def test_a_reward_before_any_call_is_the_rollouts() -> None:
+    """A reward span no call precedes matches no call (triplets), but it is the attempt's last reward."""
+    spans = [_reward(1, 0.5), _call(2, [1], [2])]
+    assert [(s["reward"], s["status"]) for s in slime_samples(_rollout(spans))] == [(0.5, "completed")]
+    assert [t["reward"] for t in triplets("ro-1", "at-1", spans)] == [None]
 
 
 def test_a_rollout_without_a_reward_is_never_scored_zero() -> None:

@@ -6,12 +6,16 @@ rules as ``GET /admin/v1/triplets?merge=true``. A segment's *prompt* is its firs
 after it — sampled tokens and the tool/observation tokens between turns — is its *response*.
 
 Rewards are the trajectory's outcome, not the per-call matching of triplets. Every record of a rollout (every
-segment, before and after a prefix break, and every choice's row) carries the *rollout's reward*: the reward of
-its latest call that got one under Agent-lightning's matching (``admin.adapters.triplets``, rules 4 and 5) — the
-``final_reward`` Agent-lightning's verl trainer gives every triplet of a rollout, and the one trajectory-level
-reward of the SLIME integration's multi-turn ``Sample`` (seed 004). ``None`` when no call got a reward, and
-then never a number: no score, and a SLIME status that does not train. Intermediate rewards stay in the
-triplet export.
+segment, before and after a prefix break, and every choice's row) carries the *rollout's reward*: the value of
+the last primary reward span (by sequence id) of the rollout's latest attempt, whatever call it matched or
+whether it matched one at all — Agent-lightning's ``find_final_reward`` (the last span its ``get_reward_value``
+reads a number from), the reward its runner reports for a rollout, and the one trajectory-level reward of the
+SLIME integration's multi-turn ``Sample`` (seed 004). A reward span is recognised as for triplets
+(``store.exports.reward_value``: a ``rollway.reward`` span named ``primary``, Agent-lightning's
+``agentlightning.reward.0.value`` attribute, or an annotation's ``reward``); a null value is no reward. So an
+outcome reward recorded after step rewards that took every call is the rollout's, and of two rewards after the
+last call the later one is. ``None`` when the attempt has no reward span, and then never a number: no score,
+and a SLIME status that does not train. Intermediate rewards stay in the triplet export, matched to calls.
 
 SLIME ``Sample`` (one per segment): ``tokens`` (prompt + response ids), ``response_length``, ``loss_mask`` and
 ``rollout_log_probs`` (over the response only, so both have ``response_length`` items; logprobs ``0.0`` on
@@ -34,14 +38,14 @@ reward on the last response token; ``None`` when the rollout has no reward — n
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
 from admin.adapters import merged
 from admin.adapters.merged import MergedRow
-from admin.adapters.triplets import LlmCall, finish_reason, request_prompt, response_choice
+from admin.adapters.triplets import LlmCall, finish_reason, request_prompt, response_choice, reward_value
 from store.exports import ExportRollout, RawJson
 
 
@@ -133,10 +137,19 @@ class Segment:
         }
 
 
-def rollout_reward(calls: Iterable[LlmCall]) -> float | None:
-    """The reward of the latest call that got one (Agent-lightning's ``final_reward``), or None."""
-    rewarded = [call for call in calls if call.reward is not None]
-    return max(rewarded, key=lambda call: call.sequence_id).reward if rewarded else None
+def rollout_reward(rollout: ExportRollout) -> float | None:
+    """The value of the last primary reward span (by sequence id) of the rollout's latest attempt, or None (see
+    the module docstring): Agent-lightning's ``find_final_reward``, not a call's matched reward."""
+    attempt = rollout.latest_attempt_id
+    last: tuple[int, float] | None = None
+    for span in rollout.spans:
+        if span.attempt_id != attempt:
+            continue
+        value = reward_value(span)
+        sequence_id = span.sequence_id or 0
+        if value is not None and (last is None or sequence_id >= last[0]):
+            last = (sequence_id, value)
+    return None if last is None else last[1]
 
 
 def segments(rollout: ExportRollout) -> list[Segment]:
@@ -146,7 +159,7 @@ def segments(rollout: ExportRollout) -> list[Segment]:
         return []
     found, breaks = merged.segments(rollout.spans, attempt)
     last_call = max((s.calls[-1].sequence_id for s in found), default=0)
-    reward = rollout_reward(call for s in found for call in s.calls)
+    reward = rollout_reward(rollout)
     return [
         Segment(
             rollout,
