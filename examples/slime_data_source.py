@@ -24,7 +24,10 @@ reward, a failed or cancelled one — is held back whole (SLIME expects ``n_samp
 group): ``held`` maps its group id (a rollout's id without a group) to the rollouts that are not trainable. A
 late reward brings the rollout, and its whole group, back along the cursor (docs/exports.md): the group is
 handed over then, and leaves ``held``. With ``partial=True`` each record stands alone: the trainable members
-of a page's group are handed over, the others held by rollout id until they come again.
+of a page's group are handed over, the others held by rollout id until they come again. A hold is logged once
+per group, at warning level (a group that comes again still held is not logged again). ``held`` keeps only the
+``max_held`` most recently held groups (10,000 by default): a group that never gets its reward does not make
+it grow without bound, and one dropped from it is still handed over if it comes back trainable.
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ class RollwayDataSource:
         poll_interval: float = 1.0,
         page_size: int = 256,
         partial: bool = False,
+        max_held: int = 10_000,
     ) -> None:
         self.url = url.rstrip("/")
         self.cursor = since
@@ -103,6 +107,7 @@ class RollwayDataSource:
         self._stop = threading.Event()
         self._next_index = 0
         self.held: dict[str, list[str]] = {}  # group id (or rollout id) → its rollouts that are not trainable
+        self.max_held = max_held  # ``held`` keeps the most recently held groups only (module doc)
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="rollway-data-source", daemon=True)
         self._thread.start()
@@ -185,8 +190,14 @@ class RollwayDataSource:
                 self.held.pop(key, None)
                 ready += unit
                 continue
-            self.held[key] = sorted({r["metadata"]["rollout_id"] for r in lacking})
-            logger.info("holding %s back: %s without a reward, failed or cancelled", key, ", ".join(self.held[key]))
+            known = self.held.pop(key, None)
+            self.held[key] = sorted({r["metadata"]["rollout_id"] for r in lacking})  # now the most recent
+            if known is None:
+                logger.warning(
+                    "holding %s back: %s without a reward, failed or cancelled", key, ", ".join(self.held[key])
+                )
+            while len(self.held) > self.max_held:
+                del self.held[next(iter(self.held))]  # the least recently held
         return ready
 
     def _sample(self, record: dict[str, Any]) -> Any:

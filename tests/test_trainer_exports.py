@@ -289,6 +289,30 @@ def test_a_reward_before_any_call_is_the_rollouts() -> None:
     assert [t["reward"] for t in triplets("ro-1", "at-1", spans)] == [None]
 
 
+def test_the_data_source_warns_once_per_held_group_and_keeps_the_latest_held_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    module = load_example("slime_data_source")
+    source = module.RollwayDataSource("http://127.0.0.1:9", poll_interval=60, max_held=2)
+    source.stop()  # nothing listens there: its puller stops at once; ``_trainable`` is what is tested
+
+    def record(rollout: str, group: str, reward: float | None) -> dict[str, Any]:
+        status = "completed" if reward is not None else "aborted"
+        return {"status": status, "reward": reward, "metadata": {"rollout_id": rollout, "group_id": group}}
+
+    with caplog.at_level("INFO", logger="slime_data_source"):
+        for _ in range(3):
+            assert source._trainable([record("r1", "g1", 1.0), record("r2", "g1", None)]) == []
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "g1" in warnings[0].getMessage() and "r2" in warnings[0].getMessage()
+    assert source._trainable([record("r3", "g2", None)]) == []
+    assert source._trainable([record("r4", "g3", None)]) == []
+    assert source.held == {"g2": ["r3"], "g3": ["r4"]}  # g1, the least recently held, dropped
+    assert source._trainable([record("r1", "g1", 1.0), record("r2", "g1", 0.5)]) != []  # still handed over
+    assert source._trainable([record("r5", "g4", None)]) == []
+    assert list(source.held) == ["g3", "g4"]
+
+
 def test_a_rollout_without_a_reward_is_never_scored_zero() -> None:
     """No reward: SLIME records are ``aborted`` with ``reward: None`` (SLIME asserts a reward on completed and
     truncated samples), verl rows have ``reward`` and ``token_level_scores`` None (never zeros); a null reward
