@@ -212,12 +212,13 @@ class Gateway:
         pass on arrives. Each try holds a slot of its backend (``max_concurrency``) until it ends."""
         record, lease = prepared.record, prepared.lease
         config = lease.config
-        tries = Tries(config.backends)
+        tries: Tries | None = None  # made on the first failure: a call whose first try answers needs none
         attempt, last_error = 0, None
         deadline, refused = record.deadline, ""  # refused: the backend that refused our ``stream_options``
-        backend: Backend | None = None
+        backend = self.router.take(config.backends, record.rollout_id)  # the fast path: a free slot at once
         while True:
             if backend is None:  # (asked again without ``stream_options``: the same backend, the same slot)
+                tries = tries or Tries(config.backends)
                 backend = await self._slot(record, tries)
             if record.backend is not None and backend.backend_id != record.backend.backend_id:
                 record.failovers += 1
@@ -249,6 +250,7 @@ class Gateway:
                 last_error = CallError(response.status, error_body, passthrough_headers(response))
                 if response.status == 429:
                     retry_wait = retry_after(response.headers.get("Retry-After"), self.settings.retry_max_wait)
+            tries = tries or Tries(config.backends)
             tries.failed(backend.backend_id, retry_wait)
             backend = None
             if attempt >= self.settings.upstream_retries:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 
 from store import Backend
@@ -29,6 +29,7 @@ FAILURES_TO_EJECT = 2
 BASE_COOLDOWN = 2.0
 MAX_COOLDOWN = 60.0
 STICKY_ENTRIES = 100_000
+_NOTHING: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -50,12 +51,18 @@ Pick = Callable[[], Backend | None]
 
 @dataclass(eq=False)
 class _Waiter:
-    """A call waiting for a slot: ``pick`` is tried each time a try on one of ``backend_ids`` ends."""
+    """A call waiting for a slot: ``pick`` is tried when a slot of one of ``backends`` frees, or at the router's
+    one wake-up (a backend back from ejection, a wait asked for over: ``recheck``)."""
 
     alias: str
-    backend_ids: frozenset[str]
+    backends: Sequence[Backend]
     pick: Pick
+    recheck: Callable[[], float | None]
+    backend_ids: frozenset[str] = frozenset()
     slot: asyncio.Future[Backend] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def __post_init__(self) -> None:
+        self.backend_ids = frozenset(b.backend_id for b in self.backends)
 
 
 class Router:
@@ -64,6 +71,8 @@ class Router:
         self._health: dict[str, BackendHealth] = {}
         self._sticky: OrderedDict[str, str] = OrderedDict()
         self._waiters: deque[_Waiter] = deque()
+        # The one wake-up of the waiting calls (not one timer per call): when it fires, slots are handed out once.
+        self._wake: asyncio.TimerHandle | None = None
 
     def health(self, backend_id: str) -> BackendHealth:
         found = self._health.get(backend_id)
@@ -74,7 +83,7 @@ class Router:
     def is_up(self, backend_id: str) -> bool:
         return self.health(backend_id).up(self._clock())
 
-    def choose(self, backends: Sequence[Backend], rollout_id: str | None, exclude: set[str]) -> Backend | None:
+    def choose(self, backends: Sequence[Backend], rollout_id: str | None, exclude: Set[str]) -> Backend | None:
         """The backend for the next try of a call, or None when every candidate is excluded or every healthy one
         (every one, when none is healthy) is at its ``max_concurrency``."""
         now = self._clock()
@@ -116,6 +125,15 @@ class Router:
         left = [self.health(b.backend_id).down_until - now for b in backends if not self.health(b.backend_id).up(now)]
         return min(left) if left else None
 
+    def take(self, backends: Sequence[Backend], rollout_id: str | None) -> Backend | None:
+        """The fast path of a call's first try: ``choose`` with nothing excluded, its slot taken; None when no
+        backend has a free slot (then the call waits: ``acquire``). A free slot is never one a waiting call could
+        use: those are handed out as they free (``_hand_out``)."""
+        backend = self.choose(backends, rollout_id, _NOTHING)
+        if backend is not None:
+            self.started(backend.backend_id)
+        return backend
+
     async def acquire(
         self,
         alias: str,
@@ -125,33 +143,29 @@ class Router:
         recheck: Callable[[], float | None] = lambda: None,
     ) -> Backend | None:
         """A backend for the next try of a call of ``alias``, its slot taken (``started``): what ``pick`` gives at
-        once, unless calls are already waiting for one of ``backends`` (they go first); else wait, in arrival
-        order, until ``pick`` gives one as a try ends. None after ``timeout`` seconds. ``recheck``: seconds until
-        something other than a try ending may open a slot (a wait asked for ends), when ``pick`` is tried again.
-        A caller cancelled while waiting leaves the queue (a slot handed to it meanwhile is given back)."""
-        ids = frozenset(b.backend_id for b in backends)
-        if not any(ids & waiter.backend_ids for waiter in self._waiters):
-            backend = pick()
-            if backend is not None:
-                self.started(backend.backend_id)
-                return backend
+        once, else wait, in arrival order, until ``pick`` gives one as a slot frees. None after ``timeout``
+        seconds. ``recheck``: seconds until something other than a try ending may open a slot (a wait asked for
+        ends), when ``pick`` is tried again. A caller cancelled while waiting leaves the queue (a slot handed to
+        it meanwhile is given back).
+
+        Invariant: after every change (a try ending, a backend back, a wait over), every free slot a waiting call
+        can use has been handed out, in arrival order. So a newcomer that ``pick`` gives a slot takes none an
+        earlier call could use, and does not queue behind calls waiting for other slots than the one it gets."""
+        backend = pick()
+        if backend is not None:
+            self.started(backend.backend_id)
+            return backend
         if timeout <= 0:
             return None
-        waiter = _Waiter(alias, ids, pick)
+        waiter = _Waiter(alias, backends, pick, recheck)
         self._waiters.append(waiter)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        self._wake_in(self._soonest(waiter))
         taken: Backend | None = None
         try:
-            while (left := deadline - loop.time()) > 0:
-                soon = [s for s in (recheck(), self.next_recovery(backends)) if s is not None]
-                await asyncio.wait([waiter.slot], timeout=min([left, *soon]))
-                if not waiter.slot.done() and soon:
-                    self._hand_out(None)
-                if waiter.slot.done():
-                    taken = waiter.slot.result()
-                    return taken
-            return None
+            await asyncio.wait([waiter.slot], timeout=timeout)
+            if waiter.slot.done():
+                taken = waiter.slot.result()
+            return taken
         finally:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
@@ -159,17 +173,53 @@ class Router:
                 waiter.slot.cancel()
             elif taken is None:  # handed a slot just as the caller left: given back, to the next in line
                 self.finished(waiter.slot.result().backend_id, ok=False, counts_as_failure=False)
+            if not self._waiters and self._wake is not None:
+                self._wake.cancel()
+                self._wake = None
 
     def waiting(self, alias: str | None = None) -> int:
         """Calls waiting for a slot (of ``alias``; of every alias when None)."""
         return sum(1 for waiter in self._waiters if alias is None or waiter.alias == alias)
 
+    def _soonest(self, waiter: _Waiter) -> float | None:
+        """Seconds until something other than a try ending may open a slot for ``waiter`` (None: nothing)."""
+        soon = [s for s in (waiter.recheck(), self.next_recovery(waiter.backends)) if s is not None]
+        return min(soon) if soon else None
+
+    def _wake_in(self, delay: float | None) -> None:
+        """Make the router's one wake-up come within ``delay`` seconds (None: no need)."""
+        if delay is None or not self._waiters:
+            return
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(0.0, delay)
+        if self._wake is not None:
+            if self._wake.when() <= when:
+                return
+            self._wake.cancel()
+        self._wake = loop.call_at(when, self._woken)
+
+    def _woken(self) -> None:
+        """The wake-up: slots handed out once for every waiting call, then the next wake-up set."""
+        self._wake = None
+        self._hand_out(None)
+        soon = [s for s in map(self._soonest, self._waiters) if s is not None]
+        if soon:
+            self._wake_in(min(soon))
+
     def _hand_out(self, backend_id: str | None) -> None:
-        """Give slots to waiters in arrival order: one to the first that can take it when a try on ``backend_id``
-        ended; to every one that can when ``backend_id`` is None (something else changed)."""
+        """Give free slots to waiters, in arrival order: the one of ``backend_id`` when a try on it ended (to the
+        first that can take it; one that takes another backend leaves it for the next); every slot some waiter
+        can use when ``backend_id`` is None (something else changed). A waiter whose backends are all full is
+        passed over without a ``pick``; once the freed backend is full again the scan stops."""
         served = []
         for waiter in self._waiters:
-            if backend_id is not None and backend_id not in waiter.backend_ids:
+            if backend_id is not None:
+                if backend_id not in waiter.backend_ids:
+                    continue
+                freed = next(b for b in waiter.backends if b.backend_id == backend_id)
+                if self._full(freed):
+                    break  # the freed slot is taken again: nothing more to hand out
+            elif all(self._full(b) for b in waiter.backends):
                 continue
             backend = waiter.pick()
             if backend is None:
@@ -177,10 +227,8 @@ class Router:
             self.started(backend.backend_id)
             waiter.slot.set_result(backend)
             served.append(waiter)
-            if backend_id is not None:
-                break  # one try ended: one slot
-        for waiter in served:
-            self._waiters.remove(waiter)
+        if served:
+            self._waiters = deque(waiter for waiter in self._waiters if not waiter.slot.done())
 
     def started(self, backend_id: str) -> None:
         health = self.health(backend_id)
@@ -213,6 +261,7 @@ class Router:
             health.cooldown = min(MAX_COOLDOWN, health.cooldown * 2) if was_down else BASE_COOLDOWN
             health.down_until = now + health.cooldown
             health.consecutive_failures = 0
+            self._wake_in(health.cooldown)  # waiting calls look again when it is back
 
     def eject(self, backend_id: str) -> None:
         """Mark a backend down at once (its connection was refused)."""
@@ -220,3 +269,6 @@ class Router:
         health.failures += 1
         health.down_until = self._clock() + health.cooldown
         health.consecutive_failures = 0
+        if self._waiters:  # with every backend of a call down, any of them will do
+            self._hand_out(None)
+            self._wake_in(health.cooldown)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from gateway.failover import Tries
 from gateway.routing import BASE_COOLDOWN, LOAD_FACTOR, LOAD_SLACK, Router
 from store import Backend
 
@@ -181,6 +182,67 @@ async def test_a_waiting_call_looks_again_when_an_ejected_backend_is_back() -> N
     router.eject("b")
     router.health("b").down_until -= BASE_COOLDOWN - 0.05  # back in 50 ms
     assert await acquire(router, [a, b], timeout=5) == "b"
+
+
+async def test_many_waiting_calls_are_woken_once_not_each_by_a_timer_of_its_own() -> None:
+    """500 calls wait (one backend full, the other ejected): when the ejected one is back, one wake-up hands its
+    slots out, and the calls whose backends are full again are not asked to ``pick`` (linear, not quadratic)."""
+    router = Router()
+    a, b = backend("a", max_concurrency=64), backend("b", max_concurrency=64)
+    for _ in range(64):
+        router.started("a")
+    router.eject("b")
+    router.health("b").down_until -= BASE_COOLDOWN - 0.05  # back in 50 ms
+    picks = 0
+
+    def pick() -> Backend | None:
+        nonlocal picks
+        picks += 1
+        return router.choose([a, b], None, set())
+
+    count = 500
+    tasks = [asyncio.create_task(router.acquire("m", [a, b], pick, 30)) for _ in range(count)]
+    await asyncio.sleep(0.01)
+    assert router.waiting() == count and picks == count  # each looked once, on arrival
+    await asyncio.sleep(0.3)
+    assert sum(task.done() for task in tasks) == 64 and router.health("b").outstanding == 64
+    assert picks <= 2 * count + 64
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert router.waiting() == 0
+
+
+async def test_a_newcomer_takes_a_free_slot_no_waiting_call_can_use() -> None:
+    """A call waits for a or b (both full); a newcomer of another backend list, a or c, gets c at once."""
+    router = Router(Clock())
+    a, b, c = backend("a", max_concurrency=1), backend("b", max_concurrency=1), backend("c", max_concurrency=4)
+    router.started("a")
+    router.started("b")
+    [waiting] = await queued(router, [a, b], 1)
+    assert await acquire(router, [a, c], timeout=0) == "c"
+    assert not waiting.done()
+    router.finished("a", ok=True, counts_as_failure=False)
+    assert await waiting == "a"
+
+
+async def test_a_call_asked_to_wait_does_not_hold_back_a_fresh_call() -> None:
+    """X's try on a got a 429 Retry-After and b is full: X waits, but a fresh call gets a at once; X gets a once
+    its wait is over, without a try ending."""
+    router = Router()  # the real clock: the wait asked for ends in real time
+    a, b = backend("a", max_concurrency=8), backend("b", max_concurrency=1)
+    router.started("b")
+    x_tries = Tries([a, b])
+    x_tries.failed("a", 0.1)
+    x_tries.pause(1, 10)
+    x = asyncio.create_task(router.acquire("m", [a, b], lambda: x_tries.pick(router, None), 5, x_tries.next_ready))
+    await asyncio.sleep(0)
+    assert router.waiting() == 1
+    fresh = Tries([a, b])
+    got = await router.acquire("m", [a, b], lambda: fresh.pick(router, None), 0, fresh.next_ready)
+    assert got is not None and got.backend_id == "a"
+    taken = await asyncio.wait_for(x, 2)
+    assert taken is not None and taken.backend_id == "a"
 
 
 def test_failures_eject_a_backend_for_a_cooldown_that_doubles_on_relapse() -> None:
