@@ -219,7 +219,7 @@ class Gateway:
         while True:
             if backend is None:  # (asked again without ``stream_options``: the same backend, the same slot)
                 tries = tries or Tries(config.backends)
-                backend = await self._slot(record, tries)
+                backend = await self._slot(record, tries, last_error)
             if record.backend is not None and backend.backend_id != record.backend.backend_id:
                 record.failovers += 1
             usage = refused != backend.backend_id
@@ -281,9 +281,10 @@ class Gateway:
             deadline=deadline,
         )
 
-    async def _slot(self, record: CallRecord, tries: Tries) -> Backend:
+    async def _slot(self, record: CallRecord, tries: Tries, last_error: CallError | None = None) -> Backend:
         """The backend of the call's next try, its slot taken: waiting while every backend the call may use is at
-        its ``max_concurrency``, up to ``ROLLWAY_PAUSE_WAIT_SECONDS`` or the rollout's deadline; then 429."""
+        its ``max_concurrency``, up to ``ROLLWAY_PAUSE_WAIT_SECONDS`` or the rollout's deadline; then 429, or, for
+        a retry, the error of the try before (``last_error``: what the backend said is what the call failed of)."""
         bound = self.settings.pause_wait_seconds
         if record.deadline is not None:
             bound = min(bound, record.deadline - time.time())
@@ -291,6 +292,8 @@ class Gateway:
         backend = await self.router.acquire(record.alias or "", tries.backends, pick, bound, tries.next_ready)
         if backend is not None:
             return backend
+        if last_error is not None:
+            raise last_error
         message = f"every backend of model '{record.alias}' is busy (at its max_concurrency); retry later"
         err = envelope(429, message, "rate_limit_exceeded", "model_busy")
         err.headers.append((b"retry-after", str(int(max(1.0, self.settings.pause_wait_seconds))).encode()))

@@ -212,6 +212,30 @@ async def test_a_client_that_leaves_while_waiting_for_a_slot_leaves_the_queue(
         assert gw.state.router.waiting() == 0 and gw.state.router.health("a").outstanding == 0
 
 
+async def test_a_retry_that_finds_no_slot_fails_with_the_backends_error_not_model_busy(
+    tmp_path: Path, mock: MockBackendProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first try gets a 503, and while the call backs off another call takes the only slot: the retry waits
+    up to the bound, then the call ends with the backend's 503 (what it failed of), not a 429 model_busy."""
+    async with gateway(
+        tmp_path, backend(mock, "a", max_concurrency=1), pause_wait_seconds=0.3, upstream_retries=2, retry_max_wait=0.05
+    ) as gw:
+        router = gw.state.router
+        finished = router.finished
+
+        def taken_again(backend_id: str, *, ok: bool, counts_as_failure: bool) -> None:
+            finished(backend_id, ok=ok, counts_as_failure=counts_as_failure)
+            if not ok:
+                router.started(backend_id)  # another call's try takes the slot at once
+
+        monkeypatch.setattr(router, "finished", taken_again)
+        mock.add_faults({"kind": "status", "status": 503, "times": 1})
+        response = await post(gw)
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["message"] == "mock: injected status 503"
+        assert (await stats(mock))["requests_total"] == 1
+
+
 # -- the version of the backend that served the call ------------------------------------------------------
 
 
