@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Column, Connection, select
+
+from store.dialect import sqlite_driver
 
 
 def rollout_id() -> str:
@@ -62,14 +65,26 @@ def redraw_taken(conn: Connection, column: Column[Any], rows: list[dict[str, Any
 
     Random ids have 48 bits (Agent-lightning's shape): among the millions of rollouts and attempts a long
     training run makes, one may come up twice, and a rollout whose id another already has would be refused (or,
-    next to tasks with their own ids, answered with that other rollout)."""
+    next to tasks with their own ids, answered with that other rollout). On SQLite the check is one statement
+    on the driver with the ids as one JSON parameter (a claim makes it: SQLAlchemy's own work per statement
+    would cost more than the claim's)."""
     field = column.name
+    raw = sqlite_driver(conn)
+    if raw is not None and len(rows) == 1:  # a claim's or a start's one id: the common case
+        one = f"SELECT 1 FROM {column.table.name} WHERE {field} = ?"
+        while raw.execute(one, (rows[0][field],)).fetchone() is not None:
+            rows[0][field] = make()
+        return
+    many = f"SELECT {field} FROM {column.table.name} WHERE {field} IN (SELECT value FROM json_each(?))"
     while rows:
         wanted = [row[field] for row in rows]
         taken: set[str] = set()
         for start in range(0, len(wanted), _CHECKED_AT_ONCE):
             chunk = wanted[start : start + _CHECKED_AT_ONCE]
-            taken.update(conn.execute(select(column).where(column.in_(chunk))).scalars())
+            if raw is not None:
+                taken.update(found for (found,) in raw.execute(many, (json.dumps(chunk),)))
+            else:
+                taken.update(conn.execute(select(column).where(column.in_(chunk))).scalars())
         rows = [row for row in rows if row[field] in taken]
         for row in rows:
             row[field] = make()
