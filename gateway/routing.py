@@ -101,9 +101,14 @@ class Router:
                 self._sticky.move_to_end(rollout_id)
                 return sticky
         chosen = min(open_, key=lambda b: (self.health(b.backend_id).outstanding + 1) / b.weight)
-        if rollout_id is not None:
+        if rollout_id is not None and len(backends) > 1:  # with one backend there is nothing to stick to
             self._remember(rollout_id, chosen.backend_id)
         return chosen
+
+    @property
+    def remembered(self) -> int:
+        """Rollouts whose backend is remembered (at most ``STICKY_ENTRIES``)."""
+        return len(self._sticky)
 
     def _full(self, backend: Backend) -> bool:
         limit = backend.max_concurrency

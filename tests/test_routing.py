@@ -61,6 +61,16 @@ def test_a_rollout_sticks_to_its_first_backend_within_the_load_bound() -> None:
     assert start(router, [A, B], "r1") == other
 
 
+def test_a_rollout_is_remembered_only_where_there_is_a_choice() -> None:
+    """One backend: nothing to stick to, and nothing kept per rollout (a long run makes many)."""
+    router = Router(Clock())
+    for i in range(50):
+        start(router, [A], f"ro-{i}")
+    assert router.remembered == 0
+    start(router, [A, B], "ro-x")
+    assert router.remembered == 1
+
+
 def test_least_outstanding_is_weighted() -> None:
     router = Router(Clock())
     heavy = backend("heavy", weight=3.0)
