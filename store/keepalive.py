@@ -18,7 +18,6 @@ rollout (out of the queue, if it was requeued). An attempt a newer one replaced,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -116,7 +115,6 @@ class CallsInFlight:
         self._clock = clock
         self.interval = interval
         self.calls: dict[tuple[str, str, int], float] = {}
-        self._task: asyncio.Task[None] | None = None
 
     def arrived(self, rollout_id: str, attempt_id: str, sequence_id: int) -> None:
         self.calls[(rollout_id, attempt_id, sequence_id)] = time.monotonic()
@@ -138,18 +136,8 @@ class CallsInFlight:
         # The time is read when the transaction runs: a span written just before it is not given an older one.
         return await self._write(lambda conn: touch(conn, targets, self._clock()))
 
-    def start(self) -> None:
-        if self.interval > 0:
-            self._task = asyncio.create_task(self._run(), name="rollway-calls-keepalive")
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _run(self) -> None:
+    async def run(self) -> None:
+        """The loop: a round every ``interval`` (one of the store's loops, cancelled when it closes)."""
         failing = False
         while True:
             await asyncio.sleep(self.interval)

@@ -79,7 +79,7 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
         self.poll_interval = poll_interval
         self.finished = Signal()
         self.queued = Signal()
-        self._loops: list[asyncio.Task[None]] = []  # the watchdog's and the WAL checkpoints'
+        self._loops: list[asyncio.Task[None]] = []  # the watchdog's, the WAL checkpoints', the calls' keepalive
         self.calls_in_flight = CallsInFlight(self._write, clock, keepalive_interval)
         self.span_observer: Callable[[int], None] | None = None  # told how many spans each add_spans wrote
 
@@ -130,11 +130,11 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
             store._loops.append(asyncio.create_task(store._checkpoint_loop(), name="rollway-checkpoint"))
         if run_watchdog and watchdog_interval > 0:
             store._loops.append(asyncio.create_task(store._watchdog_loop(), name="rollway-watchdog"))
-        store.calls_in_flight.start()
+        if keepalive_interval > 0:
+            store._loops.append(asyncio.create_task(store.calls_in_flight.run(), name="rollway-calls-keepalive"))
         return store
 
     async def close(self) -> None:
-        await self.calls_in_flight.close()
         for task in self._loops:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -84,6 +84,14 @@ async def register(store: Store, alias: str, *backends: dict[str, Any], version:
     await store.put_model(alias, list(backends), version=version)
 
 
+@asynccontextmanager
+async def serving_policy(tmp_path: Path, *backends: dict[str, Any], **settings: Any) -> AsyncIterator[RunningGateway]:
+    """A running gateway whose alias ``policy`` (version ``v1``) has ``backends``."""
+    async with running_gateway(tmp_path, **settings) as gw:
+        await register(gw.store, "policy", *backends, version="v1")
+        yield gw
+
+
 async def claim_one(store: Store) -> tuple[str, str]:
     """Enqueue a task and claim it: (rollout_id, attempt_id)."""
     await store.enqueue([{"input": {"task": "t"}}])

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +17,11 @@ import httpx
 import pytest
 
 from gateway.mock import MockBackendProcess
-from tests.gateway_harness import RunningGateway, claim_one, register, running_gateway, vllm
+from tests.gateway_harness import RunningGateway, claim_one, vllm
+from tests.gateway_harness import serving_policy as gateway
 
 MESSAGES = [{"role": "user", "content": "What is 17 + 25?"}]
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
-
-
-@asynccontextmanager
-async def gateway(tmp_path: Path, *backends: dict[str, Any], **settings: Any) -> AsyncIterator[RunningGateway]:
-    async with running_gateway(tmp_path, **settings) as gw:
-        await register(gw.store, "policy", *backends, version="v1")
-        yield gw
 
 
 def backend(mock: MockBackendProcess, name: str, **extra: Any) -> dict[str, Any]:

@@ -12,8 +12,6 @@ import contextlib
 import socket
 import sqlite3
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +21,12 @@ import pytest
 
 from gateway.mock import MockBackendProcess
 from store import writer as store_writer
-from tests.gateway_harness import RunningGateway, claim_one, closed_port, register, running_gateway, vllm
+from tests.gateway_harness import RunningGateway, claim_one, closed_port, vllm
+from tests.gateway_harness import serving_policy as gateway
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 LONG = {"ignore_eos": True}  # the mock then answers exactly max_tokens tokens
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
-
-
-@asynccontextmanager
-async def gateway(tmp_path: Path, *backends: dict[str, Any], **settings: Any) -> AsyncIterator[RunningGateway]:
-    async with running_gateway(tmp_path, **settings) as gw:
-        await register(gw.store, "policy", *backends, version="v1")
-        yield gw
 
 
 async def stats(mock: MockBackendProcess, **wait: Any) -> dict[str, Any]:
