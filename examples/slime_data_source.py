@@ -28,6 +28,14 @@ of a page's group are handed over, the others held by rollout id until they come
 per group, at warning level (a group that comes again still held is not logged again). ``held`` keeps only the
 ``max_held`` most recently held groups (10,000 by default): a group that never gets its reward does not make
 it grow without bound, and one dropped from it is still handed over if it comes back trainable.
+
+A rollout can give several records: one per segment when the agent rewrote its history (a prefix break), and
+one per side choice of an ``n > 1`` call. SLIME counts on ``n_samples_per_prompt`` samples per group (it
+reshapes a batch's rewards by it for GRPO), so pass ``n_samples_per_prompt`` (as to Agent-lightning's
+``AGLDataSource``) and each rollout gives exactly one sample — its last record that is not a side choice, the
+end of its trajectory — and a group with another number of rollouts is held back (``held`` lists all its
+rollouts; logged) rather than handed over. ``left_out`` counts the records not handed over for that (earlier
+segments, side choices); the first is logged once. Without it (``None``, the default) every record is a sample.
 """
 
 from __future__ import annotations
@@ -95,6 +103,7 @@ class RollwayDataSource:
         page_size: int = 256,
         partial: bool = False,
         max_held: int = 10_000,
+        n_samples_per_prompt: int | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.cursor = since
@@ -108,6 +117,8 @@ class RollwayDataSource:
         self._next_index = 0
         self.held: dict[str, list[str]] = {}  # group id (or rollout id) → its rollouts that are not trainable
         self.max_held = max_held  # ``held`` keeps the most recently held groups only (module doc)
+        self.n_samples_per_prompt = n_samples_per_prompt  # one sample per rollout, so many per group (module doc)
+        self.left_out = 0  # records not handed over because a rollout gives one sample
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="rollway-data-source", daemon=True)
         self._thread.start()
@@ -171,11 +182,29 @@ class RollwayDataSource:
         for record in records:  # with partial=True a group's members need not be next to each other
             groups.setdefault(record["group_index"], []).append(record)
         for group in groups.values():
+            if self.n_samples_per_prompt is not None:
+                group = self._one_per_rollout(group)
             ready = self._trainable(group)
             if ready:
                 self._groups.put([self._sample(r) for r in ready])
         self.cursor = response.headers.get("x-rollway-next-cursor") or self.cursor
         return len(groups)
+
+    def _one_per_rollout(self, group: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each rollout's last record that is not a side choice (its last record when all are), in order."""
+        chosen: dict[str, dict[str, Any]] = {}
+        for record in group:
+            meta = record["metadata"]
+            known = chosen.get(meta["rollout_id"])
+            if known is None or not meta.get("side_choice") or known["metadata"].get("side_choice"):
+                chosen[meta["rollout_id"]] = record
+        left_out = len(group) - len(chosen)
+        if left_out and not self.left_out:
+            logger.warning(
+                "one sample per rollout (n_samples_per_prompt): earlier segments and side choices are left out"
+            )
+        self.left_out += left_out
+        return list(chosen.values())
 
     def _trainable(self, group: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The records of ``group`` to hand to SLIME (all or none; with ``partial``, each on its own); the
@@ -186,16 +215,19 @@ class RollwayDataSource:
             meta = unit[0]["metadata"]
             key = meta["rollout_id"] if self.partial else meta["group_id"] or meta["rollout_id"]
             lacking = [r for r in unit if r["status"] not in TRAINABLE or r["reward"] is None]
-            if not lacking:
+            size = self.n_samples_per_prompt
+            wrong_size = size is not None and not self.partial and len(unit) != size
+            if not lacking and not wrong_size:
                 self.held.pop(key, None)
                 ready += unit
                 continue
             known = self.held.pop(key, None)
-            self.held[key] = sorted({r["metadata"]["rollout_id"] for r in lacking})  # now the most recent
-            if known is None:
-                logger.warning(
-                    "holding %s back: %s without a reward, failed or cancelled", key, ", ".join(self.held[key])
-                )
+            rollouts = sorted({r["metadata"]["rollout_id"] for r in lacking or unit})
+            self.held[key] = rollouts  # now the most recent
+            if known is None and lacking:
+                logger.warning("holding %s back: %s without a reward, failed or cancelled", key, ", ".join(rollouts))
+            elif known is None:
+                logger.warning("holding %s back: %d rollouts, n_samples_per_prompt is %s", key, len(unit), size)
             while len(self.held) > self.max_held:
                 del self.held[next(iter(self.held))]  # the least recently held
         return ready

@@ -344,6 +344,7 @@ async def test_each_choice_of_an_n_call_is_a_sample_and_the_conversation_follows
             (0, 1.0, "completed"),
             (2, 1.0, "completed"),
         ]
+        assert [s["metadata"]["side_choice"] for s in samples] == [False, True, True]
         assert [s["tokens"] for s in samples] == [chain["token_ids"], alone_0["token_ids"], alone_2["token_ids"]]
         verl = await items(gw, "/exports/verl")
         assert [(r["choice_index"], r["prompt_ids"], r["reward"]) for r in verl] == [
@@ -386,3 +387,54 @@ async def test_a_text_completion_of_several_prompts_gives_each_choice_its_own_pr
         assert [t["prompt"] for t in found] == [first[0], first[0], first[1], first[1], second[0], second[1]]
         assert found[1]["prompt_token_ids"] != found[2]["prompt_token_ids"]
         assert [t["reward"] for t in found] == [None] * 4 + [1.0] * 2
+
+
+async def test_with_n_samples_per_prompt_the_data_source_gives_one_sample_per_rollout_and_whole_groups_only(
+    tmp_path: Path, mock: MockBackendProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SLIME counts on ``n_samples_per_prompt`` samples per group. A group of three whose members give four
+    records (a prefix break) and two (an ``n=2`` call): with ``n_samples_per_prompt=3`` each rollout is one
+    sample — its last segment, the continued choice — and a group of two is held back, not handed over short;
+    without it every record is a sample (six)."""
+    async with gateway(tmp_path, mock) as gw:
+        broken, forked, plain_ = group = await gw.store.enqueue([TaskSpec(group_id="g", group_size=3)])
+        pair = await gw.store.enqueue([TaskSpec(group_id="p", group_size=2)])
+        assert len(await gw.store.claim("w", limit=5)) == 5
+        client = gw.client(f"{gw.url}/rollout/{broken.rollout_id}/v1")
+        for messages in (QUESTION, OTHER):  # the second prompt does not extend the first: a prefix break
+            await client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+        await finish(gw, broken.rollout_id)
+        client = gw.client(f"{gw.url}/rollout/{forked.rollout_id}/v1")
+        await client.chat.completions.create(model="policy", messages=OTHER, max_tokens=4, n=2)
+        await finish(gw, forked.rollout_id)
+        for task in (plain_, *pair):
+            await one_call(gw, task.rollout_id)
+        records = await items(gw, "/exports/slime", group_id="g")
+        assert [(r["metadata"]["segment"], r["metadata"]["side_choice"]) for r in records] == [
+            (0, False),
+            (1, False),
+            (0, False),
+            (1, True),
+            (0, False),
+        ]
+        last_segment = records[1]
+
+        module = load_example("slime_data_source")
+        one = module.RollwayDataSource(gw.url, poll_interval=0.1, n_samples_per_prompt=3)
+        every = module.RollwayDataSource(gw.url, poll_interval=0.1)
+        try:
+            with caplog.at_level("WARNING", logger="slime_data_source"):
+                [samples] = await asyncio.to_thread(one.get_samples, 1, 10)
+                with pytest.raises(TimeoutError):
+                    await asyncio.to_thread(one.get_samples, 1, 1.0)
+            groups = await asyncio.to_thread(every.get_samples, 2, 10)
+        finally:
+            await asyncio.to_thread(one.stop)
+            await asyncio.to_thread(every.stop)
+        assert [s.metadata["rollout_id"] for s in samples] == [t.rollout_id for t in group]
+        assert samples[0].tokens == last_segment["tokens"]
+        assert [(s.metadata["choice_index"], s.metadata["side_choice"]) for s in samples[1:]] == [(0, False)] * 2
+        assert one.left_out == 2
+        assert one.held == {"p": sorted(t.rollout_id for t in pair)}
+        assert "2 rollouts, n_samples_per_prompt is 3" in caplog.text
+        assert sorted(len(g) for g in groups) == [2, 5]

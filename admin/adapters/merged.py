@@ -57,6 +57,7 @@ class Segment:
     logprobs: list[str] | None
     calls: list[LlmCall] = field(default_factory=list)
     reward: float | None = None
+    side: bool = False  # a choice of an n > 1 call that the conversation did not continue with (module doc)
 
     @classmethod
     def start(cls, prompt: str) -> Segment:
@@ -139,6 +140,7 @@ def segments(spans: Sequence[SpanLike], attempt_id: str | None) -> tuple[list[Se
         for other in choices:
             if other is not chosen:
                 alone = Segment.start(other.prompt)  # a batched text completion's choice has its own
+                alone.side = True
                 alone.add_response(other)
                 rows.append(alone)
     return rows, breaks

@@ -26,7 +26,8 @@ reward of every ``completed``/``truncated`` sample, and its own unrewarded sampl
 ``group_index`` (the position of the rollout's group, ``ExportRollout.group_seq``: the same for every member in
 every mode, increasing along a grouped export), ``index`` (the member's index within its group, 0 without a
 group), ``prompt`` (the first call's messages, or a text completion's prompt), ``response`` (the last call's
-text; no tokenizer here) and ``metadata`` (rollout, attempt, group ids, segment numbers, finish reason). A
+text; no tokenizer here) and ``metadata`` (rollout, attempt, group ids, segment numbers, finish reason, and
+``side_choice``: true on the row of a choice the conversation did not continue with). A
 finished rollout without a trainable call gives one ``aborted`` sample with empty ``tokens``, so a group always
 has all its members.
 
@@ -89,6 +90,7 @@ class Segment:
         total: int,
         last_call: int,
         reward: float | None,
+        side: bool = False,
     ):
         self.rollout = rollout
         self.row = row
@@ -97,6 +99,7 @@ class Segment:
         self.number = number
         self.total = total
         self.last_call = last_call  # the rollout's last call's sequence id
+        self.side = side  # a choice the conversation did not continue with (admin.adapters.merged)
         self.tokens: list[int] = _list(row["token_ids"]) or []
         mask: list[int] = _list(row["loss_mask"]) or []
         logprobs = _list(row["logprobs"])
@@ -134,6 +137,7 @@ class Segment:
             "prefix_breaks": self.row["prefix_breaks"],
             "finish_reason": self.finish_reason,
             "choice_index": self.choice_index,
+            "side_choice": self.side,
         }
 
 
@@ -169,6 +173,7 @@ def segments(rollout: ExportRollout) -> list[Segment]:
             len(found),
             last_call,
             reward,
+            s.side,
         )
         for n, s in enumerate(found)
     ]
@@ -202,6 +207,7 @@ def slime_samples(rollout: ExportRollout) -> list[dict[str, Any]]:
                     "prefix_breaks": 0,
                     "finish_reason": None,
                     "choice_index": 0,
+                    "side_choice": False,
                 },
             }
         ]
