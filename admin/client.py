@@ -56,6 +56,7 @@ from admin.schemas import (
     SpanPage,
     SpansResponse,
     StatsView,
+    UnattributedSpanPage,
     WaitResponse,
 )
 from store import Attempt, Backend, ResourcesUpdate, Rollout, Span, TaskSpec
@@ -243,6 +244,11 @@ class AsyncRollwayClient(ExportsMixin):
         """Spans in sequence order; ``attempt_id`` is ``latest``, ``all`` or an attempt id."""
         params, path = {"attempt_id": attempt_id}, f"/rollouts/{path_segment(rollout_id)}/spans"
         return (await self._t.model(SpanPage, "GET", path, params=params)).items
+
+    async def get_unattributed_spans(self, limit: int = 100, cursor: str | None = None) -> UnattributedSpanPage:
+        """Spans of calls that named no rollout, in arrival order; pass ``next_cursor`` back for the next page."""
+        params = query(limit=limit, cursor=cursor)
+        return await self._t.model(UnattributedSpanPage, "GET", "/spans/unattributed", params=params)
 
     async def wait(self, rollout_ids: Sequence[str], timeout_seconds: float = 10.0) -> WaitResponse:
         """One server-side wait (``timeout_seconds`` ≤ 60) until the rollouts finish."""

@@ -142,6 +142,7 @@ class RollwayClient:
     add_reward = _blocking(AsyncRollwayClient.add_reward)
     add_spans = _blocking(AsyncRollwayClient.add_spans)
     get_spans = _blocking(AsyncRollwayClient.get_spans)
+    get_unattributed_spans = _blocking(AsyncRollwayClient.get_unattributed_spans)
     wait = _blocking(AsyncRollwayClient.wait)
     wait_for = _blocking(AsyncRollwayClient.wait_for)
     get_group = _blocking(AsyncRollwayClient.get_group)

@@ -7,7 +7,7 @@ import secrets
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, HTTPException, Query, Request
 
 from admin.context import AdminContext, Context
 from admin.route import AdminRoute
@@ -26,6 +26,7 @@ from admin.schemas import (
     SpansRequest,
     SpansResponse,
     StartRequest,
+    UnattributedSpanPage,
     WaitRequest,
     WaitResponse,
 )
@@ -225,6 +226,19 @@ def _new_id(key: str | None, position: int, kind: str, digits: int) -> str:
 async def get_spans(rollout_id: str, context: Context, attempt_id: str = "latest") -> SpanPage:
     """Spans in sequence order; `attempt_id` is `latest` (default), `all`, or an attempt id."""
     return SpanPage(items=await context.store.query_spans(rollout_id, attempt_id))
+
+
+@router.get("/spans/unattributed", response_model=UnattributedSpanPage)
+async def unattributed_spans(
+    context: Context, limit: Annotated[int, Query(ge=1, le=1000)] = 100, cursor: str | None = None
+) -> UnattributedSpanPage:
+    """Spans of calls that named no rollout (served and recorded all the same), in arrival order; `next_cursor`
+    pages on (`null` on the last page)."""
+    if cursor is not None and not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 18):
+        raise HTTPException(400, "cursor must be a next_cursor this route returned")
+    items = await context.store.query_spans(None, after_sequence=None if cursor is None else int(cursor), limit=limit)
+    more = len(items) == limit and items[-1].sequence_id is not None
+    return UnattributedSpanPage(items=items, next_cursor=str(items[-1].sequence_id) if more else None)
 
 
 @router.get("/groups/{group_id}", response_model=GroupView)

@@ -119,6 +119,11 @@ class SpanPage(BaseModel):
     items: list[Span]
 
 
+class UnattributedSpanPage(BaseModel):
+    items: list[Span]
+    next_cursor: str | None
+
+
 class WaitRequest(Body):
     rollout_ids: list[str] = Field(min_length=1, max_length=10_000)
     timeout_seconds: float = Field(default=10.0, ge=0, le=60)
