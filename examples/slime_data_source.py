@@ -23,7 +23,12 @@ engines; a missing reward is never made a number here. A group with any other me
 reward, a failed or cancelled one — is held back whole (SLIME expects ``n_samples_per_prompt`` samples per
 group): ``held`` maps its group id (a rollout's id without a group) to the rollouts that are not trainable. A
 late reward brings the rollout, and its whole group, back along the cursor (docs/exports.md): the group is
-handed over then, and leaves ``held``. With ``partial=True`` each record stands alone: the trainable members
+handed over then, and leaves ``held``. A group handed over is not handed over again (SLIME trained on it):
+when it comes back with the same members — a reward recorded after it was handed over, a member that finished
+again — it is skipped, counted in ``repeated`` and logged; with other members (one joined a group without a
+declared size) it is a new group and handed over. The ``max_handed`` most recent groups are remembered
+(100,000 by default).
+With ``partial=True`` each record stands alone: the trainable members
 of a page's group are handed over, the others held by rollout id until they come again. A hold is logged once
 per group, at warning level (a group that comes again still held is not logged again). ``held`` keeps only the
 ``max_held`` most recently held groups (10,000 by default): a group that never gets its reward does not make
@@ -104,6 +109,7 @@ class RollwayDataSource:
         partial: bool = False,
         max_held: int = 10_000,
         n_samples_per_prompt: int | None = None,
+        max_handed: int = 100_000,
     ) -> None:
         self.url = url.rstrip("/")
         self.cursor = since
@@ -119,6 +125,9 @@ class RollwayDataSource:
         self.max_held = max_held  # ``held`` keeps the most recently held groups only (module doc)
         self.n_samples_per_prompt = n_samples_per_prompt  # one sample per rollout, so many per group (module doc)
         self.left_out = 0  # records not handed over because a rollout gives one sample
+        self._handed: dict[str, frozenset[str]] = {}  # groups (``partial``: rollouts) handed over → members
+        self.max_handed = max_handed
+        self.repeated = 0  # groups (rollouts) that came again after they were handed over, skipped
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="rollway-data-source", daemon=True)
         self._thread.start()
@@ -217,9 +226,18 @@ class RollwayDataSource:
             lacking = [r for r in unit if r["status"] not in TRAINABLE or r["reward"] is None]
             size = self.n_samples_per_prompt
             wrong_size = size is not None and not self.partial and len(unit) != size
+            members = frozenset(r["metadata"]["rollout_id"] for r in unit)
+            if self._handed.get(key) == members:
+                self.repeated += 1
+                logger.info("%s came again after it was handed over (a late reward?): not handed over twice", key)
+                continue
             if not lacking and not wrong_size:
                 self.held.pop(key, None)
                 ready += unit
+                self._handed.pop(key, None)
+                self._handed[key] = members  # now the most recent
+                while len(self._handed) > self.max_handed:
+                    del self._handed[next(iter(self._handed))]  # the oldest
                 continue
             known = self.held.pop(key, None)
             rollouts = sorted({r["metadata"]["rollout_id"] for r in lacking or unit})

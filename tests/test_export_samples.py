@@ -176,7 +176,7 @@ async def test_the_data_source_hands_slime_no_sample_without_a_reward_and_waits_
 ) -> None:
     """A group of two, one member without a reward, and a failed solo rollout: the data source hands SLIME
     nothing of them (whole groups; with ``partial=True``, the rewarded member alone) and lists them as held.
-    The late reward brings the member back with its group, which is handed over then."""
+    The late reward brings the member back with its group, which is handed over then — and once only."""
     async with gateway(tmp_path, mock) as gw:
         rewarded, unrewarded = await gw.store.enqueue([TaskSpec(group_id="g", group_size=2)])
         [failed] = await gw.store.enqueue([TaskSpec()])
@@ -210,6 +210,13 @@ async def test_the_data_source_hands_slime_no_sample_without_a_reward_and_waits_
             await admin(gw, "POST", f"/rollouts/{unrewarded.rollout_id}/rewards", json={"value": 0.5})
             [group] = await asyncio.to_thread(whole.get_samples, 1, 10)
             [[late]] = await asyncio.to_thread(partial.get_samples, 1, 10)
+
+            # another reward after SLIME got the group: it comes along the cursor again, but is not trained twice
+            await admin(gw, "POST", f"/rollouts/{rewarded.rollout_id}/rewards", json={"value": 0.25})
+            for source in (whole, partial):
+                with pytest.raises(TimeoutError):
+                    await asyncio.to_thread(source.get_samples, 1, 1.5)
+                assert source.repeated == 1
         finally:
             await asyncio.to_thread(whole.stop)
             await asyncio.to_thread(partial.stop)
