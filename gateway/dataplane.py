@@ -19,7 +19,8 @@ import orjson
 
 from gateway import capture, logs
 from gateway.attribution import AuthError, KeyCache, attribute, check_key
-from gateway.proxy import CallError, Gateway, envelope
+from gateway.call import CallError, envelope
+from gateway.proxy import Gateway
 from gateway.registry import UnknownAlias
 from store import ConflictError, ModelAlias, NotFoundError, StoreError, StoreValidationError, UnavailableError
 
@@ -231,7 +232,8 @@ class DataPlane:
             err.counted = True
             # The call has its ids (and its span): the error tells them like any answer (not the request id:
             # the caller adds that to every answer).
-            err.headers = [*(h for h in headers if h[0].startswith(b"x-rollway-")), *err.headers]
+            own = {name for name, _ in err.headers}  # a refusal already names its sequence id
+            err.headers = [*(h for h in headers if h[0].startswith(b"x-rollway-") and h[0] not in own), *err.headers]
             raise err from None
         finally:
             state["over"] = True

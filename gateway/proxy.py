@@ -10,18 +10,18 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
 
 from gateway import capture
 from gateway.attribution import Attribution
+from gateway.call import CallError, Prepared, Reply, envelope, not_recorded
 from gateway.capture import CallRecord, Injected, Trace, traceparent
 from gateway.failover import Tries
 from gateway.metrics import Metrics
-from gateway.registry import AliasPaused, Lease, ModelRegistry, UnknownAlias
+from gateway.registry import AliasPaused, Arrival, ModelRegistry, UnknownAlias
 from gateway.routing import Router
 from gateway.settings import Settings
 from gateway.streaming import (
@@ -52,53 +52,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rollway.gateway")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-
-
-class Reply(Protocol):
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
-
-    async def body(self, data: bytes, more: bool) -> None: ...
-
-    async def whole(self, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None: ...
-
-
-def not_recorded() -> CallError:
-    """A completion the backend gave but the store could not record: an error, not a completion."""
-    return envelope(
-        503,
-        "the completion could not be recorded (the store is unavailable); it was not handed over: try again",
-        "service_unavailable",
-        "not_recorded",
-    )
-
-
-class CallError(Exception):
-    """The call ends with this status and body (an envelope, or the backend's own error body)."""
-
-    def __init__(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-        super().__init__(body.decode(errors="replace"))
-        self.status = status
-        self.body = body
-        self.headers = headers or []
-        self.counted = False  # True once the call's span (and metrics) are recorded
-
-
-def envelope(status: int, message: str, type_: str, code: str | None = None, param: str | None = None) -> CallError:
-    body = orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
-    return CallError(status, body)
-
-
-@dataclass
-class Prepared:
-    record: CallRecord
-    lease: Lease
-    path: str
-    in_flight: Any  # the in-flight gauge child of the alias
-
-    def release(self) -> None:
-        """The call is over (answered, failed or cancelled): give back the alias lease."""
-        self.lease.release()
-        self.in_flight.dec()
 
 
 class Gateway:
@@ -154,6 +107,16 @@ class Gateway:
             record.trace_flags, record.trace_state = trace.flags, trace.state
         record.deadline = ticket.deadline
         record.osmosis = who.osmosis
+        prepared = Prepared(record=record, lease=None, path=path)
+        if self.registry.may_wait(alias) and self.settings.pause_wait_seconds > 0:
+            arrival.done()  # paused: it waits in ``run``, where a client that leaves ends it (not a call to drain)
+        else:
+            await self._admit(prepared, alias, arrival)
+        return prepared
+
+    async def _admit(self, prepared: Prepared, alias: str, arrival: Arrival | None) -> None:
+        """The call's lease on its alias, waiting while the alias is paused; refused with its span written."""
+        record = prepared.record
         try:
             lease = await self.registry.admit(alias, self.settings.pause_wait_seconds, arrival)
         except AliasPaused as exc:
@@ -171,7 +134,7 @@ class Gateway:
             err = envelope(500, f"internal error: {type(exc).__name__}", "server_error")
             raise await self._refused(record, err) from None
         record.model_version = lease.version
-        return Prepared(record=record, lease=lease, path=path, in_flight=self.metrics.call_started(alias))
+        prepared.lease, prepared.in_flight = lease, self.metrics.call_started(alias)
 
     async def _refused(self, record: CallRecord, err: CallError, error_type: str | None = None) -> CallError:
         """A call refused after its sequence id was taken: its span says why (no gap in the sequence)."""
@@ -211,6 +174,7 @@ class Gateway:
         """Send the call to a backend, retrying and failing over (``gateway.failover``) until a response we will
         pass on arrives. Each try holds a slot of its backend (``max_concurrency``) until it ends."""
         record, lease = prepared.record, prepared.lease
+        assert lease is not None  # ``run`` admitted it
         config = lease.config
         tries: Tries | None = None  # made on the first failure: a call whose first try answers needs none
         attempt, last_error = 0, None
@@ -304,6 +268,8 @@ class Gateway:
     ) -> None:
         """Forward the call and send the answer through ``reply``; the span is written before the end."""
         record = prepared.record
+        if prepared.lease is None:  # the alias was paused when the call arrived
+            await self._admit(prepared, body["model"], None)
         response, backend, injected = await self.connect(prepared, body)
         ok = response.status < 500
         try:

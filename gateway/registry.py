@@ -195,6 +195,11 @@ class ModelRegistry:
             callback()
         return True
 
+    def may_wait(self, alias: str) -> bool:
+        """Whether a call of ``alias`` may have to wait for a resume: paused as last seen, or not loaded."""
+        state = self._states.get(alias)
+        return state is None or state.paused
+
     async def state(self, alias: str) -> AliasState:
         """The alias's state, reloaded from the store when older than the TTL (other processes may change it)."""
         state = self._states.get(alias)

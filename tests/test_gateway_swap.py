@@ -156,6 +156,36 @@ async def test_an_alias_deleted_while_a_call_waits_for_it_ends_the_call_with_a_4
     assert backends[0].stats()["requests_total"] == 0
 
 
+async def test_a_client_that_leaves_while_its_alias_is_paused_ends_its_call_at_once(
+    gw: RunningGateway, backends: tuple[MockBackendProcess, MockBackendProcess]
+) -> None:
+    """A call waiting for a resume whose client goes away is cancelled then (its span says so), not sent to the
+    backend when the alias resumes."""
+    a, _ = backends
+    rollout_id, attempt_id = await claim_one(gw.store)
+    registry = gw.state.registry
+    await registry.pause(ALIAS)
+    body = {"model": ALIAS, "messages": [{"role": "user", "content": "hi"}]}
+    async with httpx.AsyncClient(timeout=30) as http:
+        leaving = asyncio.create_task(http.post(f"{gw.url}/rollout/{rollout_id}/v1/chat/completions", json=body))
+        while registry.waiting(ALIAS) == 0:  # noqa: ASYNC110 (it comes over HTTP: nothing to await)
+            await asyncio.sleep(0.01)
+        leaving.cancel()  # the client closes its connection
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
+    deadline = time.monotonic() + 5  # well before the 10 s bound: only the disconnect can end the call
+    while registry.waiting(ALIAS) or not await gw.store.query_spans(rollout_id):
+        assert time.monotonic() < deadline, "the call still waits for the resume"
+        await asyncio.sleep(0.02)
+    [span] = await gw.store.query_spans(rollout_id)
+    assert (span.attempt_id, span.sequence_id, span.status.status_code) == (attempt_id, 1, "ERROR")
+    assert span.attributes["rollway.cancelled"] is True
+    assert registry.in_flight(ALIAS) == 0
+    await registry.resume(ALIAS)
+    assert await call(gw.client(f"{gw.url}/rollout/{rollout_id}/v1"), "after", False)
+    assert a.stats()["requests_total"] == 1  # the call that left never reached the backend
+
+
 async def test_paused_longer_than_the_bound_is_429_with_retry_after_and_a_span(
     tmp_path: Path, backends: tuple[MockBackendProcess, MockBackendProcess]
 ) -> None:

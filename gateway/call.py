@@ -1,0 +1,60 @@
+"""What one call is between the ASGI layer and ``gateway.proxy``: the reply it sends through, the error that
+ends it (OpenAI's envelope, or the backend's own body) and the call prepared to run (record and alias lease)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from gateway.capture import CallRecord
+from gateway.registry import Lease
+
+
+class Reply(Protocol):
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
+
+    async def body(self, data: bytes, more: bool) -> None: ...
+
+    async def whole(self, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None: ...
+
+
+def not_recorded() -> CallError:
+    """A completion the backend gave but the store could not record: an error, not a completion."""
+    return envelope(
+        503,
+        "the completion could not be recorded (the store is unavailable); it was not handed over: try again",
+        "service_unavailable",
+        "not_recorded",
+    )
+
+
+class CallError(Exception):
+    """The call ends with this status and body (an envelope, or the backend's own error body)."""
+
+    def __init__(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__(body.decode(errors="replace"))
+        self.status = status
+        self.body = body
+        self.headers = headers or []
+        self.counted = False  # True once the call's span (and metrics) are recorded
+
+
+def envelope(status: int, message: str, type_: str, code: str | None = None, param: str | None = None) -> CallError:
+    body = orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
+    return CallError(status, body)
+
+
+@dataclass
+class Prepared:
+    record: CallRecord
+    lease: Lease | None  # None while the call still has to wait for its paused alias (``Gateway.run``)
+    path: str
+    in_flight: Any = None  # the in-flight gauge child of the alias, once it holds its lease
+
+    def release(self) -> None:
+        """The call is over (answered, failed or cancelled): give back the alias lease."""
+        if self.lease is not None:
+            self.lease.release()
+            self.in_flight.dec()
