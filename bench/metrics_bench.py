@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 import timeit
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +67,7 @@ def main() -> None:
         token = logs.REQUEST_ID.set(logs.request_id(HEADERS))
         logs.REQUEST_ID.reset(token)
 
-    cases = {
+    cases: dict[str, Callable[[], object]] = {
         "call, not streamed (in-flight ±1, counter, histogram, tokens)": lambda: call(whole),
         "call, streamed (same + TTFT histogram)": lambda: call(streamed),
         "request id (header scan, new id, context variable)": request_id,
