@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from store import ids
 from store.states import RETRYABLE, AttemptStatus, RolloutStatus
@@ -72,19 +72,6 @@ class TaskSpec(BaseModel):
     metadata: dict[str, Any] | None = None
     priority: int = Field(default=0, ge=-(2**31), le=2**31 - 1)  # the column is a 32-bit integer
     agent: str | None = Field(default=None, min_length=1, max_length=128)
-
-    @model_validator(mode="after")
-    def _member_ids_fit(self) -> TaskSpec:
-        """A group's rollouts are named ``<rollout_id>-<i>``: those names must fit the 128 characters too."""
-        size = self.group_size or 1
-        if self.rollout_id and size > 1:
-            longest = len(self.rollout_id) + len(f"-{size - 1}")
-            if longest > 128:
-                raise ValueError(
-                    f"rollout_id is too long for group_size {size}: its rollouts are named "
-                    f"'<rollout_id>-<i>', at most 128 characters ({longest} here)"
-                )
-        return self
 
 
 class Attempt(BaseModel):

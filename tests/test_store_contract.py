@@ -1454,7 +1454,14 @@ async def test_a_keyed_start_or_enqueue_that_declared_a_size_gets_its_first_answ
     assert len(await store.get_group("g")) == 3
 
 
-def test_a_client_rollout_id_must_leave_room_for_its_group_members() -> None:
-    TaskSpec.model_validate({"rollout_id": "r" * 126, "group_size": 10})  # r...r-9: 128 characters
-    with pytest.raises(ValueError, match="too long"):
-        TaskSpec.model_validate({"rollout_id": "r" * 126, "group_size": 11})  # r...r-10: 129
+async def test_a_client_rollout_id_must_leave_room_for_the_members_it_names(store: Store) -> None:
+    """A task with ``group_size`` n names its n rollouts ``<rollout_id>-<i>``: those must fit 128 characters. A
+    start, or a declared member (tasks sharing a group id and size), is one rollout with its own id as given."""
+    [*_, last] = await store.enqueue([{"rollout_id": "r" * 126, "group_size": 10}])  # r...r-9: 128 characters
+    assert last.rollout_id == "r" * 126 + "-9"
+    with pytest.raises(StoreValidationError, match="too long for group_size 11"):
+        await store.enqueue([{"rollout_id": "q" * 126, "group_size": 11}])  # q...q-10: 129
+    started = await store.start_rollout({"rollout_id": "s" * 128, "group_id": "g", "group_size": 11}, "w")
+    assert started.rollout.rollout_id == "s" * 128
+    members = [{"rollout_id": c * 128, "group_id": "h", "group_size": 11} for c in "tu"]
+    assert [r.rollout_id for r in await store.enqueue(members)] == ["t" * 128, "u" * 128]
