@@ -6,10 +6,10 @@ The lifespan owns everything long-lived: the store (its writer and watchdog). No
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -29,7 +29,7 @@ from gateway.registry import ModelRegistry
 from gateway.replicas import ReplicaReporter, new_replica
 from gateway.routing import Router
 from gateway.settings import Settings
-from store import ConflictError, NotFoundError, Store
+from store import ConflictError, NotFoundError, Store, StoreValidationError, UnavailableError
 
 if TYPE_CHECKING:
     from gateway.otlp_export import SpanExporter
@@ -70,17 +70,38 @@ class _RollwayApp(FastAPI):
             scope["app"] = self
             await stack(scope, receive, send)
             return
+        if scope["type"] == "lifespan":
+            send = self._startup_failure_in_words(send)
         await super().__call__(scope, receive, send)
+
+    #: Why the lifespan could not start, when it is something the user can fix (``create_app``'s lifespan).
+    startup_error: str | None = None
+
+    def _startup_failure_in_words(self, send: Send) -> Send:
+        """The server's start failing on a store that cannot be opened (a SQLite file in a directory that does
+        not exist, PostgreSQL unreachable) is reported as that one sentence: Starlette would hand uvicorn the
+        traceback to log, 80 lines of SQLAlchemy around it."""
+
+        async def send_in_words(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "lifespan.startup.failed" and self.startup_error is not None:
+                message = {**message, "message": f"rollway: {self.startup_error}"}
+            await send(message)
+
+        return send_in_words
 
 
 def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = await Store.open(
-            settings.database_url,
-            sqlite_synchronous=settings.sqlite_synchronous,
-            watchdog_interval=settings.watchdog_interval,
-        )
+    async def lifespan(app: _RollwayApp) -> AsyncIterator[None]:
+        try:
+            store = await Store.open(
+                settings.database_url,
+                sqlite_synchronous=settings.sqlite_synchronous,
+                watchdog_interval=settings.watchdog_interval,
+            )
+        except (UnavailableError, StoreValidationError) as exc:
+            app.startup_error = exc.message
+            raise
         await seed_models(store, settings)
         replica = new_replica()
         registry = ModelRegistry(store, replica_id=replica.replica_id)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -68,6 +70,10 @@ def serve(host: str | None, port: int | None, database_url: str | None, config_f
     except ValueError as exc:
         click.echo(f"rollway: {exc}", err=True)
         sys.exit(2)
+    taken = port_in_use(settings.host, settings.port)
+    if taken is not None:
+        click.echo(f"rollway: {taken}", err=True)
+        sys.exit(2)
 
     import uvicorn
 
@@ -87,6 +93,38 @@ def serve(host: str | None, port: int | None, database_url: str | None, config_f
         http="httptools",
         timeout_graceful_shutdown=10,
     )
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, or None. Asked before the store is opened: uvicorn finds out
+    only after start-up, when a second ``rollway serve`` has already opened (and migrated) the database of the
+    first, and says so among its log lines. Bound as uvicorn binds (``SO_REUSEADDR``), so a port in TIME_WAIT
+    is free."""
+    if port == 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            busy = exc.errno == errno.EADDRINUSE
+            return f"cannot listen on {host}:{port}: " + (
+                "the port is in use (another rollway serve?): stop that server or give another --port"
+                if busy
+                else exc.strerror or str(exc)
+            )
+    return None
+
+
+def parent_exists(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A file to write must be in a directory that exists: checked before any work (an export, a whole demo)
+    is done, rather than failing with a traceback when the result is written."""
+    if value is not None and value != "-":
+        folder = Path(value).expanduser().parent
+        if not folder.is_dir():
+            raise click.BadParameter(f"the directory {folder} does not exist", ctx=ctx, param=param)
+    return value
 
 
 @main.command("mock-backend")
@@ -195,7 +233,7 @@ def triplets() -> None:
 
 
 @admin_command(triplets, "export")
-@click.argument("out", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("out", type=click.Path(dir_okay=False, allow_dash=True), callback=parent_exists)
 @click.option("--merge", is_flag=True, help="One multi-turn row per rollout segment (token_ids + loss_mask).")
 @click.option("--rollout-id", "rollout_id", multiple=True, help="Only this rollout (repeatable).")
 @click.option("--group-id", default=None, help="Only this group.")
@@ -223,7 +261,7 @@ def _trainer_export(kind: Literal["slime", "verl"], what: str) -> None:
 
     command.__doc__ = f"Write {what} of finished rollouts (whole groups) as JSON Lines to OUT ('-': stdout)."
     options = [
-        click.argument("out", type=click.Path(dir_okay=False, allow_dash=True)),
+        click.argument("out", type=click.Path(dir_okay=False, allow_dash=True), callback=parent_exists),
         click.option("--rollout-id", "rollout_id", multiple=True, help="Only this rollout (repeatable)."),
         click.option("--group-id", default=None, help="Only this group."),
         click.option("--since", default=None, help="Only what finished after this cursor."),
@@ -333,8 +371,16 @@ def keys_revoke(connection: Connection, key_id: str) -> None:
 
 
 @main.command()
-@click.option("--out", type=click.Path(dir_okay=False), default="demo-triplets.jsonl", show_default=True)
-@click.option("--db", type=click.Path(dir_okay=False), default=None, help="SQLite file [default: a temporary one].")
+@click.option(
+    "--out", type=click.Path(dir_okay=False), default="demo-triplets.jsonl", show_default=True, callback=parent_exists
+)
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False),
+    default=None,
+    callback=parent_exists,
+    help="SQLite file [default: a temporary one].",
+)
 @click.option("--problems", type=click.IntRange(1, 1000), default=8, show_default=True, help="Math problems.")
 @click.option("--group-size", type=click.IntRange(1, 64), default=4, show_default=True, help="Rollouts per problem.")
 @click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Runner workers.")

@@ -9,6 +9,7 @@ import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
@@ -122,7 +123,10 @@ class Settings(BaseSettings):
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         path = _config_path(init_settings(), env_settings())
         if path is not None:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+            try:
+                sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+            except yaml.YAMLError as exc:  # said as a setting's error is, not as PyYAML's traceback
+                raise ValueError(f"config file {path} is not valid YAML: {' '.join(str(exc).split())}") from exc
         return tuple(sources)
 
     def is_loopback(self) -> bool:

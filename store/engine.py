@@ -20,15 +20,17 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import QueuePool, StaticPool
 
-from store.errors import StoreValidationError
+from store.errors import StoreValidationError, UnavailableError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: A write-ahead log longer than this is emptied at the next checkpoint (``Store.checkpoint``).
@@ -99,6 +101,21 @@ def normalize_url(url: str) -> str:
     else:
         raise StoreValidationError(f"unsupported database URL scheme '{parsed.drivername}'")
     return parsed.render_as_string(hide_password=False)
+
+
+def open_error(url: str, exc: BaseException) -> UnavailableError:
+    """Why the database at ``url`` could not be opened, in words a person can act on: the driver's own message
+    (not SQLAlchemy's wrapper and its traceback), the URL without its password, and for a SQLite file in a
+    directory that does not exist, that (SQLite itself only says "unable to open database file")."""
+    reason = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    parsed = make_url(normalize_url(url))
+    hint = ""
+    if parsed.get_backend_name() == "sqlite" and parsed.database:
+        folder = Path(parsed.database).parent
+        if not folder.is_dir():
+            hint = f" (the directory {folder} does not exist: create it, or give another path)"
+    shown = parsed.set(drivername=parsed.get_backend_name()).render_as_string(hide_password=True)
+    return UnavailableError(f"cannot open the database {shown}: {str(reason).strip() or type(reason).__name__}{hint}")
 
 
 def _sqlite_engine(url: str, *, begin: str, synchronous: str, busy_ms: int, writer: bool) -> Engine:

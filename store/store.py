@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from store import catalog, convert, exports, migrate, queries, queue, watchdog
-from store.engine import Engines, create_engines, migration_engine
+from store.engine import Engines, create_engines, migration_engine, open_error
 from store.errors import ConflictError, NotFoundError, StoreValidationError
 from store.keepalive import INTERVAL, CallsInFlight
 from store.lifecycle import (
@@ -97,7 +97,8 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
         keepalive_interval: float = INTERVAL,
     ) -> Store:
         """Open (and create or upgrade) the database at ``url`` and start the writer, the watchdog and the
-        heartbeat of calls in flight (``store.keepalive``; every ``keepalive_interval`` seconds, 0: never)."""
+        heartbeat of calls in flight (``store.keepalive``; every ``keepalive_interval`` seconds, 0: never).
+        A database that cannot be reached or opened is an ``UnavailableError`` saying why."""
         engines = create_engines(url, sqlite_synchronous=sqlite_synchronous)
         try:
             if engines.pg is not None:
@@ -108,6 +109,9 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
                     await migrate.upgrade(upgrader)
                 finally:
                     upgrader.dispose()
+        except (DBAPIError, OSError) as exc:  # unreachable, no such database or directory, refused: say which
+            await engines.dispose()
+            raise open_error(url, exc) from exc
         except BaseException:
             await engines.dispose()
             raise

@@ -222,3 +222,32 @@ def test_a_refused_config_names_the_fault_but_not_the_values(tmp_path: Path, see
     assert result.exit_code == 2
     assert "invalid settings: models.policy.backend" in result.output
     assert "sk-live-SECRET123" not in result.output
+
+
+def test_rollway_serve_on_a_file_in_a_missing_directory_says_so_without_a_traceback(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLWAY_")}
+    command = _rollway("serve", "--port", str(_free_port()), "--db", str(tmp_path / "missing" / "x.db"), cwd=tmp_path)
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    output = done.stdout + done.stderr
+    assert f"the directory {tmp_path / 'missing'} does not exist" in output
+    assert "Traceback" not in output
+
+
+def test_a_second_rollway_serve_on_a_taken_port_says_so_before_opening_its_database(tmp_path: Path) -> None:
+    with socket.socket() as first:  # the first server
+        first.bind(("127.0.0.1", 0))
+        first.listen()
+        port = first.getsockname()[1]
+        result = CliRunner().invoke(main, ["serve", "--port", str(port), "--db", str(tmp_path / "x.db")])
+    assert result.exit_code == 2
+    assert f"cannot listen on 127.0.0.1:{port}: the port is in use" in result.output
+    assert not (tmp_path / "x.db").exists()  # the store was not opened (nor migrated) for nothing
+
+
+def test_a_config_file_that_is_not_yaml_is_named_without_a_traceback(tmp_path: Path) -> None:
+    config = tmp_path / "rollway.yaml"
+    config.write_text("port: [\n")
+    result = CliRunner().invoke(main, ["serve", "--config", str(config)], catch_exceptions=False)
+    assert result.exit_code == 2
+    assert f"rollway: config file {config} is not valid YAML" in result.output and "line 2" in result.output

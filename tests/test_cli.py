@@ -231,3 +231,23 @@ def test_agents_put_list_delete_never_show_the_api_key(gateway: GatewayProcess) 
     assert as_json(rollway(gateway, "agents", "list", "--json")) == []
     bad = rollway(gateway, "agents", "put", "math", "http://127.0.0.1:9", "--param", "novalue")
     assert bad.exit_code == 2 and "KEY=VALUE" in bad.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["triplets", "export", "{missing}/t.jsonl"],
+        ["export", "slime", "{missing}/s.jsonl"],
+        ["export", "verl", "{missing}/v.jsonl"],
+        ["demo", "--out", "{missing}/d.jsonl"],
+        ["demo", "--db", "{missing}/d.db"],
+    ],
+)
+def test_a_file_to_write_in_a_missing_directory_is_refused_before_any_work(tmp_path: Path, args: list[str]) -> None:
+    """These ended in a traceback once the work was done (the whole demo, an export's pages) and the result was
+    written: now the path is checked first."""
+    missing = tmp_path / "missing"
+    runner = CliRunner(env={"ROLLWAY_URL": "http://127.0.0.1:1"})  # never reached
+    result = runner.invoke(main, [arg.format(missing=missing) for arg in args], catch_exceptions=False)
+    assert result.exit_code == 2
+    assert f"the directory {missing} does not exist" in result.output
