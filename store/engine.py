@@ -114,6 +114,10 @@ def open_error(url: str, exc: BaseException) -> UnavailableError:
         folder = Path(parsed.database).parent
         if not folder.is_dir():
             hint = f" (the directory {folder} does not exist: create it, or give another path)"
+        elif Path(parsed.database).is_dir():
+            hint = (
+                f" ({parsed.database} is a directory: give a file in it, e.g. {Path(parsed.database) / 'rollway.db'})"
+            )
     shown = parsed.set(drivername=parsed.get_backend_name()).render_as_string(hide_password=True)
     return UnavailableError(f"cannot open the database {shown}: {str(reason).strip() or type(reason).__name__}{hint}")
 

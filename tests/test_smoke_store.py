@@ -20,5 +20,7 @@ async def test_a_database_that_cannot_be_opened_is_an_unavailable_error_saying_w
     with pytest.raises(UnavailableError, match=f"the directory {tmp_path / 'missing'} does not exist"):
         await Store.open(f"sqlite:///{missing}")
     assert not missing.parent.exists()
+    with pytest.raises(UnavailableError, match=f"{tmp_path} is a directory: give a file in it"):
+        await Store.open(str(tmp_path))  # --db . or --db data/
     with pytest.raises(UnavailableError, match=r"cannot open the database postgresql://rw:\*\*\*@127\.0\.0\.1:1/x"):
         await Store.open("postgresql://rw:secret@127.0.0.1:1/x")  # nothing listens on port 1; password not shown
