@@ -61,6 +61,12 @@ def run(connection: Connection, work: Callable[[AsyncRollwayClient], Awaitable[T
         return asyncio.run(main())
     except RollwayAPIError as exc:
         err_console().print(f"[red]rollway: {exc.status} {exc.type or 'error'}:[/] {exc.message}", highlight=False)
+        if exc.status == 401:
+            given = "the admin token given (--token or ROLLWAY_ADMIN_TOKEN) was refused"
+            err_console().print(
+                "give the admin token with --token or ROLLWAY_ADMIN_TOKEN" if connection.token is None else given,
+                soft_wrap=True,
+            )
     except RollwayError as exc:
         err_console().print(f"[red]rollway: cannot reach {connection.url}:[/] {exc}", highlight=False)
     sys.exit(1)

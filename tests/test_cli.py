@@ -165,11 +165,13 @@ def test_keys_mint_prints_a_working_key_once(gateway: GatewayProcess) -> None:
     assert rollway(gateway, "keys", "revoke", minted["key_id"]).exit_code == 0
     refused = rollway(gateway, "rollouts", "list", "--token", minted["key"], token=None)
     assert refused.exit_code == 1 and "401" in refused.stderr
+    assert "the admin token given (--token or ROLLWAY_ADMIN_TOKEN) was refused" in refused.stderr
 
 
 def test_admin_commands_report_a_missing_token_and_an_unreachable_gateway(gateway: GatewayProcess) -> None:
     refused = rollway(gateway, "rollouts", "list", token=None)
     assert refused.exit_code == 1 and "401" in refused.stderr
+    assert "--token or ROLLWAY_ADMIN_TOKEN" in refused.stderr and "was refused" not in refused.stderr
     runner = CliRunner(env={"ROLLWAY_URL": None, "ROLLWAY_ADMIN_TOKEN": None})  # type: ignore[dict-item]
     unreachable = runner.invoke(main, ["--url", "http://127.0.0.1:9", "models", "list"])
     assert unreachable.exit_code == 1 and "cannot reach http://127.0.0.1:9" in unreachable.stderr
