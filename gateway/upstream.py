@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import os
 import random
 import time
 
@@ -76,11 +77,22 @@ class Upstream:
         except aiohttp.ConnectionTimeoutError as exc:  # no connection: safe to fail over, like a refused one
             raise UpstreamFailure("connect", f"cannot reach backend '{backend.backend_id}': connect timeout") from exc
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            raise UpstreamFailure(
-                "connect", f"cannot reach backend '{backend.backend_id}': {type(exc).__name__}"
-            ) from exc
+            raise UpstreamFailure("connect", f"cannot reach backend '{backend.backend_id}': {_why(exc)}") from exc
         except TimeoutError as exc:
             raise UpstreamFailure("timeout", f"backend '{backend.backend_id}' timed out") from exc
+
+
+def _why(exc: BaseException) -> str:
+    """Why a connection failed, in the OS's words ("Connection refused", "Name or service not known") — never the
+    backend's address: agents read this message, and a backend's URL is the operator's business."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the backend closed the connection"
+    code = getattr(exc, "errno", None)
+    if isinstance(code, int) and code > 0:
+        return f"{os.strerror(code)} ({type(exc).__name__})"
+    if isinstance(code, int) and isinstance(getattr(exc, "strerror", None), str):  # resolver errors (gaierror)
+        return f"{exc.strerror} ({type(exc).__name__})"  # type: ignore[attr-defined]
+    return type(exc).__name__
 
 
 def retry_after(value: str | None, cap: float) -> float | None:

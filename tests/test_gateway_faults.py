@@ -121,6 +121,20 @@ async def test_one_backend_down_all_calls_succeed_via_the_other(tmp_path: Path, 
         assert not gw.state.router.is_up("dead")  # passively ejected
 
 
+async def test_a_backend_that_cannot_be_reached_is_said_in_the_os_words_without_its_address(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    port = closed_port()
+    dead = {"backend_id": "dead", "base_url": f"http://127.0.0.1:{port}/v1", "kind": "vllm", "model": "m"}
+    async with gateway(tmp_path, dead) as gw:
+        client = gw.client()
+        with pytest.raises(openai.APIStatusError) as info:
+            await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
+    message = info.value.message
+    assert "cannot reach backend 'dead': Connection refused" in message
+    assert str(port) not in message and "127.0.0.1" not in message
+
+
 async def test_connect_timeout_fails_over(tmp_path: Path, mock: MockBackendProcess) -> None:
     """A backend that accepts no connection at all (its accept queue is full, so SYNs are dropped) costs one
     connect timeout, then the call fails over instead of ending in a 504."""
