@@ -149,11 +149,15 @@ def _links(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _proxy_view(name: str, attrs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """A gateway call with token ids, as Agent-lightning's LLM proxy would have recorded it."""
+def _proxy_view(name: str, attrs: dict[str, Any], status_code: str) -> tuple[str, dict[str, Any]]:
+    """A gateway call with token ids, as Agent-lightning's LLM proxy would have recorded it. Only a call that
+    completed: the proxy records no ``raw_gen_ai_request`` for a failed one, and ``LlmProxyTraceToTriplet``
+    takes every such span for a complete call whatever its status — a cancelled or broken-off call's first
+    tokens would be trained on, and could take a reward meant for a complete call (docs/exports.md leaves
+    such calls out too)."""
     prompt_ids = attrs.get("rollway.prompt_token_ids")
     response_ids = attrs.get("rollway.response_token_ids")
-    if not isinstance(prompt_ids, list) or not isinstance(response_ids, list):
+    if status_code == "ERROR" or not isinstance(prompt_ids, list) or not isinstance(response_ids, list):
         return name, attrs
     choices = attrs.get("rollway.choices")
     if isinstance(choices, list) and choices:
@@ -172,7 +176,7 @@ def _proxy_view(name: str, attrs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 def span(value: Span) -> dict[str, Any]:
     """A stored span in Agent-lightning's ``Span`` shape."""
     raw = value.model_dump(mode="json")
-    name, attrs = _proxy_view(value.name, value.attributes)
+    name, attrs = _proxy_view(value.name, value.attributes, value.status.status_code)
     resource = raw.get("resource") or {}
     raw.update(
         name=name,

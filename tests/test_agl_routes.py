@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from gateway.mock import MockBackendProcess
@@ -105,5 +106,34 @@ async def test_a_gateway_call_reads_back_as_an_llm_proxy_span(
     assert all(v is not None and not isinstance(v, dict) for v in span["attributes"].values())
     assert isinstance(span["attributes"]["rollway.request"], str)
     assert span["context"] is None and span["resource"]["schema_url"] == ""
+    by_name = (await agl.get("/spans", params={"rollout_id": rid, "name": "raw_gen_ai_request"})).json()
+    assert by_name["total"] == 1
+
+
+async def test_a_call_that_did_not_complete_is_not_shown_as_an_llm_proxy_span(
+    gw: RunningGateway, agl: httpx.AsyncClient, mock: MockBackendProcess
+) -> None:
+    """A stream that broke off keeps its first tokens on the span; Agent-lightning's proxy records no
+    ``raw_gen_ai_request`` for a failed call, and its ``LlmProxyTraceToTriplet`` reads any such span as a
+    complete call (it does not look at the status): shown so, the partial answer would be trained on and take
+    the rollout's final reward."""
+    await register(gw.store, "policy", {"base_url": mock.base_url, "kind": "vllm", "model": "mock-model"})
+    await gw.store.enqueue([{"input": 1}])
+    (claimed,) = await gw.store.claim("w")
+    rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+    client = gw.client(base_url=f"{gw.url}/rollout/{rid}/attempt/{aid}/v1")
+    messages = [{"role": "user", "content": "Tell me a story"}]
+    await client.chat.completions.create(model="policy", messages=messages, max_tokens=8)  # type: ignore[arg-type]
+    mock.add_faults({"kind": "drop_mid_stream", "after_chunks": 3})
+    stream = await client.chat.completions.create(model="policy", messages=messages, stream=True)  # type: ignore[arg-type]
+    with pytest.raises(openai.APIError):
+        async with stream:
+            async for _ in stream:
+                pass
+    stored = await gw.store.query_spans(rid, aid)
+    assert stored[1].status.status_code == "ERROR" and stored[1].attributes["rollway.response_token_ids"]
+    spans = (await agl.post("/spans/search", json={"rollout_id": rid, "attempt_id": "latest"})).json()["items"]
+    assert [s["name"] for s in spans] == ["raw_gen_ai_request", stored[1].name]
+    assert not any(key.startswith("llm.hosted_vllm.") for key in spans[1]["attributes"])
     by_name = (await agl.get("/spans", params={"rollout_id": rid, "name": "raw_gen_ai_request"})).json()
     assert by_name["total"] == 1
