@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rollway.gateway")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+#: Failures of a try that are retried (another try, maybe on another backend) → the error code if none succeeds.
+RETRIED_FAILURES = {"connect": "backend_unreachable", "broken": "stream_interrupted"}
 
 
 class Gateway:
@@ -199,13 +201,16 @@ class Gateway:
                         continue  # asked again at once, without the ``stream_options`` it refused
                     if refused == backend.backend_id:
                         capture.asked_again(backend, response.status)
+                    if not _streamed(record, response):
+                        await _read_whole(response)  # a body that breaks off is retried: the client has nothing
                     return response, backend, injected  # the try's slot is ``run``'s to give back
                 error_body = without_key(await read_quietly(response), backend)
             except UpstreamFailure as exc:
-                self.router.finished(backend.backend_id, ok=False, counts_as_failure=exc.kind == "connect")
-                if exc.kind != "connect":
+                retried = exc.kind in RETRIED_FAILURES
+                self.router.finished(backend.backend_id, ok=False, counts_as_failure=retried)
+                if not retried:
                     raise envelope(504, str(exc), "timeout", exc.kind) from exc
-                last_error = envelope(502, str(exc), "upstream_error", "backend_unreachable")
+                last_error = envelope(502, str(exc), "upstream_error", RETRIED_FAILURES[exc.kind])
             except BaseException:  # cancelled (the client left), or broken: the slot is given back all the same
                 self.router.finished(backend.backend_id, ok=False, counts_as_failure=False)
                 raise
@@ -273,7 +278,7 @@ class Gateway:
         response, backend, injected = await self.connect(prepared, body)
         ok = response.status < 500
         try:
-            if record.stream and response.status == 200 and not json_answer(response):
+            if _streamed(record, response):
                 # (a backend may answer a streamed request with one JSON body, e.g. embeddings: passed as such)
                 await self._stream(record, response, injected, reply, headers)
             else:
@@ -294,14 +299,7 @@ class Gateway:
         reply: Reply,
         headers: list[tuple[bytes, bytes]],
     ) -> None:
-        try:
-            raw = await response.read()
-        except TimeoutError as exc:  # headers came, the body stalled: nothing reached the client yet
-            raise envelope(504, "the backend timed out sending its answer", "timeout", "read_timeout") from exc
-        except aiohttp.ClientError as exc:  # the body broke off (connection dropped)
-            raise envelope(
-                502, f"the backend answer broke: {type(exc).__name__}", "upstream_error", "stream_interrupted"
-            ) from exc
+        raw = await response.read()  # read whole by ``connect`` already
         record.status_code = response.status
         record.ttft_seconds = time.time() - record.start_time
         out = raw
@@ -410,3 +408,22 @@ class Gateway:
             await reply.body(b"data: " + not_recorded().body + b"\n\n", more=False)
             return
         await reply.body(done_event or b"", more=False)
+
+
+def _streamed(record: CallRecord, response: Any) -> bool:
+    """Whether the answer is passed on as a stream (a backend may answer a streamed request with one JSON body,
+    e.g. embeddings: that is passed as a whole answer)."""
+    return record.stream and response.status == 200 and not json_answer(response)
+
+
+async def _read_whole(response: Any) -> None:
+    """Read a whole answer's body (kept by the response for ``_whole``): a body that breaks off or stalls is an
+    ``UpstreamFailure`` of its try, before any byte reached the client."""
+    try:
+        await response.read()
+    except TimeoutError as exc:  # headers came, the body stalled
+        response.close()
+        raise UpstreamFailure("read_timeout", "the backend timed out sending its answer") from exc
+    except aiohttp.ClientError as exc:  # the body broke off (connection dropped)
+        response.close()
+        raise UpstreamFailure("broken", f"the backend answer broke: {type(exc).__name__}") from exc

@@ -18,7 +18,8 @@ from store import Backend
 
 
 class UpstreamFailure(Exception):
-    """A try that got no HTTP response: ``kind`` is ``connect`` (retryable, fails over) or ``timeout``."""
+    """A try that got no (whole) HTTP response: ``kind`` is ``connect`` or ``broken`` (a whole answer's body broke
+    off; both retried, failing over) or ``timeout`` / ``read_timeout`` / ``deadline``."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)

@@ -354,15 +354,29 @@ async def test_broken_non_streamed_body_is_an_envelope_not_a_500(
     """The backend sent its headers and half a JSON body, then stalled (read timeout) or dropped the
     connection: nothing reached the client yet, so it gets a clean gateway error in the envelope."""
     async with gateway(tmp_path, vllm(mock), read_timeout=0.5) as gw:
-        mock.add_faults({"kind": kind})
+        mock.add_faults({"kind": kind, "times": 4 if kind == "drop_mid_stream" else 1})  # drop: every try
         async with httpx.AsyncClient(timeout=10) as http:
             response = await http.post(f"{gw.url}/v1/chat/completions", json={"model": "policy", "messages": MESSAGES})
         assert_envelope(response, status)
         span = await one_span(gw, None)
         assert span.status.status_code == "ERROR"
         assert span.attributes["http.response.status_code"] == status
+        # a body that broke off was tried again (nothing had reached the client); a stalled one was not
+        assert span.attributes["rollway.retry_count"] == (3 if kind == "drop_mid_stream" else 0)
         answer = await gw.client().chat.completions.create(model="policy", messages=MESSAGES)
         assert answer.choices  # and the gateway keeps serving
+
+
+async def test_a_whole_answer_whose_body_broke_off_is_retried(tmp_path: Path, mock: MockBackendProcess) -> None:
+    """The backend dropped the connection halfway through a non-streamed answer: nothing reached the client, so
+    the call is tried again like a dropped connection, and the client gets the next try's answer; one span."""
+    async with gateway(tmp_path, vllm(mock)) as gw:
+        mock.add_faults({"kind": "drop_mid_stream", "times": 1})
+        answer = await gw.client().chat.completions.create(model="policy", messages=MESSAGES, max_tokens=4)
+        assert answer.choices[0].message.content
+        assert (await stats(mock))["requests_total"] == 2
+        span = await one_span(gw, None)
+        assert (span.status.status_code, span.attributes["rollway.retry_count"]) == ("OK", 1)
 
 
 @pytest.mark.parametrize("stream", [False, True])
