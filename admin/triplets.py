@@ -59,12 +59,7 @@ async def _rendered(store: Store, page: ExportPage, render: Renderer, loaded: bo
     for start in range(0, len(page.rollouts), CHUNK):
         chunk = page.rollouts[start : start + CHUNK]
         if not loaded:
-            fresh = await store.export_rollouts(rollout_ids=[r.rollout_id for r in chunk], limit=len(chunk))
-            by_id = {r.rollout_id: r for r in fresh.rollouts}
-            for r in chunk:  # keep the page's own fields (its export positions): only the spans are new
-                if r.rollout_id in by_id:
-                    r.spans = by_id[r.rollout_id].spans
-            chunk = [r for r in chunk if r.rollout_id in by_id]
+            await store.export_spans(chunk)  # of the attempts the page read
         yield await asyncio.to_thread(render, chunk)
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Select, Text, and_, cast, func, select, union_all
+from sqlalchemy import Connection, Select, Text, cast, func, select, union_all
 
 from store import models
 from store.dialect import check_limit, decode_cursor, encode_cursor
@@ -288,26 +288,25 @@ def _group_seqs(conn: Connection, rollouts: list[ExportRollout], grouped: bool) 
             rollout.group_seq = last.get(rollout.group_id) or rollout.export_seq
 
 
-def _spans(conn: Connection, rollouts: list[ExportRollout]) -> None:
-    """Attach the spans of each rollout's latest attempt, in sequence order (one query)."""
+def attach_spans(conn: Connection, rollouts: list[ExportRollout]) -> None:
+    """Attach the spans of each rollout's ``latest_attempt_id`` as the page read it, in sequence order (one
+    query). By that attempt, not the rollout's latest now: a rollout that got a new attempt since (requeued, or
+    finished again) is rendered as the page saw it, and comes again at its new position."""
     if not rollouts:
         return
     by_id = {r.rollout_id: r for r in rollouts}
+    attempts = list({r.latest_attempt_id for r in rollouts if r.latest_attempt_id is not None})
     attributes = cast(S.c.attributes, Text)  # the stored text: ``read_attributes`` decodes it
-    stmt = (
-        select(
-            S.c.rollout_id,
-            S.c.attempt_id,
-            S.c.sequence_id,
-            S.c.span_id,
-            S.c.name,
-            S.c.start_time,
-            attributes,
-            S.c.status_code,
-        )
-        .select_from(S.join(R, and_(R.c.rollout_id == S.c.rollout_id, R.c.latest_attempt_id == S.c.attempt_id)))
-        .where(R.c.rollout_id.in_(list(by_id)))
-    )
+    stmt = select(
+        S.c.rollout_id,
+        S.c.attempt_id,
+        S.c.sequence_id,
+        S.c.span_id,
+        S.c.name,
+        S.c.start_time,
+        attributes,
+        S.c.status_code,
+    ).where(S.c.rollout_id.in_(list(by_id)), S.c.attempt_id.in_(attempts))
     for row in conn.execute(stmt):
         rollout = by_id[row[0]]
         if rollout.latest_attempt_id == row[1]:
@@ -353,6 +352,6 @@ def export(
     ]
     _group_seqs(conn, rollouts, grouped=not (partial or rollout_ids is not None))
     if with_spans:
-        _spans(conn, rollouts)
+        attach_spans(conn, rollouts)
     next_cursor = encode_cursor(rollouts[-1].export_seq) if rollouts else (since or None)
     return ExportPage(rollouts=rollouts, next_cursor=next_cursor)

@@ -413,6 +413,10 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
             )
         )
 
+    async def export_spans(self, rollouts: list[exports.ExportRollout]) -> None:
+        """Fill in the spans of exported rollouts read ``with_spans=False`` (``store.exports.attach_spans``)."""
+        await self._read(lambda conn: exports.attach_spans(conn, rollouts))
+
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float) -> tuple[list[Rollout], list[str]]:
         """Block until every rollout finished or ``timeout`` (≤ 60 s) passed: (finished, pending ids)."""
         if timeout < 0:

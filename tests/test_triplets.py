@@ -488,6 +488,41 @@ async def test_large_pages_stream_in_chunks_with_the_same_rows(
     assert [orjson.loads(line) for line in response.text.splitlines()] == whole["items"]
 
 
+async def test_a_rollout_that_finishes_again_while_a_large_page_streams_is_rendered_as_the_page_read_it(
+    app_store: Store, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large page reads its spans chunk by chunk, after the page itself. A rollout that got a new attempt and
+    finished again in between is rendered with the attempt the page read (and comes again at its new position),
+    not as that attempt with no spans."""
+    ids = await enqueue(app_store, {}, {})
+    first = {rollout_id: await run(app_store, client, rollout_id) for rollout_id in ids[1:]}
+    first[ids[0]] = (await app_store.get_attempt(ids[0])).attempt_id
+    await app_store.add_spans(conversation(ids[0], first[ids[0]]))
+    await app_store.update_attempt(ids[0], status="failed")  # a failed rollout may be run again
+    whole = await export(client)
+    assert {i["rollout_id"] for i in whole["items"]} == set(ids)
+    monkeypatch.setattr(admin_triplets, "CHUNK", 1)
+    original = app_store.export_rollouts
+
+    ran: list[str] = []
+
+    async def page_then_again(**kwargs: Any) -> Any:
+        page = await original(**kwargs)
+        if kwargs.get("with_spans") is False and not ran:  # the page is read: now the first rollout runs again
+            ran.append(ids[0])
+            again = await app_store.start_attempt(ids[0], "w2")
+            await app_store.add_spans(conversation(ids[0], again.attempt.attempt_id))
+            await app_store.update_attempt(ids[0], status="succeeded")
+        return page
+
+    monkeypatch.setattr(app_store, "export_rollouts", page_then_again)
+    streamed = await export(client, limit=10)
+    assert streamed == whole
+    assert {i["rollout_id"]: i["attempt_id"] for i in streamed["items"]} == first
+    later = await export(client, since=streamed["next_cursor"])
+    assert {i["attempt_id"] for i in later["items"]} == {(await app_store.get_attempt(ids[0])).attempt_id}
+
+
 async def test_a_failure_mid_stream_ends_the_body_with_an_error(
     app: FastAPI, app_store: Store, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -495,15 +530,15 @@ async def test_a_failure_mid_stream_ends_the_body_with_an_error(
     for rollout_id in ids:
         await run(app_store, client, rollout_id)
     monkeypatch.setattr(admin_triplets, "CHUNK", 1)
-    original = app_store.export_rollouts
+    original = app_store.export_spans
     calls = itertools.count()
 
-    async def failing(**kwargs: Any) -> Any:
-        if next(calls) == 2:  # the page, the first rollout's spans, then the second's: fail
+    async def failing(rollouts: Any) -> None:
+        if next(calls) == 1:  # the first rollout's spans, then the second's: fail
             raise ConnectionError("database went away")
-        return await original(**kwargs)
+        await original(rollouts)
 
-    monkeypatch.setattr(app_store, "export_rollouts", failing)
+    monkeypatch.setattr(app_store, "export_spans", failing)
     body = await export(client, limit=10)
     assert len(body["items"]) == 2  # the first rollout's rows
     assert body["next_cursor"] is None
