@@ -110,8 +110,10 @@ class Gateway:
         record.deadline = ticket.deadline
         record.osmosis = who.osmosis
         prepared = Prepared(record=record, lease=None, path=path)
-        if self.registry.may_wait(alias) and self.settings.pause_wait_seconds > 0:
-            arrival.done()  # paused: it waits in ``run``, where a client that leaves ends it (not a call to drain)
+        if self.registry.paused(alias) and self.settings.pause_wait_seconds > 0:
+            # It waits in ``run``, where a client that leaves ends it; not a call to drain meanwhile, since it
+            # leases what is current when the alias resumes (as ``admit`` counts a call that waits).
+            arrival.done()
         else:
             await self._admit(prepared, alias, arrival)
         return prepared

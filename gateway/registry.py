@@ -195,10 +195,10 @@ class ModelRegistry:
             callback()
         return True
 
-    def may_wait(self, alias: str) -> bool:
-        """Whether a call of ``alias`` may have to wait for a resume: paused as last seen, or not loaded."""
+    def paused(self, alias: str) -> bool:
+        """Whether ``alias`` is paused as this process last saw it (False when it is not loaded)."""
         state = self._states.get(alias)
-        return state is None or state.paused
+        return state is not None and state.paused
 
     async def state(self, alias: str) -> AliasState:
         """The alias's state, reloaded from the store when older than the TTL (other processes may change it)."""
