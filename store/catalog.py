@@ -166,7 +166,13 @@ def holds_credentials(url: str) -> bool:
 
 
 def _next_version(version: str) -> str:
-    return str(int(version) + 1) if version.isdigit() else f"{version}+1"
+    """The version after ``version``: its trailing number + 1, same width or wider ("7" → "8", "v2" → "v3",
+    "step-099" → "step-100"); a version that does not end in a number gets one ("main" → "main+1")."""
+    digits = len(version) - len(version.rstrip("0123456789"))
+    if digits == 0:
+        return f"{version}+1"
+    head, number = version[:-digits], version[-digits:]
+    return head + str(int(number) + 1).zfill(digits)
 
 
 def set_paused(conn: Connection, alias: str, paused: bool, now: float) -> ModelAlias:

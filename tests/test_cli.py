@@ -138,7 +138,7 @@ def test_models_put_list_swap_pause_resume(gateway: GatewayProcess) -> None:
     new_weights = ("--backend", "http://127.0.0.1:9/v1", "--model", "Qwen-0.5B-step-2")
     [after] = as_json(rollway(gateway, "models", "swap", "policy", *new_weights, "--json"))
     assert (after["version"], after["backends"][0]["kind"], after["backends"][0]["model"]) == (
-        "v9+1",
+        "v10",
         "vllm",
         "Qwen-0.5B-step-2",
     )

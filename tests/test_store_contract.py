@@ -1140,6 +1140,8 @@ async def test_put_get_list_delete_model(store: Store, clock: FakeClock) -> None
     assert again.version == "3"
     pinned = await store.put_model("policy", [{"base_url": "http://x/v1", "model": "q"}], version="ckpt-7")
     assert pinned.version == "ckpt-7"
+    following = await store.put_model("policy", [{"base_url": "http://x/v1", "model": "q"}])
+    assert following.version == "ckpt-8"  # the trailing number goes on, not "ckpt-7+1"
     await store.put_model("judge", [{"base_url": "https://api.example/v1", "model": "gpt"}])
     assert [m.alias for m in await store.list_models()] == ["judge", "policy"]
     paused = await store.set_model_paused("policy", True)
