@@ -291,6 +291,8 @@ def model_action(connection: Connection, action: str, alias: str | None, as_json
     models = run(connection, work)
     if action == "delete":
         err_console().print(f"deleted model {alias}", highlight=False)
+    elif not models and not as_json:
+        err_console().print("no models yet: register one with rollway models put ALIAS --backend URL", highlight=False)
     else:
         show_models(models, as_json)
 

@@ -119,6 +119,9 @@ def test_rollouts_list_filters_by_status(gateway: GatewayProcess, admin: Rollway
 
 
 def test_models_put_list_swap_pause_resume(gateway: GatewayProcess) -> None:
+    assert as_json(rollway(gateway, "models", "list", "--json")) == []  # the first model of this gateway
+    empty = rollway(gateway, "models", "list")
+    assert empty.exit_code == 0 and "rollway models put ALIAS --backend URL" in empty.stderr
     put = as_json(
         rollway(
             gateway,
