@@ -39,6 +39,7 @@ from gateway.streaming import (
 from gateway.upstream import (
     Upstream,
     UpstreamFailure,
+    key_bytes,
     passthrough_headers,
     read_quietly,
     retry_after,
@@ -341,10 +342,13 @@ class Gateway:
         acc = record.accumulator = ResponsesAccumulator() if responses else StreamAccumulator(record.operation)
         done_event: bytes | None = None
         first_output_sent = False
+        secret = key_bytes(record.backend)
         try:
             async for data in response.content.iter_any():
                 out: list[bytes] = []
                 for raw, payload in decoder.feed(data):
+                    if secret and secret in raw:  # the backend echoed its key (an error event): masked, as in bodies
+                        raw, payload = raw.replace(secret, b"***"), payload and payload.replace(secret, b"***")
                     if payload is None:
                         out.append(raw)
                         continue

@@ -124,13 +124,18 @@ async def wait(seconds: float) -> None:
 MASKED_KEY_LENGTH = 8
 
 
+def key_bytes(backend: Backend | None) -> bytes:
+    """The backend's API key as it would appear in what the backend sends back; empty for no key or a
+    placeholder for a keyless server ("x", "null"), which is not a secret to look for."""
+    key = backend.api_key.get_secret_value() if backend is not None and backend.api_key is not None else ""
+    return key.encode() if len(key) >= MASKED_KEY_LENGTH else b""
+
+
 def without_key(raw: bytes, backend: Backend | None) -> bytes:
     """A backend's error body with the backend's API key, should the backend echo it (``you sent Bearer
     sk-...``), masked: the body is passed to the client and recorded in the span, neither may hold the key."""
-    key = backend.api_key.get_secret_value() if backend is not None and backend.api_key is not None else ""
-    if len(key) < MASKED_KEY_LENGTH:  # a placeholder for a keyless server ("x", "null"), not a secret to find
-        return raw
-    return raw.replace(key.encode(), b"***") if key.encode() in raw else raw
+    key = key_bytes(backend)
+    return raw.replace(key, b"***") if key and key in raw else raw
 
 
 async def read_quietly(response: aiohttp.ClientResponse) -> bytes:

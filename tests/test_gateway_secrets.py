@@ -115,3 +115,24 @@ async def test_a_placeholder_key_is_not_masked_in_error_bodies(tmp_path: Path, m
         async with httpx.AsyncClient(timeout=10) as http:
             response = await http.post(f"{gw.url}/v1/chat/completions", json={"model": "policy", "messages": MESSAGES})
         assert response.status_code == 400 and response.json() == refusal
+
+
+async def test_a_backend_that_echoes_its_key_mid_stream_shows_it_to_no_one(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """An error event (``{"error": ...}``, recorded as the span's error) and an event that is not JSON (passed on
+    as it came), each echoing the key in the middle of a stream: masked in the stream and in the span."""
+    async with running_gateway(tmp_path) as gw:
+        await register(gw.store, "policy", vllm(mock) | {"api_key": BACKEND_KEY})
+        for echo in (f'{{"error": {{"message": "you sent Bearer {BACKEND_KEY}"}}}}', f"not json: {BACKEND_KEY}"):
+            mock.add_faults({"kind": "garbage_event", "after_chunks": 2, "body": echo, "times": 1})
+            body = {"model": "policy", "messages": MESSAGES, "stream": True}
+            async with httpx.AsyncClient(timeout=10) as http:
+                response = await http.post(f"{gw.url}/v1/chat/completions", json=body)
+            assert response.status_code == 200 and "data: [DONE]" in response.text
+            assert "Bearer ***" in response.text or "not json: ***" in response.text
+            assert BACKEND_KEY not in response.text
+        assert await gw.state.registry.drain("policy", 10)
+        spans = await gw.store.query_spans(None)
+        assert len(spans) == 2 and "Bearer ***" in spans[0].attributes["rollway.error"]
+        assert all(BACKEND_KEY not in span.model_dump_json() for span in spans)
