@@ -23,6 +23,7 @@ from gateway import errors, osmosis, probes
 from gateway.attribution import KeyCache
 from gateway.dataplane import PATH, DataPlane
 from gateway.dispatcher import Dispatcher
+from gateway.guards import BodyLimit
 from gateway.metrics import Metrics
 from gateway.proxy import Gateway
 from gateway.registry import ModelRegistry
@@ -162,6 +163,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(agl_router())
     app.include_router(build_traces_router())
     app.include_router(osmosis.router)
+    app.add_middleware(BodyLimit)  # the data plane has its own
     app.add_middleware(PathToken)  # /t/<admin token>/v1/agl/... and /t/<admin token>/v1/traces
     return app
 
