@@ -23,7 +23,7 @@ from gateway import errors, osmosis, probes
 from gateway.attribution import KeyCache
 from gateway.dataplane import PATH, DataPlane
 from gateway.dispatcher import Dispatcher
-from gateway.guards import BodyLimit
+from gateway.guards import BodyLimit, LoopbackOnly
 from gateway.metrics import Metrics
 from gateway.proxy import Gateway
 from gateway.registry import ModelRegistry
@@ -57,7 +57,7 @@ class _RollwayApp(FastAPI):
     the API does."""
 
     def build_middleware_stack(self) -> ASGIApp:
-        return DataPlane(super().build_middleware_stack())
+        return LoopbackOnly(DataPlane(super().build_middleware_stack()))  # LoopbackOnly: without an admin token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # A data-plane call goes straight to the stack (whose front is the data plane): FastAPI's own

@@ -4,12 +4,22 @@
 own): a body over ``ROLLWAY_MAX_BODY_BYTES`` is a 413. FastAPI reads a route's whole body into memory before it
 runs the route's dependencies, the admin-token check among them, so without a bound any client that can reach
 the port could make the server hold gigabytes with no token at all.
+
+``LoopbackOnly`` (every route): with no admin token the server listens on loopback only (``rollway serve``
+refuses otherwise), and loopback is then all that guards it. A web page the operator opens can still reach it:
+through DNS rebinding (the page's own host name, re-pointed at 127.0.0.1, so its scripts read the answers) or
+by posting across sites (a form or ``fetch`` in ``no-cors`` mode: pause a model, cancel a rollout, spend the
+backend's key). So without an admin token a request must name a loopback host (``Host``) and, when a browser
+says where it comes from (``Origin``), come from a loopback page; ``ROLLWAY_PUBLIC_URL``'s host counts as one.
+Programs (SDKs, curl, runners) send no ``Origin`` and address the server as they reach it: they pass.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -62,3 +72,52 @@ class BodyLimit:
             return event
 
         await self.app(scope, bounded, send)
+
+
+class LoopbackOnly:
+    """Without an admin token: refuse (403) a request addressed to a host that is not loopback, or sent by a
+    browser from a page that is not (see the module docstring). With one, every request passes."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        settings = _settings(scope) if scope["type"] == "http" else None
+        if settings is None or settings.admin_token is not None:
+            await self.app(scope, receive, send)
+            return
+        public = urlsplit(settings.public_url).hostname if settings.public_url else None
+        for name, value in scope["headers"]:
+            if name == b"host" and not _allowed(_host_of(value.decode("latin-1")), public):
+                await _refuse(send, 403, _REFUSED_HOST, "permission_error")
+                return
+            if name == b"origin" and not _allowed(urlsplit(value.decode("latin-1")).hostname, public):
+                await _refuse(send, 403, _REFUSED_ORIGIN, "permission_error")
+                return
+        await self.app(scope, receive, send)
+
+
+_REFUSED_HOST = (
+    "without an admin token this server answers requests addressed to a loopback host only (Host: 127.0.0.1, "
+    "localhost, [::1] or ROLLWAY_PUBLIC_URL's host); set ROLLWAY_ADMIN_TOKEN to serve other names"
+)
+_REFUSED_ORIGIN = "without an admin token this server does not answer web pages from other hosts (Origin)"
+
+
+def _host_of(header: str) -> str:
+    """``Host``'s name without its port (``[::1]:8080`` → ``::1``)."""
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
+def _allowed(host: str | None, public: str | None) -> bool:
+    if not host:
+        return False
+    host = host.lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost") or host == (public or "").lower():
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

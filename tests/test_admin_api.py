@@ -337,7 +337,7 @@ async def test_strings_that_are_not_unicode_are_a_400_not_a_stored_500(tmp_path:
     app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'u.db'}"))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://rollway") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             started = await client.post("/admin/v1/rollouts/start", json={"input": 1, "rollout_id": "ro-1"})
             assert started.status_code == 201
             headers = {"content-type": "application/json"}

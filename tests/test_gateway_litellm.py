@@ -347,7 +347,7 @@ async def main(db, base_url):
         store = app.state.rollway.store
         await store.put_model("policy", [{"backend_id": "m", "base_url": base_url, "kind": "vllm", "model": "m"}])
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             statuses = []
             for stream in (False, True):
                 body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
