@@ -16,6 +16,7 @@ Programs (SDKs, curl, runners) send no ``Origin`` and address the server as they
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -111,6 +112,7 @@ def _host_of(header: str) -> str:
     return header.rpartition(":")[0] if header.count(":") == 1 else header
 
 
+@functools.lru_cache(maxsize=256)  # one Host per way a client reaches the server: parsed once, not per call
 def _allowed(host: str | None, public: str | None) -> bool:
     if not host:
         return False
