@@ -34,7 +34,13 @@ def backend_options(required: bool) -> Callable[[Callable[..., None]], Callable[
             click.option("--backend", "base_url", required=required, help="Backend base URL (…/v1)."),
             kind,
             click.option("--model", "upstream_model", required=required, help="Model name at the backend."),
-            click.option("--api-key", default=None, help="Backend API key (never shown again)."),
+            click.option(
+                "--api-key",
+                default=None,
+                envvar="ROLLWAY_BACKEND_API_KEY",
+                help="Backend API key (never shown again) [env: ROLLWAY_BACKEND_API_KEY: on the command line a key "
+                "shows in ps and the shell's history].",
+            ),
             click.option("--backend-id", default=None, help="Backend id [default: generated]."),
             click.option("--weight", type=float, default=None, help="Routing weight."),
             click.option("--max-concurrency", type=int, default=None, help="Most calls in flight to it."),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -163,6 +164,18 @@ def migration_engine(url: str) -> Engine:
     )
 
 
+def _create_private(path: str | None) -> None:
+    """Create a new SQLite file readable by its owner only (0600; SQLite gives its ``-wal`` and ``-shm`` files
+    the same mode): it holds the backends' API keys. An existing file is left as it is; a path that cannot be
+    created is left for SQLite to report (``Store.open`` says why)."""
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:
+        return
+
+
 def create_engines(url: str, *, sqlite_synchronous: str = "NORMAL", pool_size: int = 10) -> Engines:
     """Build the engines for ``url`` (see module docstring)."""
     url = normalize_url(url)
@@ -170,6 +183,7 @@ def create_engines(url: str, *, sqlite_synchronous: str = "NORMAL", pool_size: i
         sync = sqlite_synchronous.upper()
         if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise StoreValidationError(f"invalid SQLite synchronous mode '{sqlite_synchronous}'")
+        _create_private(make_url(url).database)
         writer = _sqlite_engine(url, begin="", synchronous=sync, busy_ms=0, writer=True)
         reader = _sqlite_engine(url, begin="BEGIN", synchronous=sync, busy_ms=SQLITE_BUSY_TIMEOUT_MS, writer=False)
         return Engines(url=url, writer=writer, reader=reader)

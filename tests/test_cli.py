@@ -155,6 +155,12 @@ def test_models_put_list_swap_pause_resume(gateway: GatewayProcess) -> None:
     assert table.exit_code == 0 and "policy" in table.stdout and "serving" in table.stdout
     missing = rollway(gateway, "models", "pause", "no-such-alias")
     assert missing.exit_code == 1 and "404" in missing.stderr
+    # a backend key from the environment, kept off the command line (ps, the shell's history)
+    env = {"ROLLWAY_URL": gateway.url, "ROLLWAY_ADMIN_TOKEN": TOKEN, "ROLLWAY_BACKEND_API_KEY": "sk-from-the-env"}
+    judge = ["models", "put", "judge", "--backend", "http://127.0.0.1:9/v1", "--model", "m", "--json"]
+    put_from_env = CliRunner(env=env).invoke(main, judge, catch_exceptions=False)
+    assert as_json(put_from_env)[0]["backends"][0]["has_api_key"] is True
+    assert rollway(gateway, "models", "delete", "judge").exit_code == 0
 
 
 def test_keys_mint_prints_a_working_key_once(gateway: GatewayProcess) -> None:
