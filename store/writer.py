@@ -12,6 +12,10 @@
 - PostgreSQL: ``PgWriter`` runs each operation in its own transaction from the pool (``run_sync`` over
   asyncpg) and retries it on deadlock or serialization failure; row locks (``FOR UPDATE [SKIP LOCKED]``) do
   the rest.
+
+On both engines a write goes on when its caller stops waiting (its task cancelled: a gateway call whose client
+left while the call's span was being written): it either commits or fails as a whole, never half-way through
+because of who was waiting for it.
 """
 
 from __future__ import annotations
@@ -270,20 +274,32 @@ class BatchWriter:
 
 
 class PgWriter:
-    """PostgreSQL: one transaction per operation, retried on deadlock/serialization failure."""
+    """PostgreSQL: one transaction per operation, retried on deadlock/serialization failure.
+
+    Each write runs in a task of its own that the caller awaits through ``asyncio.shield``: cancelling the caller
+    mid-transaction would roll the write back (a call's span lost when its client left just as the call ended,
+    its sequence id a hole) where SQLite's writer finishes it. ``close`` waits for the writes in flight."""
 
     def __init__(self, engine: AsyncEngine, *, attempts: int = 5) -> None:
         self._engine = engine
         self._attempts = attempts
+        self._running: set[asyncio.Task[Any]] = set()
         self.stats = WriteStats()
 
     async def start(self) -> None:
         return None
 
     async def close(self) -> None:
-        return None
+        while self._running:  # writes whose callers stopped waiting end before the pool is disposed of
+            await asyncio.gather(*self._running, return_exceptions=True)
 
     async def submit(self, op: Operation[T]) -> T:
+        task = asyncio.create_task(self._run(op))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return await asyncio.shield(task)
+
+    async def _run(self, op: Operation[T]) -> T:
         for attempt in range(1, self._attempts + 1):
             started = time.perf_counter()
             try:

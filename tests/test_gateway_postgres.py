@@ -5,18 +5,25 @@ PostgreSQL is not reachable (``ROLLWAY_TEST_PG_URL``)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 from openai import AsyncOpenAI
 
 from admin.client import AsyncRollwayClient
 from gateway.mock import MockBackendProcess
 from gateway.process import GatewayProcess
+from store import Span, Store
+from tests.gateway_harness import claim_one, serving_policy, vllm
 
 pytestmark = pytest.mark.postgres
 TOKEN = "admin-secret-token"
 CALLS = 32
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
 
 async def test_two_replicas_on_postgresql_record_one_gap_free_trajectory(pg_url: str, mock: MockBackendProcess) -> None:
@@ -85,3 +92,59 @@ async def _one_trajectory_across(replicas: list[GatewayProcess], mock: MockBacke
         assert [t.reward for t in triplets] == [None] * (CALLS - 1) + [1.0]
         assert all(t.prompt_token_ids and t.response_token_ids for t in triplets)
         assert (await a.get_rollout(rid)).status == "succeeded"
+
+
+async def test_a_call_the_client_leaves_while_its_span_is_written_keeps_its_span(
+    pg_url: str, mock: MockBackendProcess, tmp_path: Path
+) -> None:
+    """PostgreSQL: a client that leaves cancels its call, and so the store write the call is awaiting. SQLite's
+    writer finishes a write its caller stopped waiting for; PostgreSQL's must too, or the span of a call whose
+    client left just as it ended is rolled back: its sequence id a hole, the call without its one span."""
+    async with serving_policy(tmp_path, vllm(mock), database_url=pg_url) as gw:
+        rollout_id, attempt_id = await claim_one(gw.store)
+        client = gw.client(default_headers={"X-Rollout-Id": rollout_id})
+        await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=4)  # attempt running
+        holder = await asyncpg.connect(pg_url)
+        try:
+            call = asyncio.create_task(
+                client.chat.completions.create(
+                    model="policy", messages=MESSAGES, max_tokens=4, extra_body={"mock": {"latency_ms": 300}}
+                )
+            )
+            await until(lambda: bool(gw.store.calls_in_flight.calls))
+            async with holder.transaction():  # the span's heartbeat waits for the attempt's row
+                await holder.execute("SELECT 1 FROM attempts WHERE attempt_id = $1 FOR UPDATE", attempt_id)
+                await until(lambda: _waiting_on_a_lock(holder))
+                call.cancel()  # the client leaves while the span is being written
+                await until(lambda: not gw.store.calls_in_flight.calls)
+        finally:
+            await holder.close()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        spans = await until(lambda: _spans_if(gw.store, rollout_id, 2))
+        assert [s.sequence_id for s in spans] == [1, 2]
+        assert spans[1].attributes.get("rollway.cancelled") is not True  # it ended before the client left
+
+
+async def until(condition: Callable[[], Any], timeout: float = 10.0) -> Any:
+    """The first truthy value of ``condition`` (sync or async), checked every 10 ms; fails after ``timeout``."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def _waiting_on_a_lock(conn: asyncpg.Connection) -> bool:
+    """Some other session of this database waits for a row lock."""
+    query = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    return bool(await conn.fetchval(query))
+
+
+async def _spans_if(store: Store, rollout_id: str, count: int) -> list[Span] | None:
+    spans = await store.query_spans(rollout_id, "latest")
+    return spans if len(spans) >= count else None
