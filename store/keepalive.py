@@ -5,8 +5,9 @@ requeue a rollout that is still running, for another worker to run again.
 
 ``CallsInFlight`` is this process's record of the calls ``Store.begin_call`` admitted whose span
 ``Store.record_call`` has not written yet: memory only, so admitting and ending a call writes nothing more.
-Every ``INTERVAL`` its loop gives the attempts of the calls in flight for at least that long a heartbeat, in one
-transaction (``touch``); no call that old, no write. Each process touches its own calls' attempts, so it works
+Every ``INTERVAL`` its loop gives the attempts of the calls in flight for at least that long a heartbeat: the
+running ones in one transaction (``touch_running``), the few others in a second one (``revive_latest``) only when
+there are any; no call that old, no write. Each process touches its own calls' attempts, so it works
 with any number of gateway processes on one database (a process that dies stops touching with it).
 
 The heartbeat is a span's (``lifecycle.record_heartbeat``): a running attempt's ``last_heartbeat_time`` moves
@@ -21,6 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, TypeVar
 
 from sqlalchemy import Connection, and_, bindparam, select, update
 
@@ -38,6 +40,14 @@ A = models.attempts
 #: heartbeat at most twice ``INTERVAL`` after the call arrived, then every ``INTERVAL`` until its span is written.
 INTERVAL = 0.5
 CHUNK = 500
+T = TypeVar("T")
+
+
+class Write(Protocol):
+    """The store's write path: runs an operation in a write transaction (``Store._write``)."""
+
+    def __call__(self, op: Callable[[Connection], T], /) -> Awaitable[T]: ...
+
 
 # The running latest attempts of running rollouts among the ids: the common case, one statement. On PostgreSQL
 # the rows are locked SKIP LOCKED (an attempt another transaction is writing takes the general path instead).
@@ -86,19 +96,17 @@ def revive(conn: Connection, targets: Sequence[tuple[str, str]], now: float) -> 
     return revived
 
 
-def touch(conn: Connection, targets: Sequence[tuple[str, str]], now: float) -> int:
-    """A heartbeat for each (rollout id, attempt id) of ``targets`` (module docstring); how many attempts got one."""
-    touched = touch_running(conn, sorted({attempt_id for _, attempt_id in targets}), now)
-    rest = [(rollout_id, attempt_id) for rollout_id, attempt_id in targets if attempt_id not in touched]
-    if rest:
-        # Attempts a newer one replaced are left out before any lock is taken: ``revive`` locks the rollout,
-        # and this transaction may hold the newer attempt (touched above) that a lifecycle write holding the
-        # rollout waits for (on PostgreSQL, a deadlock); nor does a stale call lock its rollout every round.
-        wanted = sorted({rollout_id for rollout_id, _ in rest})
-        query = select(R.c.rollout_id, R.c.latest_attempt_id).where(R.c.rollout_id.in_(wanted))
-        latest = {rollout_id: attempt_id for rollout_id, attempt_id in conn.execute(query)}
-        rest = [(rollout_id, attempt_id) for rollout_id, attempt_id in rest if latest.get(rollout_id) == attempt_id]
-    return len(touched) + (revive(conn, rest, now) if rest else 0)
+def revive_latest(conn: Connection, targets: Sequence[tuple[str, str]], now: float) -> int:
+    """``revive`` those of ``targets`` that are their rollout's latest attempt. Attempts a newer one replaced are
+    left out before any lock is taken: a stale call does not lock its rollout every round."""
+    wanted = sorted({rollout_id for rollout_id, _ in targets})
+    query = select(R.c.rollout_id, R.c.latest_attempt_id).where(R.c.rollout_id.in_(wanted))
+    latest = {rollout_id: attempt_id for rollout_id, attempt_id in conn.execute(query)}
+    return revive(
+        conn,
+        [(rollout_id, attempt_id) for rollout_id, attempt_id in targets if latest.get(rollout_id) == attempt_id],
+        now,
+    )
 
 
 class CallsInFlight:
@@ -107,7 +115,7 @@ class CallsInFlight:
 
     def __init__(
         self,
-        write: Callable[[Callable[[Connection], int]], Awaitable[int]],
+        write: Write,
         clock: Callable[[], float],
         interval: float = INTERVAL,
     ) -> None:
@@ -133,8 +141,17 @@ class CallsInFlight:
         targets = self.due(self.interval if min_age is None else min_age)
         if not targets:
             return 0
-        # The time is read when the transaction runs: a span written just before it is not given an older one.
-        return await self._write(lambda conn: touch(conn, targets, self._clock()))
+        # The time is read when each transaction runs: a span written just before it is not given an older one.
+        ids = sorted({attempt_id for _, attempt_id in targets})
+        touched = await self._write(lambda conn: touch_running(conn, ids, self._clock()))
+        rest = [(rollout_id, attempt_id) for rollout_id, attempt_id in targets if attempt_id not in touched]
+        if not rest:
+            return len(touched)
+        # The others in a transaction of their own, once the touched attempts are committed: ``revive`` waits for
+        # rollout locks, and a writer holding one of those rollouts may be waiting for a touched attempt (a sweep
+        # locks rollouts, then their attempts; another replica's round, rollout and attempt in turn) — on
+        # PostgreSQL a deadlock, broken after a second with every call of those rollouts waiting behind it.
+        return len(touched) + await self._write(lambda conn: revive_latest(conn, rest, self._clock()))
 
     async def run(self) -> None:
         """The loop: a round every ``interval`` (one of the store's loops, cancelled when it closes)."""
