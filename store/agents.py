@@ -17,7 +17,7 @@ from sqlalchemy import Connection, RowMapping, delete, func, select, update
 
 from store import convert, models, queue, spans
 from store.catalog import holds_credentials
-from store.dialect import lock_rows
+from store.dialect import lock_rows, serialize_key
 from store.errors import ConflictError, NotFoundError, StoreValidationError
 from store.exports import REWARD_SPAN
 from store.lifecycle import apply_attempt_status, load_attempt, load_rollout, require_latest
@@ -48,7 +48,8 @@ def _server(row: RowMapping) -> AgentServer:
 
 
 def put(conn: Connection, server: AgentServer, now: float) -> AgentServer:
-    """Register or replace agent server ``server.name``."""
+    """Register or replace agent server ``server.name``. Puts of one name take turns (``serialize_key``, as
+    ``catalog.put_model``): two at once would both find none, and the second insert be refused as a duplicate."""
     if holds_credentials(server.url):
         raise StoreValidationError(
             "agent server url must not hold credentials (user:password@host): give the key as api_key"
@@ -62,6 +63,7 @@ def put(conn: Connection, server: AgentServer, now: float) -> AgentServer:
         "completion_params": server.completion_params,
         "updated_time": now,
     }
+    serialize_key(conn, "agent:" + server.name)
     found = conn.execute(select(G.c.name).where(G.c.name == server.name)).first()
     if found is None:
         conn.execute(G.insert().values(name=server.name, created_time=now, **values))

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import Connection, delete, select, update
 
 from store import ids, models
+from store.dialect import serialize_key
 from store.errors import NotFoundError, StoreValidationError
 from store.lifecycle import bump_counter
 from store.schemas import ApiKey, AttemptedRollout, Backend, KeyScope, ModelAlias
@@ -88,7 +89,11 @@ def put_model(
     sampling: dict[str, Any] | None,
     now: float,
 ) -> ModelAlias:
-    """Create or replace an alias. Without an explicit version, a replaced alias gets its version + 1."""
+    """Create or replace an alias. Without an explicit version, a replaced alias gets its version + 1.
+
+    Puts of one alias take turns (``serialize_key``: PostgreSQL's advisory lock on it; SQLite's single writer
+    already orders them): two at once from two replicas would both find no alias and the second insert be
+    refused as a duplicate, or both find version n and both write n + 1."""
     if not alias:
         raise StoreValidationError("a model alias must not be empty")
     if not _addressable(alias):
@@ -106,6 +111,7 @@ def put_model(
         raise StoreValidationError(f"model '{alias}' has two backends with the same backend_id")
     for backend in backends:
         _check_base_url(backend)
+    serialize_key(conn, "model:" + alias)
     row = (conn.execute(select(M).where(M.c.alias == alias))).mappings().first()
     if version is None:
         version = "1" if row is None else _next_version(row["version"])

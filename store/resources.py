@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select
 
 from store import convert, ids, models
-from store.dialect import check_limit, decode_cursor, encode_cursor
+from store.dialect import check_limit, decode_cursor, encode_cursor, serialize_key
 from store.errors import NotFoundError, StoreValidationError
 from store.schemas import Page, ResourcesUpdate
 
@@ -40,7 +40,12 @@ def update(
     conn: Connection, resources_id: str, resources: dict[str, Any], now: float, *, create: bool = True
 ) -> ResourcesUpdate:
     """A new version of ``resources_id``. An id that is new makes version 1 with ``create`` (Agent-lightning's
-    upsert), else it is a ``NotFoundError`` (the admin API's update: version + 1 of an existing bundle)."""
+    upsert), else it is a ``NotFoundError`` (the admin API's update: version + 1 of an existing bundle).
+
+    Updates of one bundle take turns (``serialize_key``: PostgreSQL's advisory lock on its id; SQLite's single
+    writer already orders them): two at once from two replicas would read the same newest version, and the
+    second insert of its successor would be refused as a duplicate."""
+    serialize_key(conn, "resources:" + resources_id)
     current = _newest(conn, resources_id)
     if current is None and not create:
         raise NotFoundError(f"resources '{resources_id}' not found")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from sqlalchemy import select
 
-from store import AttemptStatus, RolloutStatus, Store, StoreValidationError, models, watchdog
+from store import AgentServer, AttemptStatus, RolloutStatus, Store, StoreValidationError, models, watchdog
 
 if TYPE_CHECKING:
     from conftest import FakeClock
@@ -298,3 +298,28 @@ async def test_two_stores_starting_members_of_one_declared_group_at_once_never_o
         assert len(refused) == 2 and all(isinstance(e, StoreValidationError) for e in refused), refused
         members = await second.get_group(group)
         assert sorted((r.group_index, r.group_size) for r in members) == [(0, 3), (1, 3), (2, 3)]
+
+
+async def test_two_stores_writing_one_named_thing_at_once_take_turns(two_stores: tuple[Store, Store]) -> None:
+    """A new version of one resources bundle, a PUT of one model alias, a PUT of one agent server: each reads what
+    is stored, then inserts or replaces it. Sent at once through two replicas they take turns, as SQLite's single
+    writer makes them — none is refused because another's insert won the race (PostgreSQL answered 409 'duplicate
+    key' to all but one of them), and each update of a bundle or an alias gets its own version."""
+    first, second = two_stores
+    replicas = [first, second] * 3
+    bundle = await first.add_resources({"llm": {"endpoint": "v1"}})
+    updated = await asyncio.gather(
+        *(
+            store.update_resources(bundle.resources_id, {"llm": {"endpoint": str(i)}})
+            for i, store in enumerate(replicas)
+        )
+    )
+    assert sorted(u.version for u in updated) == [2, 3, 4, 5, 6, 7]
+    new = await asyncio.gather(*(store.update_resources("fresh", {"p": i}) for i, store in enumerate(replicas)))
+    assert sorted(u.version for u in new) == [1, 2, 3, 4, 5, 6]
+    backend = {"base_url": "http://127.0.0.1:9/v1", "kind": "openai", "model": "m"}
+    models_ = await asyncio.gather(*(store.put_model("policy", [backend]) for store in replicas))
+    assert sorted(int(m.version or 0) for m in models_) == [1, 2, 3, 4, 5, 6]
+    server = AgentServer(name="agents", url="http://127.0.0.1:9")
+    await asyncio.gather(*(store.put_agent(server) for store in replicas))
+    assert [a.name for a in await second.list_agents()] == ["agents"]
