@@ -43,6 +43,8 @@ Operation = Callable[[Connection], T]
 
 RETRYABLE_PG_CODES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
 LOCK_WAIT_SECONDS = 30.0
+#: How long closing PostgreSQL's writer waits for the writes in flight before it cancels them.
+CLOSE_WAIT_SECONDS = 10.0
 
 
 @dataclass
@@ -290,8 +292,18 @@ class PgWriter:
         return None
 
     async def close(self) -> None:
-        while self._running:  # writes whose callers stopped waiting end before the pool is disposed of
-            await asyncio.gather(*self._running, return_exceptions=True)
+        """Let the writes in flight end (their callers may have stopped waiting) before the pool is disposed of;
+        after ``CLOSE_WAIT_SECONDS`` those left are cancelled: a database that stopped answering must not hold up
+        the process's exit for ever."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLOSE_WAIT_SECONDS
+        while self._running:
+            _, left = await asyncio.wait(set(self._running), timeout=max(0.0, deadline - loop.time()))
+            if left and loop.time() >= deadline:
+                for task in left:
+                    task.cancel()
+                await asyncio.gather(*left, return_exceptions=True)
+                return
 
     async def submit(self, op: Operation[T]) -> T:
         task = asyncio.create_task(self._run(op))

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from store import Store, TaskSpec
+
+if TYPE_CHECKING:
+    import asyncpg
 
 _span_ids = itertools.count(1)
 
@@ -26,3 +29,11 @@ def span(rollout_id: str | None, attempt_id: str | None = None, **fields: Any) -
 async def enqueue_one(store: Store, **task: Any) -> str:
     [rollout] = await store.enqueue([TaskSpec(**task)])
     return rollout.rollout_id
+
+
+async def waiting_for_a_lock(conn: asyncpg.Connection) -> bool:
+    """Whether another session of ``conn``'s database waits for a lock (PostgreSQL). The statistics snapshot is
+    dropped first: inside a transaction the server keeps answering from the first one it read."""
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    query = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    return bool(await conn.fetchval(query))

@@ -19,7 +19,7 @@ from gateway.mock import MockBackendProcess
 from store import AttemptStatus, RolloutConfig, RolloutStatus, Span, Store, keepalive
 from store.calls import CallTicket
 from tests.gateway_harness import RunningGateway, register, running_gateway, vllm
-from tests.store_helpers import enqueue_one, span
+from tests.store_helpers import enqueue_one, span, waiting_for_a_lock
 
 if TYPE_CHECKING:
     from tests.conftest import FakeClock
@@ -360,8 +360,7 @@ async def test_a_round_holds_no_attempt_while_it_waits_for_a_rollout(pg_url: str
             async with holder.transaction():
                 await holder.execute("SELECT 1 FROM rollouts WHERE rollout_id = $1 FOR UPDATE", preparing)
                 round_ = asyncio.create_task(store.calls_in_flight.keep_alive(min_age=0))
-                query = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
-                while not await holder.fetchval(query + "wait_event_type = 'Lock'"):
+                while not await waiting_for_a_lock(holder):
                     assert not round_.done(), round_
                     await asyncio.sleep(0.01)
                 # The round waits for the rollout; the attempt it touched is free (NOWAIT: no deadlock to detect).

@@ -19,6 +19,7 @@ from gateway.mock import MockBackendProcess
 from gateway.process import GatewayProcess
 from store import Span, Store
 from tests.gateway_harness import claim_one, serving_policy, vllm
+from tests.store_helpers import waiting_for_a_lock
 
 pytestmark = pytest.mark.postgres
 TOKEN = "admin-secret-token"
@@ -114,7 +115,7 @@ async def test_a_call_the_client_leaves_while_its_span_is_written_keeps_its_span
             await until(lambda: bool(gw.store.calls_in_flight.calls))
             async with holder.transaction():  # the span's heartbeat waits for the attempt's row
                 await holder.execute("SELECT 1 FROM attempts WHERE attempt_id = $1 FOR UPDATE", attempt_id)
-                await until(lambda: _waiting_on_a_lock(holder))
+                await until(lambda: waiting_for_a_lock(holder))
                 call.cancel()  # the client leaves while the span is being written
                 await until(lambda: not gw.store.calls_in_flight.calls)
         finally:
@@ -137,12 +138,6 @@ async def until(condition: Callable[[], Any], timeout: float = 10.0) -> Any:
             return value
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)
-
-
-async def _waiting_on_a_lock(conn: asyncpg.Connection) -> bool:
-    """Some other session of this database waits for a row lock."""
-    query = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-    return bool(await conn.fetchval(query))
 
 
 async def _spans_if(store: Store, rollout_id: str, count: int) -> list[Span] | None:

@@ -16,11 +16,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
-from store import AttemptStatus, ConflictError, Store
+from store import AttemptStatus, ConflictError, RolloutStatus, Store
 from store import engine as store_engine
+from store import writer as store_writer
 from store.writer import BatchWriter
+from tests.store_helpers import enqueue_one, waiting_for_a_lock
 
 REPO = Path(__file__).resolve().parents[1]
 ACKS_BEFORE_KILL = 300
@@ -310,3 +313,40 @@ async def test_writes_submitted_while_the_writer_is_paused_wait_and_then_land(tm
     assert len(await asyncio.gather(*writes)) == 5
     assert (await store.stats()).total_rollouts == 5
     await store.close()
+
+
+async def _cancelled_while_waiting(store: Store, holder: asyncpg.Connection, rollout_id: str) -> None:
+    """Cancel ``rollout_id`` and stop waiting for it once the write waits for ``holder``'s lock on its row."""
+    write = asyncio.create_task(store.cancel(rollout_id))
+    while not await waiting_for_a_lock(holder):
+        assert not write.done(), write
+        await asyncio.sleep(0.01)
+    write.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await write
+
+
+@pytest.mark.postgres
+async def test_a_postgresql_write_its_caller_left_is_done_and_closing_waits_for_it_not_for_ever(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write goes on when its caller stops waiting (as the SQLite writer's does), and ``close`` waits for it —
+    but at most ``CLOSE_WAIT_SECONDS``: a database that stopped answering must not hold up the exit for ever."""
+    monkeypatch.setattr(store_writer, "CLOSE_WAIT_SECONDS", 0.3)
+    store = await Store.open(pg_url, run_watchdog=False, keepalive_interval=0)
+    done, stuck = await enqueue_one(store, input=1), await enqueue_one(store, input=2)
+    holder = await asyncpg.connect(pg_url)
+    try:
+        async with holder.transaction():
+            await holder.execute("SELECT 1 FROM rollouts WHERE rollout_id = $1 FOR UPDATE", done)
+            await _cancelled_while_waiting(store, holder, done)
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT 1 FROM rollouts WHERE rollout_id = $1 FOR UPDATE", stuck)
+        await _cancelled_while_waiting(store, holder, stuck)
+        await asyncio.wait_for(store.close(), 5)  # gives up on the write still waiting
+        await holder.execute("ROLLBACK")
+    finally:
+        await holder.close()
+    async with await Store.open(pg_url, run_watchdog=False) as reopened:
+        assert (await reopened.get_rollout(done)).status == RolloutStatus.CANCELLED
+        assert (await reopened.get_rollout(stuck)).status == RolloutStatus.QUEUING
