@@ -14,7 +14,9 @@ on every try of one init. A 200/202 answer's ``tools`` are kept in the attempt's
 Connection errors, timeouts, 429 and 5xx are retried with backoff (``ROLLWAY_AGENT_INIT_RETRIES``); a 4xx or
 the last failure fails the attempt, and the rollout's retry config decides what happens next. A server that
 accepts and never calls back is the watchdog's: the attempt times out (``timeout_seconds``), the rollout is
-requeued per its config, and this loop dispatches it again as a new attempt.
+requeued per its config, and this loop dispatches it again as a new attempt. An init lost with the process
+sending it (a crash or restart between the claim and the recorded answer) is sent again, with the same
+``idempotency_key``, by whichever process looks next (``resend_lost``): else its rollout would wait for ever.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 import aiohttp
@@ -74,6 +77,8 @@ class Dispatcher:
         self._session: aiohttp.ClientSession | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._inits: set[asyncio.Task[None]] = set()
+        self._sending: set[str] = set()  # attempt ids whose init this process is sending
+        self._next_resend = 0.0  # monotonic time of the next look for lost inits
 
     @property
     def server_url(self) -> str:
@@ -134,10 +139,39 @@ class Dispatcher:
                 continue
             full = full or (server.max_concurrent is None and len(batch) == limit)
             for attempted in batch:
-                task = asyncio.create_task(self._dispatch(server, attempted), name="rollway-agent-init")
-                self._inits.add(task)
-                task.add_done_callback(self._inits.discard)
+                self._start(server, attempted)
+        if servers and time.monotonic() >= self._next_resend:
+            self._next_resend = time.monotonic() + self.settings.agent_init_timeout
+            await self.resend_lost(servers)
         return full, len(servers)
+
+    @property
+    def init_window(self) -> float:
+        """The longest one init (all its tries and waits) may take: an attempt older than this with no init
+        outcome recorded was not being sent by any live process."""
+        retries = self.settings.agent_init_retries
+        waits = sum(max(self.settings.retry_max_wait, 0.05 * 2.0 ** (t - 1)) for t in range(1, retries + 1))
+        return float(self.settings.agent_init_timeout * (retries + 1) + waits + 1.0)
+
+    async def resend_lost(self, servers: list[AgentServer]) -> None:
+        """Send again the inits lost with the process that was sending them (``store.agents.undispatched``)."""
+        started_before = self.store.clock() - self.init_window
+        for server in servers:
+            for attempted in await self.store.undispatched_attempts(server.name, started_before):
+                if attempted.attempt.attempt_id not in self._sending:
+                    log.warning(
+                        "init of rollout %s to '%s' was lost: sending it again",
+                        attempted.rollout.rollout_id,
+                        server.name,
+                    )
+                    self._start(server, attempted)
+
+    def _start(self, server: AgentServer, attempted: AttemptedRollout) -> None:
+        self._sending.add(attempted.attempt.attempt_id)
+        task = asyncio.create_task(self._dispatch(server, attempted), name="rollway-agent-init")
+        self._inits.add(task)
+        task.add_done_callback(self._inits.discard)
+        task.add_done_callback(lambda _: self._sending.discard(attempted.attempt.attempt_id))
 
     async def _dispatch(self, server: AgentServer, attempted: AttemptedRollout) -> None:
         rollout_id, attempt_id = attempted.rollout.rollout_id, attempted.attempt.attempt_id

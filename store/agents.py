@@ -22,7 +22,7 @@ from store.errors import ConflictError, NotFoundError, StoreValidationError
 from store.exports import REWARD_SPAN
 from store.lifecycle import apply_attempt_status, load_attempt, load_rollout, require_latest
 from store.schemas import AgentServer, Attempt, AttemptedRollout, RemoteCompletion, Span
-from store.states import ACTIVE, ATTEMPT_TERMINAL, AttemptStatus
+from store.states import ACTIVE, ATTEMPT_TERMINAL, AttemptStatus, RolloutStatus
 
 G = models.agent_servers
 R = models.rollouts
@@ -105,6 +105,31 @@ def claim(conn: Connection, name: str, limit: int, now: float) -> list[Attempted
     if limit <= 0:
         return []
     return queue.claim(conn, worker_id(name), limit, now, agent=name)
+
+
+def undispatched(conn: Connection, name: str, started_before: float) -> list[AttemptedRollout]:
+    """The attempts dispatched to server ``name`` whose init left no trace: still ``preparing``, the latest of
+    their rollout, no ``dispatch`` in their metadata (the dispatcher records every init's outcome there), begun
+    before ``started_before``. The process sending their init ended (crash, restart) before it could record
+    anything, and nothing else would send it again: the rollout would wait for ever (or for its timeout) and
+    hold a slot of the server's ``max_concurrent``. Sending the init again is safe: its idempotency key is the
+    attempt id, so a server that got the first one starts nothing new."""
+    stmt = select(R).where(R.c.agent == name, R.c.status == RolloutStatus.PREPARING.value)
+    found = []
+    for rollout in conn.execute(stmt).mappings().all():
+        try:
+            attempt = load_attempt(conn, rollout, "latest", lock=False)
+        except NotFoundError:
+            continue
+        metadata = attempt["metadata"] if isinstance(attempt["metadata"], dict) else {}
+        if (
+            attempt["status"] == AttemptStatus.PREPARING.value
+            and attempt["worker_id"] == worker_id(name)
+            and attempt["start_time"] < started_before
+            and "dispatch" not in metadata
+        ):
+            found.append(AttemptedRollout(rollout=convert.rollout(rollout), attempt=convert.attempt(attempt)))
+    return found
 
 
 def reward_span(rollout_id: str, attempt_id: str, value: float, now: float) -> Span:

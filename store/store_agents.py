@@ -29,6 +29,10 @@ class AgentsMixin(StorePlumbing):
         now = self.clock()
         return await self._write(lambda conn: agents.claim(conn, name, limit, now))
 
+    async def undispatched_attempts(self, name: str, started_before: float) -> list[AttemptedRollout]:
+        """Attempts of server ``name`` whose init was lost with the process sending it (``agents.undispatched``)."""
+        return await self._read(lambda conn: agents.undispatched(conn, name, started_before))
+
     async def record_dispatch(self, rollout_id: str, attempt_id: str, info: dict[str, Any]) -> bool:
         """Merge dispatch facts (tools, tries, error) into the attempt's metadata under ``dispatch``."""
         return await self._write(lambda conn: agents.record_dispatch(conn, rollout_id, attempt_id, info))

@@ -17,7 +17,7 @@ from agent_server import AgentServerProcess
 from gateway_harness import RunningGateway, register, running_gateway
 
 from gateway.mock import MockBackendProcess
-from store import Rollout, Span
+from store import AgentServer, Rollout, Span
 
 pytestmark = pytest.mark.slow
 
@@ -296,3 +296,27 @@ async def test_completion_auth_pins_the_rollout_and_needs_credentials_with_an_ad
             "succeeded",
             "succeeded",
         ]
+
+
+async def test_an_init_lost_with_the_gateway_is_sent_again_with_the_same_idempotency_key(
+    tmp_path: Path, mock: MockBackendProcess, agent_server: AgentServerProcess
+) -> None:
+    """A gateway that ends between claiming an agent's task and recording its init (a crash, a restart) leaves
+    the attempt ``preparing`` with no init outcome; the next gateway on the database sends the init again (same
+    idempotency key), else the rollout would wait for ever and hold a slot of the server."""
+    # The first gateway: its dispatcher saw no server at start, so it sleeps; the claim below is the one it
+    # would have made just before it died.
+    async with running_gateway(tmp_path, agent_poll_interval=60) as gw:
+        await register(gw.store, "policy", {**MOCK_BACKEND, "base_url": mock.base_url})
+        await gw.store.put_agent(AgentServer(name="math", url=agent_server.url, completion_params=PARAMS))
+        await gw.store.enqueue([{"rollout_id": "ro-lost", "input": "What is 2 + 3?", "agent": "math"}])
+        [claimed] = await gw.store.claim_for_agent("math")
+    assert agent_server.health()["inits"] == 0
+    async with running_gateway(tmp_path, agent_init_timeout=1.0, agent_init_retries=0) as gw:
+        [rollout] = await finish(gw, ["ro-lost"], timeout=20)
+        assert rollout.status == "succeeded"
+        [attempt] = await gw.store.list_attempts("ro-lost")
+        assert attempt.attempt_id == claimed.attempt.attempt_id
+        assert attempt.metadata is not None and attempt.metadata["dispatch"]["init_tries"] == 1
+        health = agent_server.health()
+        assert (health["inits"], health["completed"]) == (1, 1), health
