@@ -153,14 +153,25 @@ def allocate(
 def add(conn: Connection, spans: list[Span], now: float) -> list[Span]:
     """Write spans (duplicates by ``span_id`` are skipped and not returned); assign missing sequence ids.
 
-    The spans are updated in place with their ids: callers pass objects they own (``Store.add_spans`` does)."""
+    The spans are updated in place with their ids: callers pass objects they own (``Store.add_spans`` does).
+    A batch of several rollouts locks them in the order of their ids, whatever the request's order: two batches
+    naming the same rollouts in other orders (OTLP exports, say) would otherwise lock them crosswise — on
+    PostgreSQL a deadlock, broken after a second and retried. The spans written come back in the request's order."""
     groups: dict[tuple[str, str | None], list[Span]] = defaultdict(list)
     for span in spans:
         groups[(span.rollout_id or UNATTRIBUTED, span.attempt_id)].append(span)
-    written: list[Span] = []
-    for (rollout_id, attempt_id), group in groups.items():
-        written.extend(_add_group(conn, rollout_id, attempt_id, group, now))
-    return written
+    if len(groups) == 1:
+        [((rollout_id, attempt_id), group)] = groups.items()
+        return _add_group(conn, rollout_id, attempt_id, group, now)
+    written: set[int] = set()
+    for rollout_id, attempt_id in sorted(groups, key=lambda place: (place[0], place[1] or "")):
+        written.update(map(id, _add_group(conn, rollout_id, attempt_id, groups[(rollout_id, attempt_id)], now)))
+    out = []
+    for span in spans:  # in the request's order, each span once
+        if id(span) in written:
+            written.discard(id(span))
+            out.append(span)
+    return out
 
 
 def add_keyed(

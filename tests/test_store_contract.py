@@ -27,6 +27,7 @@ from store import (
     TaskSpec,
     ids,
 )
+from store import spans as spans_module
 from store.signals import Signal
 from tests.store_helpers import enqueue_one, span
 
@@ -499,6 +500,29 @@ async def test_duplicate_span_id_is_skipped(store: Store) -> None:
     assert [s.span_id for s in written] == [other["span_id"]]
     stored = await store.query_spans(rollout_id)
     assert [(s.span_id, s.name) for s in stored] == [(original["span_id"], "first"), (other["span_id"], "llm.call")]
+
+
+async def test_a_batch_of_several_rollouts_locks_them_in_id_order_and_answers_in_request_order(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two batches naming rollouts in other orders must lock them in one order (else, on PostgreSQL, they can
+    deadlock); what a batch wrote still comes back in the order it was sent."""
+    first, second, third = (await store.enqueue([{"input": i} for i in range(3)]))[::-1]  # ids not in order
+    await store.claim("w1", limit=3)
+    locked: list[str] = []
+    original = spans_module.load_rollout
+
+    def recording(conn: Any, rollout_id: str, **kwargs: Any) -> Any:
+        locked.append(rollout_id)
+        return original(conn, rollout_id, **kwargs)
+
+    monkeypatch.setattr(spans_module, "load_rollout", recording)
+    monkeypatch.setattr(spans_module, "sqlite_driver", lambda conn: None)  # the general path, on both engines
+    batch = [span(r.rollout_id, name=f"{r.rollout_id}-{n}") for n in range(2) for r in (first, second, third)]
+    batch.insert(1, span(None, name="unattributed"))
+    written = await store.add_spans(batch)
+    assert [s.name for s in written] == [s["name"] for s in batch]
+    assert locked == sorted({first.rollout_id, second.rollout_id, third.rollout_id})
 
 
 async def test_span_fields_and_unknown_fields_round_trip(store: Store) -> None:
