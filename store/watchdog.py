@@ -46,34 +46,44 @@ def _has_limits(config: Any) -> bool:
     )
 
 
+def _due(conn: Connection, rollouts: list[Any], now: float) -> list[tuple[Any, Any, AttemptStatus]]:
+    """(rollout, its latest attempt, the verdict) for each of ``rollouts`` whose live latest attempt is due."""
+    latest_ids = [r["latest_attempt_id"] for r in rollouts if r["latest_attempt_id"]]
+    attempts = {a["attempt_id"]: a for a in conn.execute(select(A).where(A.c.attempt_id.in_(latest_ids))).mappings()}
+    due = []
+    for rollout in rollouts:
+        attempt = attempts.get(rollout["latest_attempt_id"])
+        if attempt is None or attempt["status"] not in (AttemptStatus.PREPARING, AttemptStatus.RUNNING):
+            continue
+        config = RolloutConfig.model_validate(rollout["config"])
+        status = verdict(config, attempt["start_time"], attempt["last_heartbeat_time"], now)
+        if status is not None:
+            due.append((rollout, attempt, status))
+    return due
+
+
 def sweep(conn: Connection, now: float) -> int:
-    """Check every live rollout's latest attempt; return how many attempts changed."""
-    live = select(R.c.rollout_id).where(R.c.status.in_([s.value for s in ACTIVE])).order_by(R.c.pk)
-    rollout_ids = [r.rollout_id for r in conn.execute(live)]
+    """Check every live rollout's latest attempt; return how many attempts changed.
+
+    Read first, lock after: the live rollouts and their attempts are read without locks, and only those found
+    due are locked (``SKIP LOCKED``: one a runner is writing is left for the next sweep) and judged again as
+    they are then. Locking every live rollout for the sweep's transaction held up every call and span of them
+    that came meanwhile (on PostgreSQL), though most have nothing due, or no limits at all."""
+    live = R.c.status.in_([s.value for s in ACTIVE])
+    rollout_ids = [r.rollout_id for r in conn.execute(select(R.c.rollout_id).where(live).order_by(R.c.pk))]
     changed = 0
     for chunk_start in range(0, len(rollout_ids), 500):
         chunk = rollout_ids[chunk_start : chunk_start + 500]
-        stmt = lock_rows(
-            select(R).where(R.c.rollout_id.in_(chunk), R.c.status.in_([s.value for s in ACTIVE])),
-            conn,
-            skip_locked=True,
-        )
         # Only rollouts whose config can time out: most live rollouts have no limits (nothing to check).
-        rollouts = [r for r in (conn.execute(stmt)).mappings() if _has_limits(r["config"])]
-        if not rollouts:
+        read = [r for r in conn.execute(select(R).where(R.c.rollout_id.in_(chunk), live)).mappings()]
+        candidates = [r["rollout_id"] for r, _, _ in _due(conn, [r for r in read if _has_limits(r["config"])], now)]
+        if not candidates:
             continue
-        latest_ids = [r["latest_attempt_id"] for r in rollouts if r["latest_attempt_id"]]
-        attempts = {
-            a["attempt_id"]: a
-            for a in (conn.execute(lock_rows(select(A).where(A.c.attempt_id.in_(latest_ids)), conn))).mappings()
-        }
-        for rollout in rollouts:
-            attempt = attempts.get(rollout["latest_attempt_id"])
-            if attempt is None or attempt["status"] not in (AttemptStatus.PREPARING, AttemptStatus.RUNNING):
-                continue
-            config = RolloutConfig.model_validate(rollout["config"])
-            status = verdict(config, attempt["start_time"], attempt["last_heartbeat_time"], now)
-            if status is not None:
-                apply_attempt_status(conn, rollout, attempt, status, now)
-                changed += 1
+        locked = conn.execute(lock_rows(select(R).where(R.c.rollout_id.in_(candidates), live), conn, skip_locked=True))
+        rollouts = list(locked.mappings())
+        attempt_ids = [r["latest_attempt_id"] for r in rollouts if r["latest_attempt_id"]]
+        conn.execute(lock_rows(select(A.c.pk).where(A.c.attempt_id.in_(attempt_ids)), conn)).all()
+        for rollout, attempt, status in _due(conn, rollouts, now):
+            apply_attempt_status(conn, rollout, attempt, status, now)
+            changed += 1
     return changed

@@ -15,6 +15,7 @@ from store import (
     RolloutConfig,
     RolloutStatus,
     Store,
+    watchdog,
 )
 from tests.store_helpers import enqueue_one, span
 
@@ -195,6 +196,38 @@ async def test_repeating_the_same_outcome_is_a_no_op(store: Store, clock: FakeCl
 
 
 # -- watchdog: timeout and unresponsive ----------------------------------------------------------------------
+
+
+async def test_a_sweep_locks_only_the_rollouts_it_ends(
+    store: Store, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Of three live rollouts — one past its timeout, one within it, one with no limits — the sweep locks the
+    first only: it reads them all, and locks what it found due (calls of the others are not held up)."""
+    due, within, unlimited = await store.enqueue(
+        [
+            {"input": 0, "config": {"timeout_seconds": 10}},
+            {"input": 1, "config": {"timeout_seconds": 1000}},
+            {"input": 2},
+        ]
+    )
+    await store.claim("w", limit=3)
+    locked: list[str] = []
+    original = watchdog.lock_rows
+
+    def recording(stmt: Any, conn: Any, **kwargs: Any) -> Any:
+        params = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True}).params
+        locked.extend(v for k, v in params.items() if k.startswith("rollout_id") and isinstance(v, str))
+        return original(stmt, conn, **kwargs)
+
+    monkeypatch.setattr(watchdog, "lock_rows", recording)
+    clock.advance(11)
+    assert await store.sweep(force=True) == 1
+    assert locked == [due.rollout_id]
+    assert [(await store.get_attempt(r.rollout_id)).status for r in (due, within, unlimited)] == [
+        AttemptStatus.TIMEOUT,
+        AttemptStatus.PREPARING,
+        AttemptStatus.PREPARING,
+    ]
 
 
 async def test_watchdog_times_out_an_attempt_after_timeout_seconds(store: Store, clock: FakeClock) -> None:
