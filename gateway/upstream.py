@@ -88,11 +88,11 @@ def _why(exc: BaseException) -> str:
     backend's address: agents read this message, and a backend's URL is the operator's business."""
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "the backend closed the connection"
-    code = getattr(exc, "errno", None)
+    code, reason = getattr(exc, "errno", None), getattr(exc, "strerror", None)
     if isinstance(code, int) and code > 0:
         return f"{os.strerror(code)} ({type(exc).__name__})"
-    if isinstance(code, int) and isinstance(getattr(exc, "strerror", None), str):  # resolver errors (gaierror)
-        return f"{exc.strerror} ({type(exc).__name__})"  # type: ignore[attr-defined]
+    if isinstance(code, int) and isinstance(reason, str):  # resolver errors (gaierror): negative codes
+        return f"{reason} ({type(exc).__name__})"
     return type(exc).__name__
 
 

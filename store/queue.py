@@ -36,10 +36,11 @@ def expand(spec: TaskSpec, key: tuple[str, int] | None = None) -> list[tuple[str
         return [(rid, group, i if group else None) for i, rid in enumerate(derived)]
     if size == 1:
         return [(rollout_id, spec.group_id, 0 if spec.group_id else None)]
-    if rollout_id and len(rollout_id) + len(f"-{size - 1}") > 128:  # (a member, or a start, keeps its own id)
+    longest = len(f"{rollout_id}-{size - 1}") if rollout_id else 0
+    if longest > 128:  # (a declared member, or a start, keeps its own id)
         raise StoreValidationError(
             f"rollout_id is too long for group_size {size}: the task's rollouts are named '<rollout_id>-<i>', "
-            f"at most 128 characters ({len(rollout_id) + len(f'-{size - 1}')} here)"
+            f"at most 128 characters ({longest} here)"
         )
     group = spec.group_id or (f"{rollout_id}" if rollout_id else ids.group_id())
     return [(f"{rollout_id}-{i}" if rollout_id else None, group, i) for i in range(size)]
