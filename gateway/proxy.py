@@ -302,7 +302,8 @@ class Gateway:
         reply: Reply,
         headers: list[tuple[bytes, bytes]],
     ) -> None:
-        raw = await response.read()  # read whole by ``connect`` already
+        # read whole by ``connect`` already; a backend echoing its key (an answer quoting the request) is masked
+        raw = without_key(await response.read(), record.backend)
         record.status_code = response.status
         record.ttft_seconds = time.time() - record.start_time
         out = raw
@@ -317,7 +318,6 @@ class Gateway:
             elif injected.any:
                 out = orjson.dumps(capture.stripped(parsed, injected))
         else:
-            out = raw = without_key(raw, record.backend)
             record.error = raw[:2000].decode(errors="replace")
             record.error_type = f"http_{response.status}"
         if not await self.finish(record) and response.status < 400:
@@ -347,7 +347,7 @@ class Gateway:
             async for data in response.content.iter_any():
                 out: list[bytes] = []
                 for raw, payload in decoder.feed(data):
-                    if secret and secret in raw:  # the backend echoed its key (an error event): masked, as in bodies
+                    if secret and secret in raw:  # the backend echoed its key: masked, as in whole bodies
                         raw, payload = raw.replace(secret, b"***"), payload and payload.replace(secret, b"***")
                     if payload is None:
                         out.append(raw)

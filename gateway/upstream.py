@@ -132,8 +132,9 @@ def key_bytes(backend: Backend | None) -> bytes:
 
 
 def without_key(raw: bytes, backend: Backend | None) -> bytes:
-    """A backend's error body with the backend's API key, should the backend echo it (``you sent Bearer
-    sk-...``), masked: the body is passed to the client and recorded in the span, neither may hold the key."""
+    """A backend's body (an error, or an answer quoting its request) with the backend's API key, should the
+    backend echo it (``you sent Bearer sk-...``), masked: the body is passed to the client and recorded in the
+    span, neither may hold the key."""
     key = key_bytes(backend)
     return raw.replace(key, b"***") if key and key in raw else raw
 

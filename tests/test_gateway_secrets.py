@@ -46,6 +46,27 @@ async def test_a_backend_that_echoes_its_key_in_an_error_shows_it_to_no_one(
         assert BACKEND_KEY not in span.model_dump_json()
 
 
+async def test_a_backend_that_echoes_its_key_in_an_answer_shows_it_to_no_one(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """A 200 answer quoting the request's key (a debugging proxy, a model told to repeat its headers): masked in
+    what the client gets and in the span, the rest of the answer as the backend sent it."""
+    async with running_gateway(tmp_path) as gw:
+        await register(gw.store, "policy", vllm(mock) | {"api_key": BACKEND_KEY})
+        message = {"role": "assistant", "content": f"your header was Bearer {BACKEND_KEY}"}
+        answer = {"id": "chatcmpl-echo", "object": "chat.completion", "created": 1, "model": "m",
+                  "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}  # fmt: skip
+        mock.add_faults({"kind": "status", "status": 200, "body": answer, "times": 1})
+        async with httpx.AsyncClient(timeout=10) as http:
+            response = await http.post(f"{gw.url}/v1/chat/completions", json={"model": "policy", "messages": MESSAGES})
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["message"]["content"] == "your header was Bearer ***"
+        assert await gw.state.registry.drain("policy", 10)
+        [span] = await gw.store.query_spans(None)
+        assert span.status.status_code == "OK" and BACKEND_KEY not in span.model_dump_json()
+        assert "Bearer ***" in span.model_dump_json()
+
+
 async def test_a_url_holding_credentials_is_refused_without_showing_them(tmp_path: Path) -> None:
     async with running_gateway(tmp_path) as gw, httpx.AsyncClient(base_url=gw.url, timeout=10) as admin:
         backend = {"base_url": "http://user:hunter2-secret@127.0.0.1:9/v1", "kind": "vllm", "model": "m"}
