@@ -117,16 +117,14 @@ async def check_key(headers: dict[str, str], keys: KeyCache, require_key: bool) 
     return None
 
 
-async def attribute(
+def attribute(
     path_rollout: str | None,
     path_attempt: str | None,
     headers: dict[str, str],
     body: dict[str, Any],
-    keys: KeyCache,
-    require_key: bool,
+    key: ApiKey | None,
 ) -> Attribution:
-    """Resolve the call's rollout (see module docstring); check its key when keys are required."""
-    key = await check_key(headers, keys, require_key)
+    """Resolve the call's rollout (see module docstring); ``key`` is the caller's, as ``check_key`` found it."""
     body_rollout = body.pop("rollout_id", None)
     osmosis = isinstance(body_rollout, str) and bool(body_rollout)
     if path_rollout is not None:

@@ -106,16 +106,15 @@ class DataPlane:
         op_path = match["op"]
         method = scope["method"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:  # before the body is read: a caller without a valid key costs no more than its headers
+            key = await check_key(headers, keys, gateway.settings.gateway_auth == "keys")
+        except AuthError as exc:
+            raise _refused(exc) from None
+        except StoreError as exc:
+            raise _store_error(exc) from None
         if op_path == "models":
             if method != "GET":
                 raise envelope(405, "use GET for /v1/models", "invalid_request_error")
-            if gateway.settings.gateway_auth == "keys":
-                try:
-                    await check_key(headers, keys, True)
-                except AuthError as exc:
-                    raise _refused(exc) from None
-                except StoreError as exc:
-                    raise _store_error(exc) from None
             if match["model"] is None:
                 await self._models(gateway, reply, rid_header)
             else:
@@ -143,7 +142,7 @@ class DataPlane:
         rollout = unquote(match["rollout"]) if match["rollout"] else None
         attempt = unquote(match["attempt"]) if match["attempt"] else None
         try:
-            who = await attribute(rollout, attempt, headers, parsed, keys, gateway.settings.gateway_auth == "keys")
+            who = attribute(rollout, attempt, headers, parsed, key)
             prepared = await gateway.begin(
                 capture.OPERATIONS[op_path],
                 op_path,

@@ -315,6 +315,26 @@ async def test_required_keys(tmp_path: Path, mock: MockBackendProcess) -> None:
         assert len(await gw.store.query_spans(None)) == 1  # the gateway key's call
 
 
+async def test_a_call_without_a_key_is_refused_before_its_body_is_read(tmp_path: Path) -> None:
+    """With keys required, a caller with no valid key gets 401 on its headers alone: a body it never sends is not
+    waited for, and one that is not JSON is not looked at (the refusal is about the key, not the body)."""
+    async with running_gateway(tmp_path, gateway_auth="keys") as gw, httpx.AsyncClient(timeout=10) as http:
+        headers = {"content-type": "application/json"}
+        bad = await http.post(f"{gw.url}/v1/chat/completions", content=b"{not json", headers=headers)
+        assert_envelope(bad, 401)
+        host, port = gw.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        head += "Content-Length: 1000000\r\n\r\n"
+        writer.write(head.encode())  # the headers only: the promised megabyte never comes
+        try:
+            status = await asyncio.wait_for(reader.readline(), 10)
+        finally:
+            writer.close()
+        assert status.split()[1] == b"401", status
+        assert await gw.store.query_spans(None) == []
+
+
 async def test_top_logprobs_without_logprobs_gets_the_backends_answer(
     gw: RunningGateway, mock: MockBackendProcess, http: httpx.AsyncClient
 ) -> None:
