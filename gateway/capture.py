@@ -96,6 +96,10 @@ def prepare(
             injected.null_usage_is_native = backend.kind in TOKEN_ID_KINDS
     if backend.kind not in TOKEN_ID_KINDS:
         return upstream, injected
+    if operation == "text_completion" and upstream.get("echo") and not upstream.get("return_token_ids"):
+        # vLLM leaves the prompt's text out of an echo that asked for token ids, and logprobs make it compute
+        # (and answer) the prompt's: the client's echo gets neither, and its span no token ids (not trainable).
+        return upstream, injected
     if not upstream.get("return_token_ids"):
         upstream["return_token_ids"] = True
         injected.token_ids = True

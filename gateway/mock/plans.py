@@ -237,13 +237,15 @@ class Planner:
             top_logprobs=top or 0,
             include_usage=stream_options.get("include_usage") is True,
             continuous_usage=stream_options.get("continuous_usage_stats") is True,
+            echo=_bool(body, "echo"),
         )
         batches: list[tuple[list[int], list[Choice]]] = []
         cached = 0
         for ids, text in prompts:
             batches.append((ids, self.state.model.generate(ids, sampling, user_text=text)))
             cached += self._cached(model, ids)
-        answer = shapes.Answer(f"cmpl-{uuid.uuid4().hex}", int(time.time()), model, batches, cached, opts)
+        texts = tuple(text for _, text in prompts)
+        answer = shapes.Answer(f"cmpl-{uuid.uuid4().hex}", int(time.time()), model, batches, cached, opts, texts)
         steps = max(len(c.tokens) for _, cs in batches for c in cs)
         if stream:
             return Plan(model, True, steps, steps=lambda: shapes.completion_stream_steps(answer))

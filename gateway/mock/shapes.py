@@ -8,6 +8,10 @@ vLLM (>= 0.10.2) with ``return_token_ids: true``:
 * completions, non-streamed: ``choices[i].prompt_token_ids`` and ``choices[i].token_ids`` (per choice).
 * completions, streamed: each choice's first chunk carries ``choices[0].prompt_token_ids``, every chunk
   ``choices[0].token_ids``.
+* completions with ``echo``: the text starts with the prompt's (each choice's first chunk, streamed) -- but not
+  with ``return_token_ids``, which leaves the prompt's text out; with ``logprobs``, the logprobs cover the prompt
+  (the first token's null) and then the generated tokens, while ``token_ids`` holds the generated ones only, and
+  the choice's ``prompt_logprobs`` are set (vLLM computes the prompt's logprobs for an echo with logprobs).
 
 Without it those keys are ``null`` (non-streamed bodies, chat role chunks, completion chunks) as vLLM's
 serialisation leaves them. The last token chunk of a choice carries ``finish_reason`` (and ``stop_reason``); a
@@ -19,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.mock.model import Choice, Token
+from gateway.mock import tokenizer as tok
+from gateway.mock.model import Choice, Token, prompt_digest
 from gateway.mock.tokenizer import SPECIAL_BY_ID
 
 
@@ -33,6 +38,7 @@ class Options:
     top_logprobs: int = 0
     include_usage: bool = False
     continuous_usage: bool = False
+    echo: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +51,8 @@ class Answer:
     batches: list[tuple[list[int], list[Choice]]]
     cached: int
     opts: Options
+    #: Each prompt's text (completions), what ``echo`` repeats.
+    prompt_texts: tuple[str, ...] = ()
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -211,21 +219,22 @@ def completion_response(answer: Answer) -> dict[str, Any]:
     batches, cached, opts = answer.batches, answer.cached, answer.opts
     out: list[dict[str, Any]] = []
     n_prompt = n_completion = 0
-    for prompt_ids, choices in batches:
+    for number, (prompt_ids, choices) in enumerate(batches):
         n_prompt += len(prompt_ids)
+        echoed, prompt_logprobs = _echo(answer, number)
         for choice in choices:
             n_completion += len(choice.tokens)
             logprobs = None
             if opts.logprobs:
-                logprobs = completion_logprobs(choice, 0, len(choice.tokens), opts.top_logprobs, 0)
+                logprobs = _echoed_logprobs(answer, number, choice, len(choice.tokens))
             out.append(
                 {
                     "index": len(out),
-                    "text": choice.text,
+                    "text": echoed + choice.text,
                     "logprobs": logprobs,
                     "finish_reason": choice.finish_reason,
                     "stop_reason": None,
-                    "prompt_logprobs": None,
+                    "prompt_logprobs": prompt_logprobs,
                     "prompt_token_ids": prompt_ids if opts.return_token_ids else None,
                     "token_ids": choice.token_ids if opts.return_token_ids else None,
                 }
@@ -244,24 +253,27 @@ def completion_response(answer: Answer) -> dict[str, Any]:
 def completion_stream_steps(answer: Answer) -> list[list[dict[str, Any]]]:
     batches, cached, opts = answer.batches, answer.cached, answer.opts
     head = {"id": answer.id, "object": "text_completion", "created": answer.created, "model": answer.model}
-    flat = [(prompt_ids, choice) for prompt_ids, choices in batches for choice in choices]
+    flat = [(number, prompt_ids, choice) for number, (prompt_ids, choices) in enumerate(batches) for choice in choices]
     steps: list[list[dict[str, Any]]] = [[]]
     offsets = [0] * len(flat)
-    longest = max((len(c.tokens) for _, c in flat), default=0)
+    longest = max((len(c.tokens) for _, _, c in flat), default=0)
     n_prompt = sum(len(p) for p, _ in batches)
     for position in range(longest):
         if position >= len(steps):
             steps.append([])
-        for index, (prompt_ids, choice) in enumerate(flat):
+        for index, (number, prompt_ids, choice) in enumerate(flat):
             if position >= len(choice.tokens):
                 continue
             token = choice.tokens[position]
             last = position == len(choice.tokens) - 1
+            echoed = _echo(answer, number)[0] if position == 0 else ""
             logprobs = None
-            if opts.logprobs:
+            if opts.logprobs and position == 0:
+                logprobs = _echoed_logprobs(answer, number, choice, 1)
+            elif opts.logprobs:
                 logprobs = completion_logprobs(choice, position, position + 1, opts.top_logprobs, offsets[index])
-            text = "" if token.id in SPECIAL_BY_ID else token.text
-            offsets[index] += len(token.text)
+            text = echoed + ("" if token.id in SPECIAL_BY_ID else token.text)
+            offsets[index] += len(echoed) + len(token.text)
             chunk = {
                 **head,
                 "choices": [
@@ -279,9 +291,42 @@ def completion_stream_steps(answer: Answer) -> list[list[dict[str, Any]]]:
             }
             steps[position].append(chunk)
     if opts.include_usage:
-        total = sum(len(c.tokens) for _, c in flat)
+        total = sum(len(c.tokens) for _, _, c in flat)
         steps[-1].append({**head, "choices": [], "usage": usage(n_prompt, total, cached)})
     return steps
+
+
+def _echo(answer: Answer, number: int) -> tuple[str, list[dict[str, Any] | None] | None]:
+    """What an ``echo`` puts before prompt ``number``'s completions (nothing with ``return_token_ids``), and the
+    choices' ``prompt_logprobs`` (set when it asked for logprobs too)."""
+    opts = answer.opts
+    if not opts.echo:
+        return "", None
+    text = "" if opts.return_token_ids else answer.prompt_texts[number]
+    if not opts.logprobs:
+        return text, None
+    prompt = _prompt_logprobs(answer.batches[number][0], 0)
+    entries = zip(prompt["tokens"], prompt["token_logprobs"], answer.batches[number][0], strict=True)
+    scored = [{str(i): {"logprob": lp, "rank": 1, "decoded_token": t}} for t, lp, i in entries]
+    return text, [None, *scored[1:]]
+
+
+def _prompt_logprobs(prompt_ids: list[int], top: int) -> dict[str, Any]:
+    """The prompt's tokens as completion logprobs (the first token has no logprob: nothing came before it)."""
+    tokens = [Token(id=i, text=tok.decode([i])) for i in prompt_ids]
+    out = completion_logprobs(Choice(0, tokens, "", prompt_digest(prompt_ids)), 0, len(tokens), top, 0)
+    out["token_logprobs"][0] = out["top_logprobs"][0] = None
+    return out
+
+
+def _echoed_logprobs(answer: Answer, number: int, choice: Choice, stop: int) -> dict[str, Any]:
+    """The logprobs of ``choice``'s first ``stop`` tokens, after the prompt's when the request has ``echo``."""
+    top = answer.opts.top_logprobs
+    if not answer.opts.echo:
+        return completion_logprobs(choice, 0, stop, top, 0)
+    prompt = _prompt_logprobs(answer.batches[number][0], top)
+    generated = completion_logprobs(choice, 0, stop, top, sum(len(t) for t in prompt["tokens"]))
+    return {key: prompt[key] + generated[key] for key in prompt}
 
 
 # ------------------------------------------------------------------------------------------------- responses
