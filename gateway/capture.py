@@ -141,6 +141,32 @@ def stripped(body: dict[str, Any], injected: Injected) -> dict[str, Any]:
     return out
 
 
+def shown(chunk: dict[str, Any], injected: Injected) -> dict[str, Any] | None:
+    """A stream chunk as the client gets it (``stripped``), or None when the backend sent it only for what the
+    gateway asked: the usage chunk, and a chat chunk whose choices say nothing once stripped (vLLM sends a token
+    its parser holds back -- a tool call's markup -- as ``delta: {}`` only for its token ids or logprobs)."""
+    if injected.usage and is_usage_only_chunk(chunk):
+        return None
+    out = stripped(chunk, injected)
+    if (injected.token_ids or injected.logprobs) and _says_nothing(out):
+        return None
+    return out
+
+
+def _says_nothing(chunk: dict[str, Any]) -> bool:
+    """A chat chunk whose every choice has an empty delta and nothing else (no finish, logprobs, token ids)."""
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return False
+    return all(
+        isinstance(c, dict) and c.get("delta") == {} and all(v is None for k, v in c.items() if k not in _BARE)
+        for c in choices
+    )
+
+
+_BARE = frozenset({"index", "delta"})
+
+
 def with_traingate_fields(out: dict[str, Any], full: dict[str, Any], operation: str) -> dict[str, Any]:
     """``out`` (the answer as the client gets it) plus the top-level ``token_ids``, ``logprobs`` (a flat list of
     floats) and ``prompt_token_ids`` that Osmosis's TrainGate returns, taken from ``full`` (the backend's

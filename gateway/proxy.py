@@ -372,8 +372,8 @@ class Gateway:
                         continue
                     if not injected.any:
                         out.append(raw)
-                    elif not (injected.usage and capture.is_usage_only_chunk(chunk)):
-                        out.append(encode_event(capture.stripped(chunk, injected)))
+                    elif (shown := capture.shown(chunk, injected)) is not None:
+                        out.append(encode_event(shown))
                     if not first_output_sent and out and carries_output(chunk):
                         # Until the first token is out, every event goes out as soon as it is read: a read may
                         # hold many events, and time to first token should not wait for the rest of them.

@@ -12,10 +12,18 @@ import pytest
 from openai import AsyncOpenAI
 
 from gateway.mock import MockBackendProcess
-from tests.gateway_harness import RunningGateway, claim_one, serving_policy, vllm
+from tests.gateway_harness import RunningGateway, claim_one, running_gateway, serving_policy, vllm
 
 VOLATILE = {"id", "created", "system_fingerprint", "model"}
 PROMPT = "Once upon a time"
+MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
+CALCULATOR = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}
 
 
 def comparable(obj: Any) -> Any:
@@ -96,3 +104,42 @@ async def test_a_completion_to_an_openai_kind_backend_keeps_its_echo(tmp_path: P
         client, _, _ = await attempt_client(gw)
         answer = await client.completions.create(model="policy", prompt=PROMPT, max_tokens=3, echo=True)
         assert answer.choices[0].text.startswith(PROMPT)
+
+
+@pytest.mark.parametrize("logprobs", [False, True])
+async def test_streamed_tool_calls_of_n_choices_are_the_chunks_of_a_direct_call(
+    tmp_path: Path, mock: MockBackendProcess, direct: AsyncOpenAI, logprobs: bool
+) -> None:
+    """vLLM sends a token its tool parser holds back (the call's markup, its name before it is whole) as a chunk
+    with ``delta: {}`` only when the request asked for token ids or logprobs: the gateway asks for them, and the
+    client that did not sees no such chunk; one that asked for logprobs gets them, as from a direct call. Three
+    choices' tool calls interleave; each is recorded whole, with all its token ids."""
+    async with running_gateway(tmp_path) as gw:
+        await gw.store.put_model("policy", [vllm(mock)], version="v1")
+        client, rollout_id, attempt_id = await attempt_client(gw)
+        ask: dict[str, Any] = {"messages": MESSAGES, "tools": [CALCULATOR], "n": 3, "stream": True}
+        if logprobs:
+            ask |= {"logprobs": True, "top_logprobs": 2}
+        via = [comparable(c) async for c in await client.chat.completions.create(model="policy", **ask)]
+        expected = [comparable(c) async for c in await direct.chat.completions.create(model="mock-model", **ask)]
+        assert via == expected
+        held = [c["choices"][0] for c in via if c["choices"] and c["choices"][0]["delta"] == _EMPTY_DELTA]
+        held = [c for c in held if c["finish_reason"] is None]  # (not a choice's last chunk, its EOS)
+        assert bool(held) is logprobs and all(c["logprobs"] for c in held)
+
+        truth = await direct.chat.completions.create(
+            model="mock-model", messages=MESSAGES, tools=[CALCULATOR], n=3, extra_body={"return_token_ids": True}
+        )
+        [span] = await gw.store.query_spans(rollout_id, attempt_id)
+    choices = span.attributes["rollway.choices"]
+    assert [c["token_ids"] for c in choices] == [c.model_extra["token_ids"] for c in truth.choices]
+    recorded = span.attributes["rollway.response"]["choices"]
+    calls = [c["message"]["tool_calls"][0] for c in recorded]
+    assert [(c["id"], c["function"]) for c in calls] == [
+        (c.message.tool_calls[0].id, c.message.tool_calls[0].function.model_dump()) for c in truth.choices
+    ]
+    assert span.attributes["gen_ai.response.finish_reasons"] == ["tool_calls"] * 3
+
+
+#: A ``delta: {}`` as the SDK parses it.
+_EMPTY_DELTA = {"content": None, "function_call": None, "refusal": None, "role": None, "tool_calls": None}
