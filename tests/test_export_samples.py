@@ -293,17 +293,24 @@ async def test_a_late_reward_reaches_an_incremental_pull_and_a_stale_attempt_is_
         assert sample["reward"] == 1.0
 
 
-async def test_a_text_completion_exports_its_prompt(tmp_path: Path, mock: MockBackendProcess) -> None:
+@pytest.mark.parametrize(
+    ("sent", "prompt"),
+    [("Once upon a time", "Once upon a time"), (["Once upon a time"], "Once upon a time"), ([[5, 6, 7]], [5, 6, 7])],
+)
+async def test_a_text_completion_exports_its_prompt(
+    tmp_path: Path, mock: MockBackendProcess, sent: Any, prompt: Any
+) -> None:
+    """A batch of one prompt (as LangChain's ``OpenAI`` sends it) exports that prompt, not the batch."""
     async with gateway(tmp_path, mock) as gw:
         rollout_id, _ = await claim_one(gw.store)
         client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
-        await client.completions.create(model="policy", prompt="Once upon a time", max_tokens=4)
+        await client.completions.create(model="policy", prompt=sent, max_tokens=4)
         await finish(gw, rollout_id)
         [triplet] = await items(gw, "/triplets")
-        assert (triplet["prompt"], triplet["messages"], triplet["reward"]) == ("Once upon a time", None, 1.0)
+        assert (triplet["prompt"], triplet["messages"], triplet["reward"]) == (prompt, None, 1.0)
         assert isinstance(triplet["response"], str) and triplet["response"]
         [sample] = await items(gw, "/exports/slime")
-        assert sample["prompt"] == "Once upon a time"
+        assert sample["prompt"] == prompt
 
 
 async def test_each_choice_of_an_n_call_is_a_sample_and_the_conversation_follows_the_chosen_one(

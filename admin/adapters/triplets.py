@@ -159,9 +159,16 @@ def _as_calls(span: SpanLike) -> list[LlmCall]:
 def _batched(attributes: Mapping[str, Any]) -> list[Any] | None:
     """The prompts of a text completion that asked for several at once (texts, or token-id lists), else None:
     its choices answer different prompts (``n`` choices each, in order)."""
+    prompts = _batch(attributes)
+    return prompts if prompts is not None and len(prompts) > 1 else None
+
+
+def _batch(attributes: Mapping[str, Any]) -> list[Any] | None:
+    """The prompts of a text completion whose ``prompt`` is a list of them (of texts or token-id lists; maybe
+    of one, as LangChain's ``OpenAI`` sends it), else None (one text, or one prompt's token ids)."""
     request = attributes.get("rollway.request")
     prompt = request.get("prompt") if isinstance(request, Mapping) else None
-    if isinstance(prompt, list) and len(prompt) > 1 and not all(isinstance(p, int) for p in prompt):
+    if isinstance(prompt, list) and prompt and not any(isinstance(p, int) for p in prompt):
         return prompt
     return None
 
@@ -242,7 +249,7 @@ def request_prompt(call: LlmCall) -> tuple[list[Any] | None, Any]:
     if not isinstance(request, Mapping):
         return None, None
     if call.span.attributes.get("gen_ai.operation.name") == "text_completion":
-        prompts = _batched(call.span.attributes)
+        prompts = _batch(call.span.attributes)
         if prompts is None:
             return None, request.get("prompt")
         n = request.get("n")
