@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import RowMapping
 
+from store.limits import int32_or_none
 from store.schemas import Attempt, ResourcesUpdate, Rollout, RolloutConfig, Span, SpanStatus
 
 
@@ -110,8 +111,8 @@ def span_values(
         encode(span.links),
         encode(span.resource),
         encode(span.model_extra or None),
-        _int_or_none(attributes.get("gen_ai.usage.input_tokens")),
-        _int_or_none(attributes.get("gen_ai.usage.output_tokens")),
+        int32_or_none(attributes.get("gen_ai.usage.input_tokens")),
+        int32_or_none(attributes.get("gen_ai.usage.output_tokens")),
         now,
     )
 
@@ -135,12 +136,3 @@ def span(row: RowMapping) -> Span:
         resource=row["resource"] or {},
         **{k: v for k, v in extra.items() if k not in SPAN_FIELDS},
     )
-
-
-def _int_or_none(value: Any) -> int | None:
-    kind = type(value)  # exact types: a bool is not a token count
-    if kind is int:
-        return int(value)
-    if kind is float:
-        return int(value)
-    return None

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from store import catalog, convert, exports, migrate, queries, queue, watchdog
+from store import catalog, convert, exports, limits, migrate, queries, queue, watchdog
 from store.engine import Engines, create_engines, migration_engine, open_error
 from store.errors import ConflictError, NotFoundError, StoreValidationError
 from store.keepalive import INTERVAL, CallsInFlight
@@ -212,6 +212,7 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
         """Take up to ``limit`` queued rollouts, waiting up to ``wait_seconds`` (≤ 60) for one to appear. The
         same ``idempotency_key`` again returns what the first claim with it took (``queue.claim``)."""
         key = idempotency_key
+        limits.check_worker_id(worker_id)
         return await self._claim_waiting(
             limit, wait_seconds, lambda conn: queue.claim(conn, worker_id, limit, self.clock(), key=key)
         )
@@ -226,6 +227,7 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
         """``claim``, and in the same transaction a rollout-scoped gateway key for each attempt (the key itself,
         returned only here: the store keeps its hash). A repeated claim gets new keys, and those that earlier
         tries got are revoked (``catalog.attempt_keys``)."""
+        limits.check_worker_id(worker_id)
         arrived = None if idempotency_key is None else self.clock()
 
         def op(conn: Connection) -> list[tuple[AttemptedRollout, str]]:
@@ -253,12 +255,14 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
         self, task: TaskSpec | Mapping[str, Any], worker_id: str | None = None, idempotency_key: str | None = None
     ) -> AttemptedRollout:
         spec = task if isinstance(task, TaskSpec) else TaskSpec.model_validate(task)
+        limits.check_worker_id(worker_id)
         now = self.clock()
         return await self._write(lambda conn: queue.start_rollout(conn, spec, worker_id, now, idempotency_key))
 
     async def start_attempt(
         self, rollout_id: str, worker_id: str | None = None, idempotency_key: str | None = None
     ) -> AttemptedRollout:
+        limits.check_worker_id(worker_id)
         now, key = self.clock(), idempotency_key
         return await self._write(lambda conn: queue.start_attempt(conn, rollout_id, worker_id, now, key))
 
@@ -278,6 +282,7 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
             raise StoreValidationError(f"unknown attempt status '{status}'") from exc
         if metadata is not UNSET and metadata is not None and not isinstance(metadata, dict):
             raise StoreValidationError("attempt metadata must be an object")
+        limits.check_worker_id(worker_id)
         now = self.clock()
 
         def op(conn: Connection) -> Attempt:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from store import edits
+from store import edits, limits
 from store.plumbing import StorePlumbing
 from store.schemas import Attempt, Rollout, Worker
 
@@ -22,6 +22,7 @@ class EditsMixin(StorePlumbing):
 
     async def worker_heartbeat(self, worker_id: str, heartbeat_stats: Any = None, *, set_stats: bool = True) -> Worker:
         """Record a worker's heartbeat (and its stats when ``set_stats``); the worker is created when new."""
+        limits.check_worker_id(worker_id)
         now = self.clock()
         return await self._write(
             lambda conn: edits.update_worker(conn, worker_id, heartbeat_stats, now, set_stats=set_stats)

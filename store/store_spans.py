@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from store import calls, spans
+from store import calls, limits, spans
 from store.keepalive import CallsInFlight
 from store.plumbing import StorePlumbing
 from store.schemas import Span
@@ -63,6 +63,7 @@ class SpansMixin(StorePlumbing):
             batch = _SPAN_LIST.validate_python(items)
         if not batch:
             return []
+        limits.check_spans(batch)
         now = self.clock()
         if idempotency_key is None:
             written = await self._write(lambda conn: spans.add(conn, batch, now))

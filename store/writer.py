@@ -34,7 +34,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from store.errors import StoreError, UnavailableError
+from store.errors import StoreError, StoreValidationError, UnavailableError
 
 log = logging.getLogger("rollway.store")
 
@@ -42,6 +42,8 @@ T = TypeVar("T")
 Operation = Callable[[Connection], T]
 
 RETRYABLE_PG_CODES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+#: SQLSTATE class of the values a column cannot hold (a text too long, an integer out of range, ...).
+PG_DATA_EXCEPTION = "22"
 LOCK_WAIT_SECONDS = 30.0
 #: How long closing PostgreSQL's writer waits for the writes in flight before it cancels them.
 CLOSE_WAIT_SECONDS = 10.0
@@ -324,6 +326,8 @@ class PgWriter:
                 if code in RETRYABLE_PG_CODES and attempt < self._attempts:
                     await asyncio.sleep(0.005 * attempt)
                     continue
+                if isinstance(code, str) and code.startswith(PG_DATA_EXCEPTION):  # the request's, not the database's
+                    raise StoreValidationError(f"a value does not fit its column: {exc.orig}") from exc
                 if exc.connection_invalidated or isinstance(exc, OperationalError):
                     raise UnavailableError(f"database write failed: {exc.orig}") from exc
                 raise

@@ -1,0 +1,59 @@
+"""How long a text column is and how large an integer column, where the store takes the value from a client.
+
+PostgreSQL refuses a value its column cannot hold (``varchar(n)``, 32-bit integers) and SQLite stores it, so
+without these checks one request was stored on one engine and failed as a database error (a 500) on the
+other. The store refuses such text on both as a ``StoreValidationError`` before it writes anything; the token
+counts a span's attributes carry are only summaries of them (``stats``), kept when they fit and left out
+(``None``) when they do not, the attributes themselves stored as sent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any, Final
+
+from store.errors import StoreValidationError
+
+#: ``spans.trace_id``, ``span_id`` and ``parent_id``.
+SPAN_ID_CHARS: Final = 64
+#: ``spans.name``.
+SPAN_NAME_CHARS: Final = 512
+#: ``attempts.worker_id``, ``workers.worker_id``.
+WORKER_ID_CHARS: Final = 128
+#: The range of the 32-bit integer columns (token counts).
+INT32_MIN: Final = -(2**31)
+INT32_MAX: Final = 2**31 - 1
+
+
+def check_text(value: str | None, limit: int, what: str) -> None:
+    """Refuse ``value`` when it is longer than ``limit`` characters."""
+    if value is not None and len(value) > limit:
+        raise StoreValidationError(f"{what} is too long: at most {limit} characters, got {len(value)}")
+
+
+def check_worker_id(worker_id: Any) -> None:
+    if isinstance(worker_id, str):
+        check_text(worker_id, WORKER_ID_CHARS, "worker_id")
+
+
+def check_spans(spans: Iterable[Any]) -> None:
+    """Refuse a batch with a span whose ids or name are longer than their columns."""
+    for span in spans:
+        check_text(span.trace_id, SPAN_ID_CHARS, "trace_id")
+        check_text(span.span_id, SPAN_ID_CHARS, "span_id")
+        check_text(span.parent_id, SPAN_ID_CHARS, "parent_id")
+        check_text(span.name, SPAN_NAME_CHARS, "name")
+
+
+def int32_or_none(value: Any) -> int | None:
+    """``value`` as an integer for a 32-bit column (a count: an int, or a finite float, cut to an int), or None
+    when it is not a number (a bool is not a count) or does not fit."""
+    kind = type(value)
+    if kind is float:
+        if not math.isfinite(value):
+            return None
+        value = int(value)
+    elif kind is not int:
+        return None
+    return int(value) if INT32_MIN <= value <= INT32_MAX else None
