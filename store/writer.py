@@ -3,7 +3,8 @@
 
 - SQLite: ``BatchWriter`` is the only writer. Operations queue up; each turn takes everything queued (up to a
   bound) and runs it in one ``BEGIN IMMEDIATE`` transaction — each operation inside its own savepoint so
-  one failure does not undo its neighbours — and commits once: a burst of span writes costs one commit.
+  one failure (a refusal, or any other exception but the database's own trouble) does not undo its neighbours —
+  and commits once: a burst of span writes costs one commit.
   Callers get their result only after the commit. The transaction runs on the event loop's thread (it is
   short; thread hops per statement cost more than the work); the write lock is taken without blocking: when
   another process holds it, the writer backs off and retries asynchronously. An operation submitted while
@@ -34,7 +35,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from store.errors import StoreError, StoreValidationError, UnavailableError
+from store.errors import StoreValidationError, UnavailableError
 
 log = logging.getLogger("rollway.store")
 
@@ -248,8 +249,8 @@ class BatchWriter:
                         raw.execute("SAVEPOINT op")
                         try:
                             outcomes.append((fut, op(conn), None))
-                        except (StoreError, DBAPIError, sqlite3.IntegrityError) as exc:  # this operation only
-                            if isinstance(exc, OperationalError):
+                        except Exception as exc:  # this operation only (a refusal, or a bug in it)
+                            if isinstance(exc, OperationalError | sqlite3.OperationalError):
                                 raise  # the file is in trouble: fail the whole batch
                             raw.execute("ROLLBACK TO op")
                             outcomes.append((fut, None, exc))

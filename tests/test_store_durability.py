@@ -18,6 +18,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from sqlalchemy import Connection
 
 from store import AttemptStatus, ConflictError, RolloutStatus, Store
 from store import engine as store_engine
@@ -235,6 +236,28 @@ async def test_a_refused_write_does_not_undo_its_neighbours_in_a_group_commit(st
     stored = await store.query_spans(rid, aid)
     assert {s.span_id for s in stored} == {"s1", "before", "after"}
     assert [s.sequence_id for s in stored] == [1, 2, 3]
+
+
+async def test_an_operation_failing_unexpectedly_does_not_undo_its_neighbours_in_a_group_commit(store: Store) -> None:
+    started = await store.start_rollout({"input": "x"})
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+
+    def wrote_then_broke(conn: Connection) -> None:
+        conn.exec_driver_sql("INSERT INTO counters (name, value) VALUES ('half-written', 1)")
+        raise ZeroDivisionError("a bug in one operation")
+
+    results = await asyncio.gather(
+        store.add_span(_span(rid, aid, "before")),  # (on SQLite: inline; the two others share a commit)
+        store.writer.submit(wrote_then_broke),
+        store.add_span(_span(rid, aid, "after")),
+        return_exceptions=True,
+    )
+
+    assert isinstance(results[1], ZeroDivisionError)
+    assert not isinstance(results[0], BaseException) and not isinstance(results[2], BaseException), results
+    assert [s.span_id for s in await store.query_spans(rid, aid)] == ["before", "after"]
+    half = "SELECT count(*) FROM counters WHERE name = 'half-written'"
+    assert await store.read(lambda conn: conn.exec_driver_sql(half).scalar_one()) == 0
 
 
 async def test_the_write_ahead_log_is_emptied_under_steady_writes(
