@@ -15,14 +15,17 @@ from sqlalchemy import Connection, select, update
 from store import convert, models
 from store import resources as resources_ops
 from store.dialect import upsert
-from store.errors import StoreValidationError
+from store.errors import ConflictError, StoreValidationError
 from store.lifecycle import load_rollout, set_rollout_status
 from store.schemas import Attempt, Rollout, RolloutConfig, Worker
-from store.states import RolloutStatus
+from store.states import ACTIVE, AttemptStatus, RolloutStatus
 
 R = models.rollouts
 A = models.attempts
 W = models.workers
+
+#: Attempt statuses a rollout's ``preparing``/``running`` can stand for (``unresponsive``: a span revives it).
+LIVE_ATTEMPT = frozenset({AttemptStatus.PREPARING, AttemptStatus.RUNNING, AttemptStatus.UNRESPONSIVE})
 
 ROLLOUT_FIELDS = frozenset({"input", "mode", "resources_id", "status", "config", "metadata"})
 
@@ -63,8 +66,27 @@ def update_rollout(conn: Connection, rollout_id: str, changes: dict[str, Any], n
             status = RolloutStatus(changes["status"])
         except ValueError as exc:
             raise StoreValidationError(f"unknown rollout status '{changes['status']}'") from exc
-        set_rollout_status(conn, load_rollout(conn, rollout_id), status, now)
+        rollout = load_rollout(conn, rollout_id)
+        if status in ACTIVE:
+            _require_live_attempt(conn, rollout, status)
+        set_rollout_status(conn, rollout, status, now)
     return convert.rollout(load_rollout(conn, rollout_id, lock=False))
+
+
+def _require_live_attempt(conn: Connection, rollout: Any, status: RolloutStatus) -> None:
+    """``preparing`` and ``running`` mirror the rollout's latest attempt; an edit sets them only while that attempt
+    is live. On a queued rollout (no attempt) or a finished one (its attempt over) nothing would move the rollout
+    on again: out of the queue, nothing for the watchdog to judge, calls refused — it would wait for ever. A new
+    attempt is a claim or ``start_attempt``."""
+    latest = rollout["latest_attempt_id"]
+    current = None
+    if latest is not None:
+        current = conn.execute(select(A.c.status).where(A.c.attempt_id == latest)).scalar()
+    if current not in LIVE_ATTEMPT:
+        has = "no attempt" if current is None else f"its latest attempt is {current}"
+        raise ConflictError(
+            f"rollout '{rollout['rollout_id']}' cannot be set {status}: {has} (claim it or start an attempt)"
+        )
 
 
 def update_worker(conn: Connection, worker_id: str, heartbeat_stats: Any, now: float, *, set_stats: bool) -> Worker:

@@ -625,3 +625,30 @@ async def test_cancelling_twice_is_a_no_op(store: Store, clock: FakeClock) -> No
     second = await store.cancel(rollout_id)
     assert second.status == RolloutStatus.CANCELLED
     assert second.end_time == first.end_time
+
+
+# -- edits (Agent-lightning's update_rollout) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [RolloutStatus.PREPARING, RolloutStatus.RUNNING])
+async def test_an_edit_cannot_make_a_rollout_preparing_or_running_without_a_live_attempt(
+    store: Store, status: RolloutStatus
+) -> None:
+    """``preparing`` and ``running`` mirror the latest attempt: set on a queued rollout (no attempt) or a failed
+    one (its attempt over), nothing would ever move the rollout on — out of the queue, no live attempt for the
+    watchdog, calls refused: it (and its group's export) would wait for ever."""
+    queued = await enqueue_one(store, input={"q": 1})
+    with pytest.raises(ConflictError):
+        await store.update_rollout(queued, {"status": status})
+    assert (await store.get_rollout(queued)).status == RolloutStatus.QUEUING
+
+    failed = await store.start_rollout({"input": "f"})
+    await store.update_attempt(failed.rollout.rollout_id, status=AttemptStatus.FAILED)
+    with pytest.raises(ConflictError):
+        await store.update_rollout(failed.rollout.rollout_id, {"status": status})
+    assert (await store.get_rollout(failed.rollout.rollout_id)).status == RolloutStatus.FAILED
+
+    [claimed] = await store.claim("w1")  # the queued one, now with a live attempt: the edit is allowed
+    assert claimed.rollout.rollout_id == queued
+    if status == RolloutStatus.RUNNING:
+        assert (await store.update_rollout(queued, {"status": status})).status == RolloutStatus.RUNNING
