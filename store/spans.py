@@ -156,22 +156,41 @@ def add(conn: Connection, spans: list[Span], now: float) -> list[Span]:
     The spans are updated in place with their ids: callers pass objects they own (``Store.add_spans`` does).
     A batch of several rollouts locks them in the order of their ids, whatever the request's order: two batches
     naming the same rollouts in other orders (OTLP exports, say) would otherwise lock them crosswise — on
-    PostgreSQL a deadlock, broken after a second and retried. The spans written come back in the request's order."""
-    groups: dict[tuple[str, str | None], list[Span]] = defaultdict(list)
+    PostgreSQL a deadlock, broken after a second and retried. Sequence ids follow the request's order within each
+    attempt (``_by_attempt``); the spans written come back in the request's order."""
+    rollouts: dict[str, list[Span]] = defaultdict(list)
     for span in spans:
-        groups[(span.rollout_id or UNATTRIBUTED, span.attempt_id)].append(span)
-    if len(groups) == 1:
-        [((rollout_id, attempt_id), group)] = groups.items()
-        return _add_group(conn, rollout_id, attempt_id, group, now)
+        rollouts[span.rollout_id or UNATTRIBUTED].append(span)
+    if len(rollouts) == 1:
+        [(rollout_id, members)] = rollouts.items()
+        if len({span.attempt_id for span in members}) == 1:
+            return _add_group(conn, rollout_id, members[0].attempt_id, members, now)
     written: set[int] = set()
-    for rollout_id, attempt_id in sorted(groups, key=lambda place: (place[0], place[1] or "")):
-        written.update(map(id, _add_group(conn, rollout_id, attempt_id, groups[(rollout_id, attempt_id)], now)))
+    for rollout_id in sorted(rollouts):
+        groups = _by_attempt(conn, rollout_id, rollouts[rollout_id])
+        for attempt_id in sorted(groups, key=lambda given: given or ""):
+            written.update(map(id, _add_group(conn, rollout_id, attempt_id, groups[attempt_id], now)))
     out = []
     for span in spans:  # in the request's order, each span once
         if id(span) in written:
             written.discard(id(span))
             out.append(span)
     return out
+
+
+def _by_attempt(conn: Connection, rollout_id: str, members: list[Span]) -> dict[str | None, list[Span]]:
+    """A rollout's spans of one batch by the attempt they go to, each in the request's order. Spans that name no
+    attempt go to the latest: when others name it by id, they are one group (one run of sequence ids in the
+    request's order, not the unnamed ones first). The rollout is locked to read its latest attempt, in the
+    batch's rollout order."""
+    named = {span.attempt_id for span in members}
+    latest = None
+    if rollout_id and None in named and len(named) > 1:
+        latest = load_rollout(conn, rollout_id)["latest_attempt_id"]
+    groups: dict[str | None, list[Span]] = defaultdict(list)
+    for span in members:
+        groups[span.attempt_id or latest].append(span)
+    return groups
 
 
 def add_keyed(

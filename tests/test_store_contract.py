@@ -417,6 +417,35 @@ async def test_sequence_ids_of_different_rollouts_are_independent(store: Store) 
     assert written is not None and written.sequence_id == 1
 
 
+async def test_a_batch_naming_the_latest_attempt_by_id_and_by_default_gets_sequence_ids_in_its_order(
+    store: Store,
+) -> None:
+    """A span without ``attempt_id`` goes to the latest attempt: the same attempt as the spans naming it, so one
+    order for all of them, the request's (and spans of another rollout in between do not change it)."""
+    await store.enqueue([{"input": 1}, {"input": 2}])
+    a, b = await store.claim("w1", limit=2)
+    rid, aid, other = a.rollout.rollout_id, a.attempt.attempt_id, b.rollout.rollout_id
+    batch = [
+        span(rid, aid, span_id="one"),
+        span(rid, None, span_id="two"),
+        span(other, None, span_id="elsewhere"),
+        span(rid, aid, span_id="three"),
+        span(rid, None, span_id="four"),
+    ]
+
+    written = await store.add_spans(batch)
+
+    assert [(s.span_id, s.sequence_id) for s in written] == [
+        ("one", 1),
+        ("two", 2),
+        ("elsewhere", 1),
+        ("three", 3),
+        ("four", 4),
+    ]
+    assert {s.attempt_id for s in written if s.rollout_id == rid} == {aid}
+    assert [s.span_id for s in await store.query_spans(rid, aid)] == ["one", "two", "three", "four"]
+
+
 async def test_a_given_sequence_id_moves_the_counter_forward(store: Store) -> None:
     rollout_id = await enqueue_one(store)
     await store.claim("w1")
