@@ -2,7 +2,8 @@
 
 PostgreSQL refuses a value its column cannot hold (``varchar(n)``, 32-bit integers) and SQLite stores it, so
 without these checks one request was stored on one engine and failed as a database error (a 500) on the
-other. The store refuses such text on both as a ``StoreValidationError`` before it writes anything; the token
+other. The store refuses such text on both as a ``StoreValidationError`` before it writes anything (a span's
+name is cut instead); the token
 counts a span's attributes carry are only summaries of them (``stats``), kept when they fit and left out
 (``None``) when they do not, the attributes themselves stored as sent.
 """
@@ -38,12 +39,15 @@ def check_worker_id(worker_id: Any) -> None:
 
 
 def check_spans(spans: Iterable[Any]) -> None:
-    """Refuse a batch with a span whose ids or name are longer than their columns."""
+    """Refuse a batch with a span whose ids are longer than their columns (OpenTelemetry's are 32 and 16 hex
+    digits: longer ones are not ids). A name longer than its column is cut to it: a tracer that names a span
+    after its input (a prompt) must not lose its whole batch -- an agent's trajectory -- over it."""
     for span in spans:
         check_text(span.trace_id, SPAN_ID_CHARS, "trace_id")
         check_text(span.span_id, SPAN_ID_CHARS, "span_id")
         check_text(span.parent_id, SPAN_ID_CHARS, "parent_id")
-        check_text(span.name, SPAN_NAME_CHARS, "name")
+        if span.name is not None and len(span.name) > SPAN_NAME_CHARS:
+            span.name = span.name[:SPAN_NAME_CHARS]
 
 
 def int32_or_none(value: Any) -> int | None:

@@ -18,11 +18,8 @@ async def _running(store: Store) -> tuple[str, str]:
     return started.rollout.rollout_id, started.attempt.attempt_id
 
 
-@pytest.mark.parametrize(
-    ("field", "length"),
-    [("name", limits.SPAN_NAME_CHARS), ("span_id", limits.SPAN_ID_CHARS), ("trace_id", limits.SPAN_ID_CHARS)],
-)
-async def test_a_span_text_longer_than_its_column_is_refused_on_both_engines(
+@pytest.mark.parametrize(("field", "length"), [("span_id", limits.SPAN_ID_CHARS), ("trace_id", limits.SPAN_ID_CHARS)])
+async def test_a_span_id_longer_than_its_column_is_refused_on_both_engines(
     store: Store, field: str, length: int
 ) -> None:
     rid, aid = await _running(store)
@@ -35,6 +32,18 @@ async def test_a_span_text_longer_than_its_column_is_refused_on_both_engines(
     parent = span(rid, aid, parent_id="p" * (limits.SPAN_ID_CHARS + 1))
     with pytest.raises(StoreValidationError, match="parent_id"):
         await store.add_spans([parent])
+
+
+async def test_a_span_name_longer_than_its_column_is_cut_and_its_batch_kept_on_both_engines(store: Store) -> None:
+    """A tracer naming a span after its input (a prompt): the batch -- the agent's trajectory -- is written."""
+    rid, aid = await _running(store)
+    long_name = "n" * limits.SPAN_NAME_CHARS + "tail"
+
+    written = await store.add_spans([span(rid, aid, name="first"), span(rid, aid, name=long_name)])
+
+    assert [s.sequence_id for s in written] == [1, 2]
+    stored = await store.query_spans(rid, aid)
+    assert [s.name for s in stored] == ["first", "n" * limits.SPAN_NAME_CHARS]
 
 
 @pytest.mark.parametrize("count", [5_000_000_000, 2**70, -(2**40), 1e300, math.inf, math.nan])
