@@ -4,7 +4,8 @@ gzip-compressed, decoded with ``opentelemetry-proto`` (imported on first use).
 Each span's rollout, attempt and sequence id come from its own attributes first, then from its resource's:
 ``rollway.rollout_id`` / ``agentlightning.rollout_id``, ``rollway.attempt_id`` / ``agentlightning.attempt_id``,
 ``rollway.sequence_id`` / ``agentlightning.span_sequence_id``. No attempt means the rollout's latest; no (or a
-non-positive) sequence id means the store assigns the next one, in the order the spans arrive. Spans are
+non-positive) sequence id means the store assigns the next one, in the order the spans arrive; spans may share
+one, as Agent-lightning's LLM proxy sends them (``store.spans._share``). Spans are
 written like any other span (each is a heartbeat). A span without a rollout, or for a rollout or attempt the
 store refuses (unknown, stale), is rejected and counted in ``partial_success`` as OTLP specifies; the others
 are kept.
@@ -251,7 +252,7 @@ async def ingest(store: Store, message: Any) -> IngestResult:
         groups[(span.rollout_id, span.attempt_id)].append(span)
     for group in groups.values():
         try:
-            result.accepted.extend(await store.add_spans(group))
+            result.accepted.extend(await store.add_spans(group, shared_sequence=True))
         except StoreError as exc:
             result.rejected += len(group)
             result.errors.append(exc.message)

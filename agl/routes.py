@@ -283,9 +283,9 @@ async def _spans(store: Store, query: SpanQuery) -> dict[str, Any]:
             predicates.append(contains(field, part))
     items = [i for i in items if matches(i, predicates, query.filter_logic)]
     if query.sort_by == "sequence_id" and attempt == "all":
-        # Sequence ids count per attempt: the store's order (attempt, then sequence) is the sequence order.
-        if query.sort_order == "desc":
-            items.reverse()
+        # Sequence ids count per attempt: attempt (the store's order), then the id shown (stable for shared ones).
+        position = {aid: n for n, aid in enumerate(dict.fromkeys(i["attempt_id"] for i in items))}
+        items.sort(key=lambda i: (position[i["attempt_id"]], i["sequence_id"]), reverse=query.sort_order == "desc")
         return _page(items, SPAN_SORT, query.model_copy(update={"sort_by": None}))
     return _page(items, SPAN_SORT, query)
 
@@ -494,11 +494,11 @@ def build_router() -> APIRouter:
             span = shapes.span_in(body)
         except shapes.ShapeError as exc:
             return bad(str(exc))
-        written = await context.store.add_span(span)
+        written = await context.store.add_span(span, shared_sequence=True)
         if written is None:
             return json(None, 201)
-        # The span as the client sent it (already in Agent-lightning's shape), with the ids it was stored under.
-        ids = {"rollout_id": written.rollout_id, "attempt_id": written.attempt_id, "sequence_id": written.sequence_id}
+        # The span as the client sent it (Agent-lightning's shape), with its ids (the sequence id as sent).
+        ids = {"rollout_id": written.rollout_id, "attempt_id": written.attempt_id, "sequence_id": span.sequence_id}
         return json({**body, **ids}, 201)
 
     @router.get("/spans")

@@ -5,7 +5,8 @@ have an attempt, as ``AttemptedRollout`` (the rollout plus ``"attempt"``: its la
 presented as OpenTelemetry attribute values (Agent-lightning validates them so): ``None`` values are left
 out and structured values are JSON text. A span the gateway recorded for an LLM call with token ids is also
 shown in the form of Agent-lightning's LLM proxy (``raw_gen_ai_request`` with ``llm.hosted_vllm.*``
-attributes), which its ``LlmProxyTraceToTriplet`` adapter reads.
+attributes), which its ``LlmProxyTraceToTriplet`` adapter reads. A span sent with a sequence id another span
+already held (Agent-lightning lets spans share one) shows that id, not the one Rollway gave it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import orjson
 
 from store import Attempt, AttemptedRollout, ResourcesUpdate, Rollout, Span, TaskSpec, Worker
+from store.spans import SENT_SEQUENCE
 
 PROXY_SPAN_NAME = "raw_gen_ai_request"
 LLM_TYPES = frozenset({"llm", "proxy_llm"})
@@ -176,6 +178,9 @@ def _proxy_view(name: str, attrs: dict[str, Any], status_code: str) -> tuple[str
 def span(value: Span) -> dict[str, Any]:
     """A stored span in Agent-lightning's ``Span`` shape."""
     raw = value.model_dump(mode="json")
+    sent = raw.pop(SENT_SEQUENCE, None)
+    if isinstance(sent, int) and not isinstance(sent, bool):
+        raw["sequence_id"] = sent  # shared with other spans: Rollway gave it an id of its own
     name, attrs = _proxy_view(value.name, value.attributes, value.status.status_code)
     resource = raw.get("resource") or {}
     raw.update(

@@ -150,26 +150,28 @@ def allocate(
     return (aid or None), last - count + 1
 
 
-def add(conn: Connection, spans: list[Span], now: float) -> list[Span]:
+def add(conn: Connection, spans: list[Span], now: float, *, shared: bool = False) -> list[Span]:
     """Write spans (duplicates by ``span_id`` are skipped and not returned); assign missing sequence ids.
 
     The spans are updated in place with their ids: callers pass objects they own (``Store.add_spans`` does).
     A batch of several rollouts locks them in the order of their ids, whatever the request's order: two batches
     naming the same rollouts in other orders (OTLP exports, say) would otherwise lock them crosswise — on
     PostgreSQL a deadlock, broken after a second and retried. Sequence ids follow the request's order within each
-    attempt (``_by_attempt``); the spans written come back in the request's order."""
+    attempt (``_by_attempt``); the spans written come back in the request's order. With ``shared``, a sequence id
+    another span holds is not a conflict (``_share``)."""
     rollouts: dict[str, list[Span]] = defaultdict(list)
     for span in spans:
         rollouts[span.rollout_id or UNATTRIBUTED].append(span)
     if len(rollouts) == 1:
         [(rollout_id, members)] = rollouts.items()
         if len({span.attempt_id for span in members}) == 1:
-            return _add_group(conn, rollout_id, members[0].attempt_id, members, now)
+            return _add_group(conn, rollout_id, members[0].attempt_id, members, now, shared)
     written: set[int] = set()
     for rollout_id in sorted(rollouts):
         groups = _by_attempt(conn, rollout_id, rollouts[rollout_id])
         for attempt_id in sorted(groups, key=lambda given: given or ""):
-            written.update(map(id, _add_group(conn, rollout_id, attempt_id, groups[attempt_id], now)))
+            group = groups[attempt_id]
+            written.update(map(id, _add_group(conn, rollout_id, attempt_id, group, now, shared)))
     out = []
     for span in spans:  # in the request's order, each span once
         if id(span) in written:
@@ -327,7 +329,9 @@ _RUNNING_TARGET_SQLITE = (
 _HEARTBEAT_SQLITE = "UPDATE attempts SET last_heartbeat_time = ? WHERE pk = ?"
 
 
-def _add_group(conn: Connection, rollout_id: str, attempt_id: str | None, group: list[Span], now: float) -> list[Span]:
+def _add_group(
+    conn: Connection, rollout_id: str, attempt_id: str | None, group: list[Span], now: float, shared: bool = False
+) -> list[Span]:
     raw = sqlite_driver(conn)
     running = None
     if raw is not None and rollout_id:
@@ -351,6 +355,8 @@ def _add_group(conn: Connection, rollout_id: str, attempt_id: str | None, group:
             fresh.append(span)
     if not fresh:
         return []
+    if shared:
+        _share(conn, rollout_id, aid, fresh)
     missing = sum(1 for s in fresh if s.sequence_id is None)
     given = max((s.sequence_id for s in fresh if s.sequence_id is not None), default=0)
     next_id = advance(conn, rollout_id, aid, missing, floor=given) - missing + 1
@@ -373,6 +379,30 @@ def _add_group(conn: Connection, rollout_id: str, attempt_id: str | None, group:
     if rollout_id and any(reward_value(s.name, s.attributes) is not None for s in fresh):
         _finish_again(conn, rollout_id)
     return fresh
+
+
+SENT_SEQUENCE = "agl_sequence_id"
+
+
+def _share(conn: Connection, rollout_id: str, attempt_id: str, fresh: list[Span]) -> None:
+    """Agent-lightning lets several spans share a sequence id (its LLM proxy records every span of a call under
+    the one id it allocated when the call arrived); here a sequence id is one span's. A span giving an id that
+    another span holds (stored, or earlier in ``fresh``) gets the next free one, and keeps the id it was sent
+    with as ``agl_sequence_id``, which Agent-lightning's routes show (``agl.shapes.span``)."""
+    given = list({s.sequence_id for s in fresh if s.sequence_id is not None})
+    if not given:
+        return
+    where = (S.c.rollout_id == rollout_id, S.c.attempt_id == attempt_id, S.c.sequence_id.in_(given))
+    taken = set(conn.execute(select(S.c.sequence_id).where(*where)).scalars())
+    for span in fresh:
+        seq = span.sequence_id
+        if seq is None:
+            continue
+        if seq in taken:
+            span.__dict__["sequence_id"] = None
+            setattr(span, SENT_SEQUENCE, seq)
+        else:
+            taken.add(seq)
 
 
 def _finish_again(conn: Connection, rollout_id: str) -> None:

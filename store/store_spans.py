@@ -52,11 +52,15 @@ class SpansMixin(StorePlumbing):
         idempotency_key: str | None = None,
         *,
         stamped: Collection[str] = (),
+        shared_sequence: bool = False,
     ) -> list[Span]:
         """Write spans (each a heartbeat); returns the ones written, with their sequence ids. With an
         ``idempotency_key``, every span of the request as stored: a retry of the request writes nothing twice,
         and the key with other spans is a ``ConflictError`` (``spans.add_keyed``); ``stamped`` names the fields
-        the caller set on each try itself (e.g. the time a reward is recorded), left out of that comparison."""
+        the caller set on each try itself (e.g. the time a reward is recorded), left out of that comparison. With
+        ``shared_sequence`` (Agent-lightning's spans; no idempotency key), a sequence id another span of the
+        attempt holds is not a conflict: the span gets the next one and keeps the one it gave as
+        ``agl_sequence_id`` (``spans._share``)."""
         if any(isinstance(s, Span) for s in items):
             batch = [s.model_copy() if isinstance(s, Span) else Span.model_validate(s) for s in items]
         else:  # plain payloads: one validator call for the batch (~25 % less than one per span)
@@ -66,7 +70,7 @@ class SpansMixin(StorePlumbing):
         limits.check_spans(batch)
         now = self.clock()
         if idempotency_key is None:
-            written = await self._write(lambda conn: spans.add(conn, batch, now))
+            written = await self._write(lambda conn: spans.add(conn, batch, now, shared=shared_sequence))
             new = len(written)
         else:
             key = idempotency_key
@@ -75,9 +79,9 @@ class SpansMixin(StorePlumbing):
             self.span_observer(new)
         return written
 
-    async def add_span(self, span: Span | Mapping[str, Any]) -> Span | None:
+    async def add_span(self, span: Span | Mapping[str, Any], *, shared_sequence: bool = False) -> Span | None:
         """Write one span; None when a span with the same ``span_id`` is already stored for its attempt."""
-        written = await self.add_spans([span])
+        written = await self.add_spans([span], shared_sequence=shared_sequence)
         return written[0] if written else None
 
     async def query_spans(

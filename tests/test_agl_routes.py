@@ -137,3 +137,30 @@ async def test_a_call_that_did_not_complete_is_not_shown_as_an_llm_proxy_span(
     assert not any(key.startswith("llm.hosted_vllm.") for key in spans[1]["attributes"])
     by_name = (await agl.get("/spans", params={"rollout_id": rid, "name": "raw_gen_ai_request"})).json()
     assert by_name["total"] == 1
+
+
+async def test_spans_may_share_a_sequence_id_as_agent_lightning_allows(agl: httpx.AsyncClient) -> None:
+    """Agent-lightning lets several spans use one sequence id (its ``add_otel_span`` with a given id, its LLM
+    proxy); each is kept and shown under it, ordered after the spans of lower ids."""
+    (rollout,) = (await agl.post("/queues/rollouts/enqueue", json={"rollouts": [{"input": 1}]})).json()
+    rid = rollout["rollout_id"]
+    (claimed,) = (await agl.post("/queues/rollouts/dequeue", json={"limit": 1})).json()
+    aid = claimed["attempt"]["attempt_id"]
+
+    async def add(seq: int, n: int) -> httpx.Response:
+        body = {"rollout_id": rid, "attempt_id": aid, "sequence_id": seq, "trace_id": "a" * 32, "name": f"s{n}"}
+        return await agl.post("/spans", json={**body, "span_id": f"{n:016x}"})
+
+    first = (await agl.post("/spans/next", json={"rollout_id": rid, "attempt_id": aid})).json()["sequence_id"]
+    second = (await agl.post("/spans/next", json={"rollout_id": rid, "attempt_id": aid})).json()["sequence_id"]
+    for seq, n in ((second, 1), (first, 2), (second, 3), (first, 4)):
+        response = await add(seq, n)
+        assert response.status_code == 201 and response.json()["sequence_id"] == seq, response.text
+    assert (await add(first, 2)).json() is None  # the same span again
+    for attempt in ("latest", None):
+        query = {"rollout_id": rid} | ({"attempt_id": attempt} if attempt else {})
+        found = (await agl.post("/spans/search", json=query)).json()
+        shown = [(s["name"], s["sequence_id"]) for s in found["items"]]
+        assert shown == [("s2", first), ("s4", first), ("s1", second), ("s3", second)] and found["total"] == 4
+    after = (await agl.post("/spans/next", json={"rollout_id": rid, "attempt_id": aid})).json()["sequence_id"]
+    assert after > second
