@@ -9,66 +9,37 @@ not retry 4xx.
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict
 
 from admin.context import Context
-from agl import otlp, shapes
+from agl import otlp, queries, shapes
 from agl.access import require_access
-from agl.listing import QueryError, check_paging, contains, exact, matches, page, within
-from store import NotFoundError, RolloutConfig, Store, TaskSpec
-from store.queries import ROLLOUT_SORT_COLUMNS
+from agl.bodies import (
+    AttemptQuery,
+    AttemptUpdate,
+    DequeueBody,
+    NextBody,
+    Order,
+    Paging,
+    RolloutQuery,
+    RolloutUpdate,
+    SpanQuery,
+    StartBody,
+    WaitBody,
+    WorkerBody,
+    WorkerQuery,
+    WorkerUpdate,
+    not_null,
+    task_of,
+)
+from agl.listing import QueryError
+from store import NotFoundError
 
 PREFIX = "/v1/agl"
-ROLLOUT_SORT = ("rollout_id", "input", "start_time", "end_time", "mode", "resources_id", "status", "config", "metadata")
-ATTEMPT_SORT = (
-    "rollout_id",
-    "attempt_id",
-    "sequence_id",
-    "start_time",
-    "end_time",
-    "status",
-    "worker_id",
-    "last_heartbeat_time",
-    "metadata",
-)
-WORKER_SORT = (
-    "worker_id",
-    "status",
-    "heartbeat_stats",
-    "last_heartbeat_time",
-    "last_dequeue_time",
-    "last_busy_time",
-    "last_idle_time",
-    "current_rollout_id",
-    "current_attempt_id",
-)
-RESOURCES_SORT = ("resources_id", "create_time", "update_time", "version", "resources")
-SPAN_SORT = (
-    "rollout_id",
-    "attempt_id",
-    "sequence_id",
-    "trace_id",
-    "span_id",
-    "parent_id",
-    "name",
-    "status",
-    "attributes",
-    "events",
-    "links",
-    "start_time",
-    "end_time",
-    "context",
-    "parent",
-    "resource",
-)
-Mode = Literal["train", "val", "test"]
-Order = Literal["asc", "desc"]
-Logic = Literal["and", "or"]
 MAX_WAIT = 60.0
 
 
@@ -79,232 +50,6 @@ def json(content: Any, status: int = 200) -> Response:
 def bad(message: str) -> Response:
     body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
     return json(body, 400)
-
-
-# -- bodies (Agent-lightning's request models) -----------------------------------------------------------------
-
-
-class Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class EnqueueItem(Lenient):
-    input: Any = None
-    mode: Mode | None = None
-    resources_id: str | None = None
-    config: RolloutConfig | None = None
-    metadata: dict[str, Any] | None = None
-
-
-class DequeueBody(Lenient):
-    limit: int = 1
-    worker_id: str | None = None
-
-
-class StartBody(EnqueueItem):
-    worker_id: str | None = None
-
-
-class WorkerBody(Lenient):
-    worker_id: str | None = None
-
-
-class RolloutUpdate(Lenient):
-    input: Any = None
-    mode: Mode | None = None
-    resources_id: str | None = None
-    status: str | None = None
-    config: RolloutConfig | None = None
-    metadata: dict[str, Any] | None = None
-
-
-class AttemptUpdate(Lenient):
-    status: str | None = None
-    worker_id: str | None = None
-    last_heartbeat_time: float | None = None
-    metadata: dict[str, Any] | None = None
-
-
-class WorkerUpdate(Lenient):
-    heartbeat_stats: dict[str, Any] | None = None
-
-
-class Paging(Lenient):
-    limit: int = -1
-    offset: int = 0
-    sort_by: str | None = None
-    sort_order: Order = "asc"
-
-
-class RolloutQuery(Paging):
-    status_in: list[str] | None = None
-    rollout_id_in: list[str] | None = None
-    rollout_id_contains: str | None = None
-    filter_logic: Logic = "and"
-
-
-class AttemptQuery(Paging):
-    sort_by: str | None = "sequence_id"
-
-
-class WorkerQuery(Paging):
-    status_in: list[str] | None = None
-    worker_id_contains: str | None = None
-    filter_logic: Logic = "and"
-
-
-class SpanQuery(Paging):
-    rollout_id: str
-    attempt_id: str | None = None
-    trace_id: str | None = None
-    trace_id_contains: str | None = None
-    span_id: str | None = None
-    span_id_contains: str | None = None
-    parent_id: str | None = None
-    parent_id_contains: str | None = None
-    name: str | None = None
-    name_contains: str | None = None
-    filter_logic: Logic = "and"
-    sort_by: str | None = "sequence_id"
-
-
-class NextBody(Lenient):
-    rollout_id: str
-    attempt_id: str
-
-
-class WaitBody(Lenient):
-    rollout_ids: list[str]
-    timeout: float | None = None
-
-
-def _not_null(body: BaseModel, *fields: str) -> str | None:
-    for name in fields:
-        if name in body.model_fields_set and getattr(body, name) is None:
-            return f"{name} is invalid; it cannot be a null value."
-    return None
-
-
-def _task(item: EnqueueItem) -> TaskSpec:
-    return TaskSpec(
-        input=item.input, mode=item.mode, resources_id=item.resources_id, config=item.config, metadata=item.metadata
-    )
-
-
-# -- queries --------------------------------------------------------------------------------------------------
-
-
-async def _rollouts(store: Store, query: RolloutQuery) -> dict[str, Any]:
-    filters = {
-        "status": query.status_in,
-        "rollout_ids": query.rollout_id_in,
-        "id_contains": query.rollout_id_contains,
-    }
-    given = sum(value is not None for value in filters.values())
-    if (query.filter_logic == "and" or given <= 1) and (query.sort_by is None or query.sort_by in ROLLOUT_SORT_COLUMNS):
-        # The database filters, sorts and pages: a page of a large store costs a page, not the store.
-        check_paging(ROLLOUT_SORT, query.sort_by, query.limit, query.offset)
-        found, total = await store.sorted_rollouts(
-            **filters,
-            sort_by=query.sort_by,
-            descending=query.sort_order == "desc",
-            limit=None if query.limit == -1 else query.limit,
-            offset=query.offset,
-        )
-        latest = await store.latest_attempts([r.rollout_id for r in found])
-        items = [shapes.rollout(r, latest.get(r.rollout_id)) for r in found]
-        return {"items": items, "limit": query.limit, "offset": query.offset, "total": total}
-    # ``or`` across filters, or an order by a JSON field: filtered and sorted here, as Agent-lightning does.
-    found = []
-    cursor: str | None = None
-    while True:
-        batch = await store.list_rollouts(limit=10_000, cursor=cursor)
-        found.extend(batch.items)
-        cursor = batch.next_cursor
-        if cursor is None:
-            break
-    latest = await store.latest_attempts([r.rollout_id for r in found])
-    items = [shapes.rollout(r, latest.get(r.rollout_id)) for r in found]
-    predicates = []
-    if query.status_in is not None:
-        predicates.append(within("status", query.status_in))
-    if query.rollout_id_in is not None:
-        predicates.append(within("rollout_id", query.rollout_id_in))
-    if query.rollout_id_contains is not None:
-        predicates.append(contains("rollout_id", query.rollout_id_contains))
-    items = [i for i in items if matches(i, predicates, query.filter_logic)]
-    return _page(items, ROLLOUT_SORT, query)
-
-
-def _page(items: list[dict[str, Any]], allowed: tuple[str, ...], query: Paging) -> dict[str, Any]:
-    return page(
-        items,
-        allowed_sort=allowed,
-        sort_by=query.sort_by,
-        sort_order=query.sort_order,
-        limit=query.limit,
-        offset=query.offset,
-    )
-
-
-async def _attempts(store: Store, rollout_id: str, query: AttemptQuery) -> dict[str, Any]:
-    try:
-        attempts = await store.list_attempts(rollout_id)
-    except NotFoundError:
-        attempts = []
-    return _page([shapes.attempt(a) for a in attempts], ATTEMPT_SORT, query)
-
-
-async def _workers(store: Store, query: WorkerQuery) -> dict[str, Any]:
-    items = [shapes.worker(w) for w in await store.list_workers()]
-    predicates = []
-    if query.status_in is not None:
-        predicates.append(within("status", query.status_in))
-    if query.worker_id_contains is not None:
-        predicates.append(contains("worker_id", query.worker_id_contains))
-    items = [i for i in items if matches(i, predicates, query.filter_logic)]
-    return _page(items, WORKER_SORT, query)
-
-
-async def _spans(store: Store, query: SpanQuery) -> dict[str, Any]:
-    attempt = query.attempt_id or "all"
-    try:
-        found = await store.query_spans(query.rollout_id, attempt)
-    except NotFoundError:
-        found = []
-    items = [shapes.span(s) for s in found]
-    predicates = []
-    for field in ("trace_id", "span_id", "parent_id", "name"):
-        value = getattr(query, field)
-        if value is not None:
-            predicates.append(exact(field, value))
-        part = getattr(query, f"{field}_contains")
-        if part is not None:
-            predicates.append(contains(field, part))
-    items = [i for i in items if matches(i, predicates, query.filter_logic)]
-    if query.sort_by == "sequence_id" and attempt == "all":
-        # Sequence ids count per attempt: attempt (the store's order), then the id shown (stable for shared ones).
-        position = {aid: n for n, aid in enumerate(dict.fromkeys(i["attempt_id"] for i in items))}
-        items.sort(key=lambda i: (position[i["attempt_id"]], i["sequence_id"]), reverse=query.sort_order == "desc")
-        return _page(items, SPAN_SORT, query.model_copy(update={"sort_by": None}))
-    return _page(items, SPAN_SORT, query)
-
-
-async def _resources_page(store: Store, query: Paging, resources_id: str | None, part: str | None) -> dict[str, Any]:
-    found = []
-    cursor: str | None = None
-    while True:
-        batch = await store.list_resources(limit=1000, cursor=cursor)
-        found.extend(batch.items)
-        cursor = batch.next_cursor
-        if cursor is None:
-            break
-    items = [shapes.resources(r) for r in found]
-    if resources_id is not None:
-        items = [i for i in items if i["resources_id"] == resources_id]
-    if part is not None:
-        items = [i for i in items if part in i["resources_id"]]
-    return _page(items, RESOURCES_SORT, query)
 
 
 # -- the router -----------------------------------------------------------------------------------------------
@@ -337,16 +82,16 @@ def build_router() -> APIRouter:
 
     @router.post("/rollouts")
     async def start_rollout(body: StartBody, context: Context) -> Response:
-        started = await context.store.start_rollout(_task(body), body.worker_id)
+        started = await context.store.start_rollout(task_of(body), body.worker_id)
         return json(shapes.attempted(started), 201)
 
     @router.get("/rollouts")
     async def query_rollouts(context: Context, query: Annotated[RolloutQuery, Query()]) -> Response:
-        return await _answer(_rollouts(context.store, query))
+        return await _answer(queries.rollouts(context.store, query))
 
     @router.post("/rollouts/search")
     async def search_rollouts(body: RolloutQuery, context: Context) -> Response:
-        return await _answer(_rollouts(context.store, body))
+        return await _answer(queries.rollouts(context.store, body))
 
     @router.get("/rollouts/{rollout_id}")
     async def get_rollout(rollout_id: str, context: Context) -> Response:
@@ -359,7 +104,7 @@ def build_router() -> APIRouter:
 
     @router.post("/rollouts/{rollout_id}")
     async def update_rollout(rollout_id: str, body: RolloutUpdate, context: Context) -> Response:
-        problem = _not_null(body, "status", "config")
+        problem = not_null(body, "status", "config")
         if problem:
             return bad(problem)
         changes = {name: getattr(body, name) for name in body.model_fields_set}
@@ -377,11 +122,11 @@ def build_router() -> APIRouter:
 
     @router.get("/rollouts/{rollout_id}/attempts")
     async def query_attempts(rollout_id: str, context: Context, query: Annotated[AttemptQuery, Query()]) -> Response:
-        return await _answer(_attempts(context.store, rollout_id, query))
+        return await _answer(queries.attempts(context.store, rollout_id, query))
 
     @router.post("/rollouts/{rollout_id}/attempts/search")
     async def search_attempts(rollout_id: str, body: AttemptQuery, context: Context) -> Response:
-        return await _answer(_attempts(context.store, rollout_id, body))
+        return await _answer(queries.attempts(context.store, rollout_id, body))
 
     @router.get("/rollouts/{rollout_id}/attempts/latest")
     async def latest_attempt(rollout_id: str, context: Context) -> Response:
@@ -390,7 +135,7 @@ def build_router() -> APIRouter:
 
     @router.post("/rollouts/{rollout_id}/attempts/{attempt_id}")
     async def update_attempt(rollout_id: str, attempt_id: str, body: AttemptUpdate, context: Context) -> Response:
-        problem = _not_null(body, "status", "worker_id", "last_heartbeat_time", "metadata")
+        problem = not_null(body, "status", "worker_id", "last_heartbeat_time", "metadata")
         if problem:
             return bad(problem)
         store = context.store
@@ -406,11 +151,11 @@ def build_router() -> APIRouter:
 
     @router.get("/workers")
     async def query_workers(context: Context, query: Annotated[WorkerQuery, Query()]) -> Response:
-        return await _answer(_workers(context.store, query))
+        return await _answer(queries.workers(context.store, query))
 
     @router.post("/workers/search")
     async def search_workers(body: WorkerQuery, context: Context) -> Response:
-        return await _answer(_workers(context.store, body))
+        return await _answer(queries.workers(context.store, body))
 
     @router.get("/workers/{worker_id}")
     async def get_worker(worker_id: str, context: Context) -> Response:
@@ -424,7 +169,7 @@ def build_router() -> APIRouter:
         worker_id: str, context: Context, body: Annotated[WorkerUpdate | None, Body()] = None
     ) -> Response:
         if body is not None:
-            problem = _not_null(body, "heartbeat_stats")
+            problem = not_null(body, "heartbeat_stats")
             if problem:
                 return bad(problem)
         set_stats = body is not None and "heartbeat_stats" in body.model_fields_set
@@ -457,7 +202,7 @@ def build_router() -> APIRouter:
         sort_order: Order = "asc",
     ) -> Response:
         query = Paging(limit=limit, offset=offset, sort_by=sort_by, sort_order=sort_order)
-        return await _answer(_resources_page(context.store, query, resources_id, resources_id_contains))
+        return await _answer(queries.resources_page(context.store, query, resources_id, resources_id_contains))
 
     @router.post("/resources")
     async def add_resources(request: Request, context: Context) -> Response:
@@ -503,11 +248,11 @@ def build_router() -> APIRouter:
 
     @router.get("/spans")
     async def query_spans(context: Context, query: Annotated[SpanQuery, Depends()]) -> Response:
-        return await _answer(_spans(context.store, query))
+        return await _answer(queries.spans(context.store, query))
 
     @router.post("/spans/search")
     async def search_spans(body: SpanQuery, context: Context) -> Response:
-        return await _answer(_spans(context.store, body))
+        return await _answer(queries.spans(context.store, body))
 
     @router.post("/spans/next")
     async def next_sequence_id(body: NextBody, context: Context) -> Response:
