@@ -190,13 +190,16 @@ class Metrics:
             self.errors.labels(record.alias or "", ROUTES.get(record.operation, ""), record.error_type).inc()
         response = record.response
         usage = response.get("usage") if response is not None else None
-        if not (usage or record.retry_count or (record.stream and record.ttft_seconds is not None)):
+        # Only an answer passed on as a stream has a first token: a streamed request answered with one body (an
+        # error, an embedding) has none, though its span tells when that body came.
+        streamed = record.accumulator is not None and record.ttft_seconds is not None
+        if not (usage or record.retry_count or streamed):
             return
         model_key = (record.alias, backend, record.operation)
         model = self._models.get(model_key)
         if model is None:
             model = self._model_series(model_key)
-        if record.stream and record.ttft_seconds is not None:
+        if streamed:
             model.ttft.observe(record.ttft_seconds)
         if usage:
             tokens_in = usage.get("prompt_tokens", usage.get("input_tokens"))

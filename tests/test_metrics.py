@@ -265,3 +265,24 @@ async def test_status_counts_cover_every_status(store: Store) -> None:
     }
     assert attempts["preparing"] == 1 and sum(attempts.values()) == 1
     assert set(attempts) == {"preparing", "running", "succeeded", "failed", "timeout", "unresponsive"}
+
+
+async def test_time_to_first_token_is_observed_only_for_answers_that_streamed(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """A streamed request the backend answers with an error body (no token, no stream) has no time to first
+    token: only calls passed on as a stream are in the histogram."""
+    async with gateway(tmp_path, mock) as gw:
+        client = gw.client()
+        before = samples(await scrape(gw))
+        mock.add_faults({"kind": "status", "status": 400, "body": {"error": {"message": "bad"}}, "times": 2})
+        for _ in range(2):
+            with pytest.raises(openai.BadRequestError):
+                await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=4, stream=True)
+        stream = await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=4, stream=True)
+        assert [chunk async for chunk in stream]
+        assert await gw.state.registry.drain("policy", 10)
+        after = samples(await scrape(gw))
+        policy = {"alias": "policy", "backend": "mock-a", "route": CHAT}
+        assert delta(before, after, "rollway_requests_total", **policy, status="400") == 2
+        assert delta(before, after, "rollway_time_to_first_token_seconds_count", **policy) == 1
