@@ -7,6 +7,7 @@ failover (only before the first byte reached the client), streaming pass-through
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -46,7 +47,7 @@ from gateway.upstream import (
     wait,
     without_key,
 )
-from store import Backend, Store, StoreError
+from store import Backend, Span, Store, StoreError
 
 if TYPE_CHECKING:
     from gateway.otlp_export import SpanExporter
@@ -166,10 +167,18 @@ class Gateway:
             log.exception(
                 "span of call %s/%s seq %s not written", record.rollout_id, record.attempt_id, record.sequence_id
             )
+        except asyncio.CancelledError:
+            # The client left while the span was being written: the store's writer goes on with the write (it is
+            # shielded from its caller), so the call is counted and exported as its span says all the same.
+            self._observe(record, span, True)
+            raise
+        self._observe(record, span, written)
+        return written
+
+    def _observe(self, record: CallRecord, span: Span, written: bool) -> None:
         self.metrics.observe_call(record, written)
         if self.exporter is not None:
             self.exporter.offer(span)
-        return written
 
     # -- the call itself ---------------------------------------------------------------------------------
 

@@ -286,3 +286,52 @@ async def test_time_to_first_token_is_observed_only_for_answers_that_streamed(
         policy = {"alias": "policy", "backend": "mock-a", "route": CHAT}
         assert delta(before, after, "rollway_requests_total", **policy, status="400") == 2
         assert delta(before, after, "rollway_time_to_first_token_seconds_count", **policy) == 1
+
+
+async def test_a_call_whose_client_leaves_while_its_span_is_written_is_counted(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """The client goes away while the call's span is being written (the write goes on: the store's writer does
+    not drop it): the call is counted once, as its stored span says, not lost to the metrics."""
+    async with gateway(tmp_path, mock) as gw:
+        store = gw.store
+        record_call = store.record_call
+        entered, left, gate = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        writes: list[asyncio.Task[None]] = []
+
+        async def slow_write(span: Any) -> None:
+            await gate.wait()
+            await record_call(span)
+
+        async def record_call_slowly(span: Any) -> None:  # a slow store: the write outlives the caller's wait
+            writes.append(asyncio.ensure_future(slow_write(span)))
+            entered.set()
+            try:
+                await asyncio.shield(writes[-1])
+            except asyncio.CancelledError:
+                left.set()
+                raise
+
+        before = samples(await scrape(gw))
+        store.record_call = record_call_slowly  # type: ignore[method-assign]
+        body = {"model": "policy", "messages": MESSAGES, "max_tokens": 4, "stream": True}
+        async with httpx.AsyncClient(timeout=10) as http, http.stream("POST", f"{gw.url}{CHAT}", json=body) as r:
+            assert r.status_code == 200
+            await asyncio.wait_for(entered.wait(), 10)  # every token went by; the span is being written
+        await asyncio.wait_for(left.wait(), 10)  # the gateway saw the client leave
+        gate.set()
+        await asyncio.wait_for(writes[0], 10)
+        store.record_call = record_call  # type: ignore[method-assign]
+        assert await gw.state.registry.drain("policy", 10)
+        [span] = await store.query_spans(None)
+        assert span.attributes["http.response.status_code"] == 200
+        after = samples(await scrape(gw))
+        policy = {"alias": "policy", "backend": "mock-a", "route": CHAT}
+        assert delta(before, after, "rollway_requests_total", **policy, status="200") == 1
+        assert delta(before, after, "rollway_request_duration_seconds_count", **policy, status="200") == 1
+        assert delta(before, after, "rollway_spans_ingested_total", source="gateway") == 1
+        assert (
+            delta(before, after, "rollway_output_tokens_total", **policy)
+            == span.attributes["gen_ai.usage.output_tokens"]
+        )
+        assert value(after, "rollway_requests_in_flight", alias="policy") == 0
