@@ -30,6 +30,19 @@ def not_recorded() -> CallError:
     )
 
 
+def withheld(record: CallRecord) -> bool:
+    """Whether ``record``, whose span the store could not write, is a completion that is then not handed over
+    (``not_recorded``: a 503, or a stream that ends in that error event instead of its end). If so the record
+    says so, for the metrics and the exported copy of its span: error type ``not_recorded``, status 503 unless
+    its 200 already went out with the stream."""
+    if record.error is not None or record.cancelled or (record.status_code or 0) >= 400:
+        return False
+    record.error_type = "not_recorded"
+    if record.accumulator is None:
+        record.status_code = 503
+    return True
+
+
 class CallError(Exception):
     """The call ends with this status and body (an envelope, or the backend's own error body)."""
 

@@ -18,7 +18,7 @@ import orjson
 
 from gateway import capture
 from gateway.attribution import Attribution
-from gateway.call import CallError, Prepared, Reply, envelope, not_recorded
+from gateway.call import CallError, Prepared, Reply, envelope, not_recorded, withheld
 from gateway.capture import CallRecord, Injected, Trace, traceparent
 from gateway.failover import Tries
 from gateway.metrics import Metrics
@@ -167,6 +167,8 @@ class Gateway:
             log.exception(
                 "span of call %s/%s seq %s not written", record.rollout_id, record.attempt_id, record.sequence_id
             )
+            if withheld(record):
+                span = record.span()
         except asyncio.CancelledError:
             # The client left while the span was being written: the store's writer goes on with the write (it is
             # shielded from its caller), so the call is counted and exported as its span says all the same.

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.mock import MockBackendProcess
 from store import writer as store_writer
@@ -27,6 +28,10 @@ from tests.gateway_harness import serving_policy as gateway
 MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 LONG = {"ignore_eos": True}  # the mock then answers exactly max_tokens tokens
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
+
+
+def parse(metrics: str) -> list[Any]:
+    return [sample for family in text_string_to_metric_families(metrics) for sample in family.samples]
 
 
 async def stats(mock: MockBackendProcess, **wait: Any) -> dict[str, Any]:
@@ -451,6 +456,15 @@ async def test_a_completion_the_store_could_not_record_is_not_handed_over(
         async with httpx.AsyncClient() as http:
             metrics = (await http.get(f"{gw.url}/metrics")).text
         assert "rollway_spans_unwritten_total 1.0" in metrics
+        # counted as what the client got: a 503 (or, streamed, a 200 that ended in an error), not a success
+        route, status = "/v1/responses" if api == "responses" else "/v1/chat/completions", "200" if stream else "503"
+        counted = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in parse(metrics) if s.value}
+        call = (("alias", "policy"), ("backend", "mock-a"), ("route", route), ("status", status))
+        assert {k: v for k, v in counted.items() if k[0] == "rollway_requests_total"} == {
+            ("rollway_requests_total", call): 1.0
+        }
+        errors = (("alias", "policy"), ("error_type", "not_recorded"), ("route", route))
+        assert counted[("rollway_request_errors_total", errors)] == 1.0
         # The store serves again once the lock is gone; the lost call left no span (its sequence id stays used).
         answer = await client.chat.completions.with_raw_response.create(model="policy", messages=MESSAGES, max_tokens=4)
         assert answer.headers["x-rollway-sequence-id"] == "2"
