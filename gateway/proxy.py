@@ -162,11 +162,10 @@ class Gateway:
         span = record.span()
         try:
             await self.store.record_call(span)
-        except StoreError:
+        except StoreError as exc:  # (a database's failure is logged with its traceback by the store, once a batch)
             written = False
-            log.exception(
-                "span of call %s/%s seq %s not written", record.rollout_id, record.attempt_id, record.sequence_id
-            )
+            ids = (record.rollout_id, record.attempt_id, record.sequence_id, record.alias)
+            log.error("span of call %s/%s seq %s (model %s) not written: %s", *ids, exc.message)
             if withheld(record):
                 span = record.span()
         except asyncio.CancelledError:

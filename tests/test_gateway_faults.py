@@ -412,7 +412,12 @@ async def test_upstream_400_is_passed_through_unchanged(tmp_path: Path, mock: Mo
 
 @pytest.mark.parametrize(("api", "stream"), [("chat", False), ("chat", True), ("responses", True)])
 async def test_a_completion_the_store_could_not_record_is_not_handed_over(
-    tmp_path: Path, mock: MockBackendProcess, api: str, stream: bool, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    mock: MockBackendProcess,
+    api: str,
+    stream: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """PRODUCT §2: a completion that reached the client is on disk. When the span cannot be written (here the
     database stays locked by another process past the store's wait), the client gets a 503 envelope, or its
@@ -465,6 +470,11 @@ async def test_a_completion_the_store_could_not_record_is_not_handed_over(
         }
         errors = (("alias", "policy"), ("error_type", "not_recorded"), ("route", route))
         assert counted[("rollway_request_errors_total", errors)] == 1.0
+        # logged once: the database's failure with its traceback (the writer), the call with its ids and why
+        [lost] = [r for r in caplog.records if r.name == "rollway.gateway"]
+        assert rollout_id in lost.getMessage() and "database is locked" in lost.getMessage()
+        assert lost.exc_info is None
+        assert any(r.name == "rollway.store" and r.exc_info for r in caplog.records)
         # The store serves again once the lock is gone; the lost call left no span (its sequence id stays used).
         answer = await client.chat.completions.with_raw_response.create(model="policy", messages=MESSAGES, max_tokens=4)
         assert answer.headers["x-rollway-sequence-id"] == "2"
