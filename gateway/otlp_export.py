@@ -41,6 +41,7 @@ HEAVY_ATTRIBUTES = frozenset(
         "rollway.choices",
     }
 )
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 STATUS_CODES = {"UNSET": Status.STATUS_CODE_UNSET, "OK": Status.STATUS_CODE_OK, "ERROR": Status.STATUS_CODE_ERROR}
 
 
@@ -112,8 +113,13 @@ class SpanExporter:
 
     async def _send(self, batch: list[Span]) -> None:
         assert self._session is not None
-        payload = encode(batch).SerializeToString()
         ok = False
+        try:
+            payload = encode(batch).SerializeToString()
+        except Exception:  # a span the encoder cannot take: that batch is lost, never the exporter's task
+            log.exception("OTLP export: %d spans could not be encoded", len(batch))
+            self.metrics.export_failed.inc(len(batch))
+            return
         try:
             async with self._session.post(
                 self.endpoint, data=payload, headers={"Content-Type": "application/x-protobuf"}
@@ -175,8 +181,8 @@ def _key_values(attributes: Mapping[str, Any]) -> list[KeyValue]:
 def _any_value(value: Any) -> AnyValue:
     if isinstance(value, bool):
         return AnyValue(bool_value=value)
-    if isinstance(value, int):
-        return AnyValue(int_value=value)
+    if isinstance(value, int):  # past int64 (a backend's -1 read as unsigned): as text, which OTLP can hold
+        return AnyValue(int_value=value) if INT64_MIN <= value <= INT64_MAX else AnyValue(string_value=str(value))
     if isinstance(value, float):
         return AnyValue(double_value=value)
     if isinstance(value, str):

@@ -184,3 +184,48 @@ async def test_calls_keep_their_latency_when_the_collector_is_down(tmp_path: Pat
     for label, latencies in (("refused", refused), ("black hole", hole)):
         assert statistics.median(latencies) < 2 * baseline + 0.05, (label, latencies, up)
         assert max(latencies) < 1.0, (label, latencies)
+
+
+@asynccontextmanager
+async def odd_backend(usage: dict[str, Any]) -> AsyncIterator[str]:
+    """An OpenAI-compatible backend whose answers report ``usage`` (e.g. a C++ server's -1 read as unsigned)."""
+
+    async def chat(request: web.Request) -> web.Response:
+        answer = {
+            "id": "chatcmpl-odd",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "odd",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "4"}, "finish_reason": "stop"}],
+            "usage": usage,
+        }
+        return web.json_response(answer)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_span_protobuf_cannot_hold_does_not_stop_the_export(tmp_path: Path, mock: MockBackendProcess) -> None:
+    """A backend reports a token count past int64 (OTLP's integer): that span is exported with the number as text,
+    and the spans after it are exported too (the exporter's task died on it: nothing was exported again)."""
+    huge = 2**64 - 1
+    usage = {"prompt_tokens": huge, "completion_tokens": 1, "total_tokens": huge}
+    async with collector() as receiver, odd_backend(usage) as odd_url, gateway(tmp_path, mock, receiver.url) as gw:
+        await register(gw.store, "odd", {"backend_id": "odd", "base_url": odd_url, "kind": "openai", "model": "odd"})
+        async with httpx.AsyncClient(timeout=10) as http:
+            for model in ("odd", "policy", "policy"):
+                response = await http.post(f"{gw.url}/v1/chat/completions", json={**BODY, "model": model})
+                assert response.status_code == 200, response.text
+        await receiver.wait_for(3)
+        attributes = [{a.key: plain(a.value) for a in span.attributes} for span in receiver.spans]
+        assert [a["gen_ai.request.model"] for a in attributes] == ["odd", "policy", "policy"]
+        assert attributes[0]["gen_ai.usage.input_tokens"] == str(huge)
+        assert exports(gw, "exported") == 3
