@@ -178,7 +178,7 @@ class Gateway:
 
     def _observe(self, record: CallRecord, span: Span, written: bool) -> None:
         self.metrics.observe_call(record, written)
-        if self.exporter is not None:
+        if self.exporter is not None and int(record.trace_flags, 16) & 1:  # not when the caller did not sample it
             self.exporter.offer(span)
 
     # -- the call itself ---------------------------------------------------------------------------------

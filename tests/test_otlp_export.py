@@ -229,3 +229,24 @@ async def test_a_span_protobuf_cannot_hold_does_not_stop_the_export(tmp_path: Pa
         assert [a["gen_ai.request.model"] for a in attributes] == ["odd", "policy", "policy"]
         assert attributes[0]["gen_ai.usage.input_tokens"] == str(huge)
         assert exports(gw, "exported") == 3
+
+
+async def test_a_call_its_caller_did_not_sample_is_not_exported(tmp_path: Path, mock: MockBackendProcess) -> None:
+    """W3C trace flags 00: the caller's tracer dropped its trace, so the gateway's span of that call is not sent
+    to the collector (it would be an orphan there, and defeat the caller's sampling); the store keeps it."""
+    async with collector() as receiver, gateway(tmp_path, mock, receiver.url) as gw:
+        dropped, kept = secrets.token_hex(16), secrets.token_hex(16)
+        async with httpx.AsyncClient(timeout=10) as http:
+            for trace_id, flags in ((dropped, "00"), (kept, "01")):
+                headers = {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-{flags}"}
+                response = await http.post(f"{gw.url}/v1/chat/completions", json=BODY, headers=headers)
+                assert response.status_code == 200
+        async with receiver.arrived:  # the sampled call's span, sent after the other one had its chance
+            await asyncio.wait_for(receiver.arrived.wait_for(lambda: kept in traces(receiver)), 10)
+        assert traces(receiver) == [kept]
+        assert sorted(s.trace_id for s in await gw.store.query_spans(None)) == sorted([dropped, kept])
+        assert exports(gw, "exported") == 1
+
+
+def traces(receiver: Collector) -> list[str]:
+    return [span.trace_id.hex() for span in receiver.spans]
