@@ -381,12 +381,12 @@ def parse_traceparent(value: str | None, state: str | None = None) -> Trace | No
     return Trace(trace_id, span_id, flags, state if state and len(state) <= 512 else None)
 
 
+_HEX_DIGITS = frozenset("0123456789abcdef")
+
+
 def _hex(text: str) -> bool:
-    try:
-        int(text, 16)
-    except ValueError:
-        return False
-    return True
+    """Lower-case hex digits only (``int(text, 16)`` also takes ``_`` between digits, a sign, spaces)."""
+    return _HEX_DIGITS.issuperset(text)
 
 
 def traceparent(trace_id: str, span_id: str, flags: str = "01") -> str:

@@ -367,6 +367,19 @@ async def test_traceparent_is_continued(gw: RunningGateway, mock: MockBackendPro
     assert upstream[2]["headers"]["tracestate"] == "vendor=abc,other=1"
 
 
+@pytest.mark.parametrize("flags", ["_1", " 1", "+1", "0X"])
+async def test_a_traceparent_with_flags_that_are_not_two_hex_digits_starts_a_new_trace(
+    gw: RunningGateway, flags: str
+) -> None:
+    """Python's ``int(x, 16)`` takes ``_1``, `` 1`` and ``+1``: they are not W3C flags (two lower-case hex digits)."""
+    rollout_id, _ = await claim_one(gw.store)
+    trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+    client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
+    await client.chat.completions.create(**GOOD, extra_headers={"traceparent": f"00-{trace_id}-{parent}-{flags}"})
+    [span] = await gw.store.query_spans(rollout_id)
+    assert span.trace_id != trace_id and span.parent_id is None
+
+
 @pytest.mark.parametrize(("model", "status"), [("policy", 200), ("nope", 404)])
 async def test_an_http_1_0_client_gets_a_length_not_chunks(gw: RunningGateway, model: str, status: int) -> None:
     """HTTP/1.0 has no chunked transfer coding: a whole answer (or error) carries Content-Length."""
