@@ -4,7 +4,8 @@ gzip-compressed, decoded with ``opentelemetry-proto`` (imported on first use).
 Each span's rollout, attempt and sequence id come from its own attributes first, then from its resource's:
 ``rollway.rollout_id`` / ``agentlightning.rollout_id``, ``rollway.attempt_id`` / ``agentlightning.attempt_id``,
 ``rollway.sequence_id`` / ``agentlightning.span_sequence_id``. No attempt means the rollout's latest; no (or a
-non-positive) sequence id means the store assigns the next one, in the order the spans arrive; spans may share
+non-positive) sequence id means the store assigns the next one, in the order the spans arrive (per rollout:
+spans naming its latest attempt and spans naming none are one run); spans may share
 one, as Agent-lightning's LLM proxy sends them (``store.spans._share``). Spans are
 written like any other span (each is a heartbeat). A span without a rollout, or for a rollout or attempt the
 store refuses (unknown, stale), is rejected and counted in ``partial_success`` as OTLP specifies; the others
@@ -244,16 +245,30 @@ def spans_of(message: Any) -> tuple[list[Span], int, list[str]]:
 
 
 async def ingest(store: Store, message: Any) -> IngestResult:
-    """Write the export's spans, per (rollout, attempt), in the order they came."""
+    """Write the export's spans, per rollout, in the order they came: spans that name the rollout's latest
+    attempt and spans that leave it out are numbered as one run (``store.spans.add``). A rollout whose spans the
+    store refuses is tried again per (rollout, attempt), so only the refused attempt's spans are rejected."""
     spans, rejected, errors = spans_of(message)
     result = IngestResult(rejected=rejected, errors=errors)
-    groups: dict[tuple[str | None, str | None], list[Span]] = defaultdict(list)
+    rollouts: dict[str | None, list[Span]] = defaultdict(list)
     for span in spans:
-        groups[(span.rollout_id, span.attempt_id)].append(span)
-    for group in groups.values():
+        rollouts[span.rollout_id].append(span)
+    for members in rollouts.values():
         try:
-            result.accepted.extend(await store.add_spans(group, shared_sequence=True))
+            result.accepted.extend(await store.add_spans(members, shared_sequence=True))
+            continue
         except StoreError as exc:
-            result.rejected += len(group)
-            result.errors.append(exc.message)
+            if len({span.attempt_id for span in members}) == 1:
+                result.rejected += len(members)
+                result.errors.append(exc.message)
+                continue
+        groups: dict[str | None, list[Span]] = defaultdict(list)
+        for span in members:
+            groups[span.attempt_id].append(span)
+        for group in groups.values():
+            try:
+                result.accepted.extend(await store.add_spans(group, shared_sequence=True))
+            except StoreError as exc:
+                result.rejected += len(group)
+                result.errors.append(exc.message)
     return result

@@ -222,3 +222,33 @@ async def test_without_an_admin_token_the_plain_routes_serve_loopback(tmp_path: 
     ):
         assert (await client.get("/v1/agl/health")).json() == {"status": "ok"}
         assert (await client.get("/t/anything/v1/agl/health")).status_code == 401
+
+
+async def test_an_export_naming_the_attempt_for_some_spans_numbers_them_in_its_order(gw: RunningGateway) -> None:
+    """Spans of one rollout, some naming its (latest) attempt and some leaving it out: one attempt, so one run of
+    sequence ids in the export's order (as ``Store.add_spans`` numbers such a batch), not the named ones first."""
+    store = gw.store
+    claim = await claimed(store)
+    rid, aid = claim.rollout.rollout_id, claim.attempt.attempt_id
+
+    def otlp_span(n: int, named: bool) -> dict[str, Any]:
+        attrs = [{"key": "rollway.rollout_id", "value": {"stringValue": rid}}]
+        if named:
+            attrs.append({"key": "rollway.attempt_id", "value": {"stringValue": aid}})
+        return {"traceId": "ab" * 16, "spanId": f"{n:016x}", "name": f"s{n}", "attributes": attrs}
+
+    spans = [otlp_span(1, True), otlp_span(2, False), otlp_span(3, True), otlp_span(4, False)]
+    body = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]}
+    async with httpx.AsyncClient(base_url=gw.url, headers=AUTH) as client:
+        response = await client.post("/v1/traces", json=body)
+    assert response.status_code == 200 and "partialSuccess" not in response.json(), response.text
+    stored = await store.query_spans(rid, aid)
+    assert [(s.name, s.sequence_id) for s in stored] == [("s1", 1), ("s2", 2), ("s3", 3), ("s4", 4)]
+
+    # The named attempt is stale now: its span is rejected, the one naming none kept (under the new attempt).
+    newer = await store.start_attempt(rid)
+    body = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": [otlp_span(5, True), otlp_span(6, False)]}]}]}
+    async with httpx.AsyncClient(base_url=gw.url, headers=AUTH) as client:
+        partial = (await client.post("/v1/traces", json=body)).json()["partialSuccess"]
+    assert int(partial["rejectedSpans"]) == 1
+    assert [(s.name, s.sequence_id) for s in await store.query_spans(rid, newer.attempt.attempt_id)] == [("s6", 1)]
