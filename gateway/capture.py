@@ -143,28 +143,23 @@ def stripped(body: dict[str, Any], injected: Injected) -> dict[str, Any]:
 
 def shown(chunk: dict[str, Any], injected: Injected) -> dict[str, Any] | None:
     """A stream chunk as the client gets it (``stripped``), or None when the backend sent it only for what the
-    gateway asked: the usage chunk, and a chat chunk whose choices say nothing once stripped (vLLM sends a token
-    its parser holds back -- a tool call's markup -- as ``delta: {}`` only for its token ids or logprobs)."""
+    gateway asked: the usage chunk, and a chat chunk for tokens its parser holds back (a tool call's markup):
+    vLLM sends those, as ``delta: {}``, only to a request with ``return_token_ids`` -- with or without
+    ``logprobs`` -- and skips them otherwise, so a client that did not ask for token ids gets none of them."""
     if injected.usage and is_usage_only_chunk(chunk):
         return None
-    out = stripped(chunk, injected)
-    if (injected.token_ids or injected.logprobs) and _says_nothing(out):
+    if injected.token_ids and _held_back(chunk):
         return None
-    return out
+    return stripped(chunk, injected)
 
 
-def _says_nothing(chunk: dict[str, Any]) -> bool:
-    """A chat chunk whose every choice has an empty delta and nothing else (no finish, logprobs, token ids)."""
+def _held_back(chunk: dict[str, Any]) -> bool:
+    """A chat chunk whose every choice has an empty delta and no finish reason (what else it carries -- token ids,
+    logprobs, continuous usage -- a request without ``return_token_ids`` would not have been sent)."""
     choices = chunk.get("choices")
     if not isinstance(choices, list) or not choices:
         return False
-    return all(
-        isinstance(c, dict) and c.get("delta") == {} and all(v is None for k, v in c.items() if k not in _BARE)
-        for c in choices
-    )
-
-
-_BARE = frozenset({"index", "delta"})
+    return all(isinstance(c, dict) and c.get("delta") == {} and c.get("finish_reason") is None for c in choices)
 
 
 def with_traingate_fields(out: dict[str, Any], full: dict[str, Any], operation: str) -> dict[str, Any]:

@@ -111,9 +111,10 @@ async def test_streamed_tool_calls_of_n_choices_are_the_chunks_of_a_direct_call(
     tmp_path: Path, mock: MockBackendProcess, direct: AsyncOpenAI, logprobs: bool
 ) -> None:
     """vLLM sends a token its tool parser holds back (the call's markup, its name before it is whole) as a chunk
-    with ``delta: {}`` only when the request asked for token ids or logprobs: the gateway asks for them, and the
-    client that did not sees no such chunk; one that asked for logprobs gets them, as from a direct call. Three
-    choices' tool calls interleave; each is recorded whole, with all its token ids."""
+    with ``delta: {}`` only when the request asked for token ids (``return_token_ids``; logprobs alone do not
+    send it): the gateway asks for them, and a client that did not -- with logprobs or without -- sees no such
+    chunk, as from a direct call. Three choices' tool calls interleave; each is recorded whole, with all its
+    token ids."""
     async with running_gateway(tmp_path) as gw:
         await gw.store.put_model("policy", [vllm(mock)], version="v1")
         client, rollout_id, attempt_id = await attempt_client(gw)
@@ -125,7 +126,8 @@ async def test_streamed_tool_calls_of_n_choices_are_the_chunks_of_a_direct_call(
         assert via == expected
         held = [c["choices"][0] for c in via if c["choices"] and c["choices"][0]["delta"] == _EMPTY_DELTA]
         held = [c for c in held if c["finish_reason"] is None]  # (not a choice's last chunk, its EOS)
-        assert bool(held) is logprobs and all(c["logprobs"] for c in held)
+        assert not held
+        assert any(c["choices"][0]["logprobs"] for c in via if c["choices"]) is logprobs
 
         truth = await direct.chat.completions.create(
             model="mock-model", messages=MESSAGES, tools=[CALCULATOR], n=3, extra_body={"return_token_ids": True}

@@ -13,7 +13,8 @@ vLLM (>= 0.10.2) with ``return_token_ids: true``:
   (the first token's null) and then the generated tokens, while ``token_ids`` holds the generated ones only, and
   the choice's ``prompt_logprobs`` are set (vLLM computes the prompt's logprobs for an echo with logprobs).
 * chat, streamed: a token whose delta says nothing (a tool call's markup, its name before it is whole) sends no
-  chunk, unless the request asked for token ids or logprobs, which that chunk carries then (with ``delta: {}``).
+  chunk, unless the request asked for token ids (``return_token_ids``; ``logprobs`` alone do not), which that
+  chunk carries then (with ``delta: {}``, and its logprobs when asked).
 
 Without it those keys are ``null`` (non-streamed bodies, chat role chunks, completion chunks) as vLLM's
 serialisation leaves them. The last token chunk of a choice carries ``finish_reason`` (and ``stop_reason``); a
@@ -202,8 +203,8 @@ def chat_stream_steps(answer: Answer) -> list[list[dict[str, Any]]]:
                 "logprobs": {"content": [chat_logprob(choice, position, opts.top_logprobs)]} if opts.logprobs else None,
                 "finish_reason": choice.finish_reason if last else None,
             }
-            if not last and not entry["delta"] and not (opts.return_token_ids or opts.logprobs):
-                continue  # nothing to say, nothing asked for: no chunk
+            if not last and not entry["delta"] and not opts.return_token_ids:
+                continue  # nothing to say, no token ids asked for: no chunk (logprobs alone do not send it)
             if last:
                 entry["stop_reason"] = None
             entry["token_ids"] = [token.id] if opts.return_token_ids else None
