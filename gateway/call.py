@@ -43,6 +43,12 @@ def withheld(record: CallRecord) -> bool:
     return True
 
 
+class ClientStalled(Exception):
+    """The client took no part of the answer for ``ROLLWAY_WRITE_TIMEOUT`` seconds (or until the rollout's
+    deadline): a reader that stopped reading without closing, a suspended agent. The call ends (its backend
+    request closed, its slot and lease given back, its span written) and so does the connection."""
+
+
 class CallError(Exception):
     """The call ends with this status and body (an envelope, or the backend's own error body)."""
 

@@ -19,7 +19,7 @@ import orjson
 
 from gateway import capture, logs
 from gateway.attribution import AuthError, KeyCache, attribute, check_key
-from gateway.call import CallError, envelope
+from gateway.call import CallError, ClientStalled, envelope
 from gateway.proxy import Gateway
 from gateway.registry import UnknownAlias
 from store import ConflictError, ModelAlias, NotFoundError, StoreError, StoreValidationError, UnavailableError
@@ -45,18 +45,36 @@ STORE_STATUS = {
 
 
 class AsgiReply:
-    """Sends one HTTP response over ASGI, remembering whether it started."""
+    """Sends one HTTP response over ASGI, remembering whether it started.
 
-    def __init__(self, send: Send) -> None:
+    A send waits while the client does not read (uvicorn's flow control: the backend's answer is not piled up in
+    memory), but not for ever: one that waits ``write_timeout`` seconds, or past ``deadline`` (the rollout's, wall
+    clock), raises ``ClientStalled``."""
+
+    def __init__(self, send: Send, write_timeout: float) -> None:
         self._send = send
         self.started = False
+        self.write_timeout = write_timeout
+        self.deadline: float | None = None
+
+    async def _put(self, message: Message) -> None:
+        bound = self.write_timeout
+        if self.deadline is not None:
+            bound = max(0.0, min(bound, self.deadline - time.time()))
+        try:
+            async with asyncio.timeout(bound):
+                await self._send(message)
+        except TimeoutError:
+            if bound < self.write_timeout:
+                raise ClientStalled("the client did not read the answer before the rollout's deadline") from None
+            raise ClientStalled(f"the client did not read the answer for {self.write_timeout:g} s") from None
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        await self._put({"type": "http.response.start", "status": status, "headers": headers})
 
     async def body(self, data: bytes, more: bool) -> None:
-        await self._send({"type": "http.response.body", "body": data, "more_body": more})
+        await self._put({"type": "http.response.body", "body": data, "more_body": more})
 
     async def whole(self, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:
         """A response in one piece, with its length (not chunked: an HTTP/1.0 client cannot read chunks)."""
@@ -83,17 +101,20 @@ class DataPlane:
             if match is None:
                 await self.fallback(scope, receive, _with_header(send, rid_header))
                 return
-            reply = AsgiReply(send)
+            gateway = scope["app"].state.rollway.gateway
+            reply = AsgiReply(send, gateway.settings.write_timeout)
             try:
                 await self._serve(scope, receive, reply, match, rid_header)
             except CallError as err:
                 if not err.counted:
-                    scope["app"].state.rollway.gateway.metrics.observe_rejected(match["op"], err.status)
+                    gateway.metrics.observe_rejected(match["op"], err.status)
                 if not reply.started:
                     headers = [rid_header, *err.headers]
                     if not any(name == b"content-type" for name, _ in err.headers):  # a backend's error has its own
                         headers.insert(0, (b"content-type", b"application/json"))
                     await reply.whole(err.status, headers, err.body)
+            except ClientStalled as exc:  # the answer stays unfinished: uvicorn closes the connection
+                log.warning("%s: answer abandoned, connection closed", exc)
         finally:
             logs.REQUEST_ID.reset(token)
 
@@ -157,6 +178,7 @@ class DataPlane:
         except StoreError as exc:
             raise _store_error(exc) from None
         record = prepared.record
+        reply.deadline = record.deadline  # a client that does not read is not waited for past it either
         out_headers = [rid_header, (b"x-rollway-sequence-id", str(record.sequence_id).encode())]
         if record.rollout_id:
             out_headers.append((b"x-rollway-rollout-id", record.rollout_id.encode()))
@@ -217,6 +239,14 @@ class DataPlane:
                     record.response = record.accumulator.response()
                 record.end_time = time.time()
                 await gateway.finish(record)
+        except ClientStalled as exc:
+            state["over"] = True
+            if not _span_written(record):
+                record.error, record.error_type = str(exc), "client_stalled"
+                if record.accumulator is not None and record.accumulator.chunks:
+                    record.response = record.accumulator.response()
+                await gateway.finish(record)
+            raise
         except Exception as exc:
             state["over"] = True
             err = exc

@@ -61,6 +61,11 @@ class Settings(BaseSettings):
     read_timeout: float = Field(
         default=600.0, gt=0, description="seconds a backend may stay silent before the call fails with 504"
     )
+    write_timeout: float = Field(
+        default=300.0,
+        gt=0,
+        description="seconds a client may leave the answer unread (a stalled or suspended reader) before its call ends",
+    )
     upstream_retries: int = Field(default=3, ge=0, le=10, description="retries on connect errors, 5xx and 429")
     retry_max_wait: float = Field(default=10.0, ge=0, description="longest wait before one retry (Retry-After cap)")
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0, description="largest request body accepted")

@@ -1,0 +1,113 @@
+"""Slow, stuck and misbehaving peers, end to end (a real gateway in this loop, the mock backend process, raw
+sockets as clients): a call always ends within its bounds, gives back its backend slot and alias lease, and
+leaves its span; the gateway keeps serving the others."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gateway.mock import MockBackendProcess
+from tests.gateway_harness import RunningGateway, claim_one, vllm
+from tests.gateway_harness import serving_policy as gateway
+
+MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+
+
+async def stats(mock: MockBackendProcess, **wait: Any) -> dict[str, Any]:
+    return await asyncio.to_thread(mock.stats, **wait)
+
+
+class RawClient:
+    """An HTTP/1.1 client on a raw socket with a tiny receive buffer, that reads only when told: an agent that
+    stops reading without closing (suspended, blocked) is one that sends its request and is never asked to read."""
+
+    def __init__(self, gw: RunningGateway) -> None:
+        host, port = gw.url.removeprefix("http://").split(":")
+        self.address = (host, int(port))
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window stays small
+        self.sock.setblocking(False)
+
+    async def post(self, path: str, body: dict[str, Any], *, partial_body: bool = False) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(self.sock, self.address)
+        data = orjson.dumps(body)
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.address[0]}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n"
+        ).encode()
+        await loop.sock_sendall(self.sock, head + (data[: len(data) // 2] if partial_body else data))
+
+    async def read_to_end(self, timeout: float) -> bytes:
+        """Everything until the gateway closes the connection (TimeoutError if it does not)."""
+        loop = asyncio.get_running_loop()
+        chunks = []
+        async with asyncio.timeout(timeout):
+            while chunk := await loop.sock_recv(self.sock, 1 << 16):
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def test_a_client_that_stops_reading_a_stream_ends_its_call_after_the_write_timeout(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """A suspended agent's stream: the gateway does not pile the answer up (the backend is held back by flow
+    control), and after ``ROLLWAY_WRITE_TIMEOUT`` without the client taking a byte the call ends — the backend
+    request closed, the backend's only slot (``max_concurrency: 1``) and the alias lease given back, the span
+    written with the tokens that went by — and the connection is closed; the next call is served at once."""
+    async with gateway(tmp_path, vllm(mock, max_concurrency=1), write_timeout=1.0, pause_wait_seconds=30) as gw:
+        rollout_id, _ = await claim_one(gw.store)
+        stalled = RawClient(gw)
+        try:
+            # ~3 x 20000 chunks, some 12 MB: far more than the sockets' buffers between the gateway and the client
+            body = {"model": "policy", "messages": MESSAGES, "max_tokens": 20000, "n": 3, "stream": True}
+            await stalled.post(f"/rollout/{rollout_id}/v1/chat/completions", body | {"ignore_eos": True})
+            await stats(mock, wait_requests=1, timeout=5)
+            assert await gw.state.registry.drain("policy", 15)  # the call ended (it would hold the drain for ever)
+            [span] = await gw.store.query_spans(rollout_id)
+            assert span.status.status_code == "ERROR"
+            assert span.attributes["error.type"] == "client_stalled"
+            assert span.status.description == "the client did not read the answer for 1 s"
+            sent = span.attributes["rollway.response_token_ids"]
+            assert sent and len(sent) < 20000  # what went by before the client stopped taking it
+            assert gw.state.router.health("mock-a").outstanding == 0
+            received = await stalled.read_to_end(10)  # what the buffers held, then the gateway's close
+            assert received.startswith(b"HTTP/1.1 200") and b"[DONE]" not in received
+        finally:
+            stalled.close()
+        client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
+        answer = await asyncio.wait_for(
+            client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=4), 5
+        )
+        assert answer.choices[0].message.content
+
+
+async def test_a_client_that_stops_reading_is_not_waited_for_past_the_rollouts_deadline(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """The rollout's deadline bounds the wait for a reader too, when it comes before the write timeout."""
+    async with gateway(tmp_path, vllm(mock), write_timeout=60) as gw:
+        # (the mock takes ~2 s to start an answer this long: the deadline comes after that)
+        await gw.store.enqueue([{"input": {"task": "t"}, "config": {"timeout_seconds": 6}}])
+        [claimed] = await gw.store.claim("worker-1")
+        rollout_id = claimed.rollout.rollout_id
+        stalled = RawClient(gw)
+        try:
+            body = {"model": "policy", "messages": MESSAGES, "max_tokens": 20000, "n": 3, "stream": True}
+            await stalled.post(f"/rollout/{rollout_id}/v1/chat/completions", body | {"ignore_eos": True})
+            await stats(mock, wait_requests=1, timeout=5)
+            assert await gw.state.registry.drain("policy", 10)
+            [span] = await gw.store.query_spans(rollout_id)
+            assert span.attributes["error.type"] == "client_stalled"
+            assert span.status.description == "the client did not read the answer before the rollout's deadline"
+            assert span.end_time < claimed.attempt.start_time + 6 + 1.0  # at the deadline, not 60 s later
+        finally:
+            stalled.close()
