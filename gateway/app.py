@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from gateway.otlp_export import SpanExporter
 
 log = logging.getLogger("rollway.gateway")
+#: How long the lifespan's shutdown waits for the calls the server cancelled to write their spans.
+CALLS_END_GRACE = 5.0
 
 
 @dataclass
@@ -148,6 +150,9 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             yield
         finally:
+            # Calls still running were cancelled by the server's shutdown: their spans are written first.
+            if not await gateway.running.ended(CALLS_END_GRACE):
+                log.warning("calls still running at shutdown after %s s: their spans may be lost", CALLS_END_GRACE)
             await reporter.close()  # logs, never raises
             await dispatcher.close()
             await gateway.close()

@@ -3,6 +3,7 @@ ends it (OpenAI's envelope, or the backend's own body) and the call prepared to 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -77,3 +78,31 @@ class Prepared:
         if self.lease is not None:
             self.lease.release()
             self.in_flight.dec()
+
+
+class Running:
+    """How many calls the data plane is running; at shutdown the lifespan waits for none (``ended``): the calls
+    uvicorn cancelled are writing their spans, which the store must still be open for."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._none = asyncio.Event()
+        self._none.set()
+
+    def started(self) -> None:
+        self.count += 1
+        self._none.clear()
+
+    def done(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._none.set()
+
+    async def ended(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for no call to be running; whether none is."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._none.wait()
+        except TimeoutError:
+            return False
+        return True

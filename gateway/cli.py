@@ -91,7 +91,7 @@ def serve(host: str | None, port: int | None, database_url: str | None, config_f
         log_config=log_config(settings.log_format, settings.log_level),
         loop="uvloop",
         http="httptools",
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=settings.shutdown_timeout,  # then calls in flight are ended (dataplane)
     )
 
 

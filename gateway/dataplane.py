@@ -8,6 +8,7 @@ Routes: ``POST /v1/{chat/completions,completions,responses,embeddings}`` and ``G
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -36,6 +37,8 @@ PATH = re.compile(
     r"^(?:/rollout/(?P<rollout>[^/]+)(?:/attempt/(?P<attempt>[^/]+))?)?"
     r"/v1/(?P<op>chat/completions|completions|responses|embeddings|models)(?:(?<=models)/(?P<model>.+?))?/?$"
 )
+#: How long a call ended by the server's shutdown waits for its client to take the news.
+SHUTDOWN_WRITE_TIMEOUT = 1.0
 STORE_STATUS = {
     NotFoundError: (404, "not_found_error"),
     ConflictError: (409, "conflict_error"),
@@ -54,6 +57,8 @@ class AsgiReply:
     def __init__(self, send: Send, write_timeout: float) -> None:
         self._send = send
         self.started = False
+        self.sized = False  # a whole answer (its length said): nothing may be added to it
+        self.ended = False
         self.write_timeout = write_timeout
         self.deadline: float | None = None
 
@@ -74,10 +79,12 @@ class AsgiReply:
         await self._put({"type": "http.response.start", "status": status, "headers": headers})
 
     async def body(self, data: bytes, more: bool) -> None:
+        self.ended = self.ended or not more
         await self._put({"type": "http.response.body", "body": data, "more_body": more})
 
     async def whole(self, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:
         """A response in one piece, with its length (not chunked: an HTTP/1.0 client cannot read chunks)."""
+        self.sized = True
         await self.start(status, [*headers, (b"content-length", str(len(data)).encode())])
         await self.body(data, more=False)
 
@@ -225,13 +232,15 @@ class DataPlane:
 
         watcher = asyncio.ensure_future(_disconnected(receive))
         watcher.add_done_callback(client_gone)
+        gateway.running.started()
         try:
             await gateway.run(prepared, body, reply, headers)
         except asyncio.CancelledError:
-            if not state["disconnected"]:
-                raise  # this handler itself was cancelled (server shutdown)
             task.uncancel()
             state["over"] = True
+            if not state["disconnected"]:  # the server's graceful shutdown ran out of time with the call in flight
+                await _shut_down(gateway, record, reply, headers)
+                return
             if not _span_written(record):
                 record.cancelled = True
                 record.error_type = "cancelled"
@@ -268,6 +277,32 @@ class DataPlane:
             state["over"] = True
             watcher.cancel()
             prepared.release()
+            gateway.running.done()
+
+
+async def _shut_down(
+    gateway: Gateway, record: capture.CallRecord, reply: AsgiReply, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """A call uvicorn cancelled as it stops (``ROLLWAY_SHUTDOWN_TIMEOUT`` passed): its span says so (with the
+    tokens that went by), and its client is told, as for any error — an envelope, or for a stream that started a
+    final error event instead of ``[DONE]`` — if it takes it within ``SHUTDOWN_WRITE_TIMEOUT``. The lifespan waits
+    for these calls before it closes the store (``Running.ended``)."""
+    err = envelope(
+        503, "the server shut down before the call ended; try again", "service_unavailable", "server_shutting_down"
+    )
+    if not _span_written(record):
+        record.error, record.error_type = err.body.decode(), "shutdown"
+        if not reply.started:
+            record.status_code = 503
+        if record.accumulator is not None and record.accumulator.chunks:
+            record.response = record.accumulator.response()
+        await gateway.finish(record)
+    reply.write_timeout = min(reply.write_timeout, SHUTDOWN_WRITE_TIMEOUT)
+    with contextlib.suppress(ClientStalled):
+        if not reply.started:
+            await reply.whole(503, [(b"content-type", b"application/json"), *headers], err.body)
+        elif not reply.sized and not reply.ended:
+            await reply.body(b"data: " + err.body + b"\n\n", more=False)
 
 
 def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:

@@ -18,7 +18,7 @@ import orjson
 
 from gateway import capture
 from gateway.attribution import Attribution
-from gateway.call import CallError, Prepared, Reply, envelope, not_recorded, withheld
+from gateway.call import CallError, Prepared, Reply, Running, envelope, not_recorded, withheld
 from gateway.capture import CallRecord, Injected, Trace, traceparent
 from gateway.failover import Tries
 from gateway.metrics import Metrics
@@ -75,6 +75,7 @@ class Gateway:
         self.metrics = metrics
         self.exporter = exporter
         self.upstream = Upstream(connect_timeout=settings.connect_timeout, read_timeout=settings.read_timeout)
+        self.running = Running()  # the calls the data plane is running
 
     async def start(self) -> None:
         await self.upstream.start()

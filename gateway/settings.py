@@ -66,6 +66,12 @@ class Settings(BaseSettings):
         gt=0,
         description="seconds a client may leave the answer unread (a stalled or suspended reader) before its call ends",
     )
+    shutdown_timeout: int = Field(
+        default=10,
+        ge=0,
+        description="seconds a stopping server (SIGTERM) lets calls in flight finish; then it ends them, each "
+        "recorded and its client told",
+    )
     upstream_retries: int = Field(default=3, ge=0, le=10, description="retries on connect errors, 5xx and 429")
     retry_max_wait: float = Field(default=10.0, ge=0, description="longest wait before one retry (Retry-After cap)")
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0, description="largest request body accepted")

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+import openai
 import orjson
+import pytest
 
 from gateway.mock import MockBackendProcess
+from gateway.process import GatewayProcess
+from store import Store
 from tests.gateway_harness import RunningGateway, claim_one, vllm
 from tests.gateway_harness import serving_policy as gateway
 
@@ -111,3 +117,53 @@ async def test_a_client_that_stops_reading_is_not_waited_for_past_the_rollouts_d
             assert span.end_time < claimed.attempt.start_time + 6 + 1.0  # at the deadline, not 60 s later
         finally:
             stalled.close()
+
+
+async def test_sigterm_ends_the_calls_still_running_after_the_shutdown_timeout_each_recorded_and_told(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """``rollway serve`` stopped (SIGTERM) with a stream and a non-streamed call that will not end on their own:
+    after ``ROLLWAY_SHUTDOWN_TIMEOUT`` uvicorn cancels them; each still gets its span (the stream's with the tokens
+    that went by) and its client an error (a final event for the stream, a 503 for the other), and the process
+    exits right after."""
+    database_url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    with GatewayProcess(database_url, env={"ROLLWAY_SHUTDOWN_TIMEOUT": "1"}) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            backend = {"backend_id": "mock-a", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
+            (await http.put("/admin/v1/models/policy", json={"backends": [backend]})).raise_for_status()
+            mock.add_faults({"kind": "hang", "match": {"stream": False}})
+            hung = asyncio.create_task(
+                http.post("/v1/chat/completions", json={"model": "policy", "messages": MESSAGES})
+            )
+            client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+            slow = {"ignore_eos": True, "mock": {"token_delay_ms": 50}}  # 400 tokens: 20 s
+            stream = await client.chat.completions.create(
+                model="policy", messages=MESSAGES, max_tokens=400, stream=True, extra_body=slow
+            )
+            received = []
+            with pytest.raises(openai.APIError) as info:
+                async with stream:
+                    async for chunk in stream:
+                        received.append(chunk)
+                        if len(received) == 1:
+                            await stats(mock, wait_requests=2, timeout=5)  # both calls reached the backend
+                            stopped = time.monotonic()
+                            stopping = asyncio.create_task(asyncio.to_thread(gw.stop, 20))
+            assert info.value.body is not None and info.value.body["code"] == "server_shutting_down"  # type: ignore[index]
+            answer = await hung
+            await client.close()
+        await stopping
+        assert time.monotonic() - stopped < 1 + 5  # the shutdown timeout, then at once
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "server_shutting_down"
+    store = await Store.open(database_url)
+    try:
+        spans = await store.query_spans(None)
+    finally:
+        await store.close()
+    by_stream = {span.attributes["rollway.stream"]: span for span in spans}
+    assert len(spans) == 2 and set(by_stream) == {True, False}
+    for span in spans:
+        assert span.status.status_code == "ERROR" and span.attributes["error.type"] == "shutdown"
+    assert by_stream[False].attributes["http.response.status_code"] == 503
+    token_ids = by_stream[True].attributes["rollway.response_token_ids"]
+    assert token_ids and len(token_ids) < 400
