@@ -157,7 +157,7 @@ class DataPlane:
         if headers.get("content-encoding", "identity").lower() != "identity":
             message = f"Content-Encoding '{headers['content-encoding'][:40]}' is not supported: send the body as is"
             raise envelope(415, message, "invalid_request_error")
-        body = await _read_body(receive, headers, gateway.settings.max_body_bytes)
+        body = await _read_body(receive, headers, gateway.settings.max_body_bytes, gateway.settings.body_timeout)
         try:
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -327,7 +327,19 @@ async def _disconnected(receive: Receive) -> None:
             return
 
 
-async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+async def _read_body(receive: Receive, headers: dict[str, str], limit: int, timeout: float) -> bytes:
+    """The whole body, within ``limit`` bytes and ``timeout`` seconds (a body sent a byte at a time, or never
+    finished, would hold its connection for ever): 408 after, and the connection is closed."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await _body(receive, headers, limit)
+    except TimeoutError:
+        err = envelope(408, f"the request body did not arrive within {timeout:g} s", "invalid_request_error")
+        err.headers.append((b"connection", b"close"))  # the rest of the body may still come: not a next request
+        raise err from None
+
+
+async def _body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise envelope(413, f"the request body is larger than {limit} bytes", "invalid_request_error")

@@ -1,9 +1,10 @@
 """Checks every request passes before any route sees it (pure ASGI).
 
 ``BodyLimit`` (the admin API, Agent-lightning's routes, OTLP ingest, the Osmosis callback — the data plane has its
-own): a body over ``ROLLWAY_MAX_BODY_BYTES`` is a 413. FastAPI reads a route's whole body into memory before it
-runs the route's dependencies, the admin-token check among them, so without a bound any client that can reach
-the port could make the server hold gigabytes with no token at all.
+own): a body over ``ROLLWAY_MAX_BODY_BYTES`` is a 413, one not all there within ``ROLLWAY_BODY_TIMEOUT`` a 408.
+FastAPI reads a route's whole body into memory before it runs the route's dependencies, the admin-token check
+among them, so without these bounds any client that can reach the port could make the server hold gigabytes, or
+connections for ever, with no token at all.
 
 ``LoopbackOnly`` (every route): with no admin token the server listens on loopback only (``rollway serve``
 refuses otherwise), and loopback is then all that guards it. A web page the operator opens can still reach it:
@@ -16,8 +17,10 @@ Programs (SDKs, curl, runners) send no ``Origin`` and address the server as they
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import ipaddress
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,7 +33,8 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-DEFAULT_LIMIT = 32 * 1024 * 1024  # the setting's default, should a request come before the lifespan set it up
+DEFAULT_LIMIT = 32 * 1024 * 1024  # the settings' defaults, should a request come before the lifespan set them up
+DEFAULT_BODY_TIMEOUT = 60.0
 
 
 async def _refuse(send: Send, status: int, message: str, type_: str) -> None:
@@ -62,10 +66,18 @@ class BodyLimit:
             await _refuse(send, 413, message, "invalid_request_error")
             return
         size = 0
+        timeout = getattr(_settings(scope), "body_timeout", DEFAULT_BODY_TIMEOUT)
+        deadline = time.monotonic() + timeout
 
         async def bounded() -> Message:
             nonlocal size
-            event = await receive()
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    event = await receive()
+            except TimeoutError:  # a body sent a byte at a time, or never finished (408: the connection closes)
+                raise HTTPException(
+                    408, f"the request body did not arrive within {timeout:g} s", {"connection": "close"}
+                ) from None
             if event["type"] == "http.request":
                 size += len(event.get("body", b""))
                 if size > limit:

@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     read_timeout: float = Field(
         default=600.0, gt=0, description="seconds a backend may stay silent before the call fails with 504"
     )
+    body_timeout: float = Field(
+        default=60.0, gt=0, description="seconds a client has to send its whole request body before a 408"
+    )
     write_timeout: float = Field(
         default=300.0,
         gt=0,

@@ -167,3 +167,27 @@ async def test_sigterm_ends_the_calls_still_running_after_the_shutdown_timeout_e
     assert by_stream[False].attributes["http.response.status_code"] == 503
     token_ids = by_stream[True].attributes["rollway.response_token_ids"]
     assert token_ids and len(token_ids) < 400
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/admin/v1/rollouts"])
+async def test_a_request_body_that_never_finishes_is_a_408_within_the_body_timeout(
+    tmp_path: Path, mock: MockBackendProcess, path: str
+) -> None:
+    """Slowloris on the body: headers, half the body, then nothing (without closing). The connection is not
+    held for ever, on the data plane or the admin API: a 408 envelope, the connection closed, nothing sent to
+    the backend nor recorded."""
+    async with gateway(tmp_path, vllm(mock), body_timeout=0.5) as gw:
+        slow = RawClient(gw)
+        try:
+            body = {"model": "policy", "messages": MESSAGES, "tasks": [{"input": "x"}]}
+            await slow.post(path, body, partial_body=True)
+            answer = await slow.read_to_end(5)
+        finally:
+            slow.close()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower()
+        assert orjson.loads(body)["error"]["message"] == "the request body did not arrive within 0.5 s"
+        assert (await stats(mock))["requests_total"] == 0
+        assert await gw.store.query_spans(None) == []
+        client = gw.client()
+        assert (await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=2)).choices
