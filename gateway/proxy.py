@@ -38,11 +38,13 @@ from gateway.streaming import (
     stream_error,
 )
 from gateway.upstream import (
+    ResponseTooLarge,
     Upstream,
     UpstreamFailure,
     key_bytes,
     passthrough_headers,
     read_quietly,
+    read_whole,
     retry_after,
     wait,
     without_key,
@@ -215,13 +217,15 @@ class Gateway:
                         continue  # asked again at once, without the ``stream_options`` it refused
                     if refused == backend.backend_id:
                         capture.asked_again(backend, response.status)
-                    if not _streamed(record, response):
-                        await _read_whole(response)  # a body that breaks off is retried: the client has nothing
+                    if not _streamed(record, response):  # a body that breaks off is retried: the client has nothing
+                        await read_whole(response, self.settings.max_response_bytes)
                     return response, backend, injected  # the try's slot is ``run``'s to give back
                 error_body = without_key(await read_quietly(response), backend)
             except UpstreamFailure as exc:
                 retried = exc.kind in RETRIED_FAILURES
                 self.router.finished(backend.backend_id, ok=False, counts_as_failure=retried)
+                if exc.kind == "response_too_large":  # (not retried: the backend would say it again)
+                    raise envelope(502, str(exc), "upstream_error", exc.kind) from exc
                 if not retried:
                     raise envelope(504, str(exc), "timeout", exc.kind) from exc
                 last_error = envelope(502, str(exc), "upstream_error", RETRIED_FAILURES[exc.kind])
@@ -393,20 +397,24 @@ class Gateway:
                         out = []
                 if out:
                     await reply.body(b"".join(out), more=True)
+                if decoder.pending() > self.settings.max_response_bytes:  # one event without end: not held for ever
+                    raise ResponseTooLarge(self.settings.max_response_bytes)
         except (
             aiohttp.ClientPayloadError,
             aiohttp.ServerDisconnectedError,
             aiohttp.ClientOSError,
             TimeoutError,
+            ResponseTooLarge,
         ) as exc:
-            record.error = f"the backend stream broke: {type(exc).__name__}"
-            record.error_type = "stream_interrupted"
+            too_large = isinstance(exc, ResponseTooLarge)
+            record.error = str(exc) if too_large else f"the backend stream broke: {type(exc).__name__}"
+            record.error_type = "response_too_large" if too_large else "stream_interrupted"
             event = {
                 "error": {
                     "message": record.error,
                     "type": "upstream_error",
                     "param": None,
-                    "code": "stream_interrupted",
+                    "code": record.error_type,
                 }
             }
             record.response = acc.response() if acc.chunks else None
@@ -431,16 +439,3 @@ def _streamed(record: CallRecord, response: Any) -> bool:
     """Whether the answer is passed on as a stream (a backend may answer a streamed request with one JSON body,
     e.g. embeddings: that is passed as a whole answer)."""
     return record.stream and response.status == 200 and not json_answer(response)
-
-
-async def _read_whole(response: Any) -> None:
-    """Read a whole answer's body (kept by the response for ``_whole``): a body that breaks off or stalls is an
-    ``UpstreamFailure`` of its try, before any byte reached the client."""
-    try:
-        await response.read()
-    except TimeoutError as exc:  # headers came, the body stalled
-        response.close()
-        raise UpstreamFailure("read_timeout", "the backend timed out sending its answer") from exc
-    except aiohttp.ClientError as exc:  # the body broke off (connection dropped)
-        response.close()
-        raise UpstreamFailure("broken", f"the backend answer broke: {type(exc).__name__}") from exc

@@ -75,6 +75,12 @@ class Settings(BaseSettings):
         description="seconds a stopping server (SIGTERM) lets calls in flight finish; then it ends them, each "
         "recorded and its client told",
     )
+    max_response_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        gt=0,
+        description="largest answer (a whole body, or one stream event) taken from a backend; beyond it the call "
+        "fails with 502 response_too_large",
+    )
     upstream_retries: int = Field(default=3, ge=0, le=10, description="retries on connect errors, 5xx and 429")
     retry_max_wait: float = Field(default=10.0, ge=0, description="longest wait before one retry (Retry-After cap)")
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0, description="largest request body accepted")

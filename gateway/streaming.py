@@ -41,6 +41,10 @@ class SSEDecoder:
             else:
                 yield buffer[start : self._pos], _data_of(buffer[start:cut])
 
+    def pending(self) -> int:
+        """How many bytes fed are not in a complete event yet."""
+        return len(self._buffer) - self._pos
+
     def rest(self) -> bytes:
         """What was fed after the last complete event."""
         return self._buffer[self._pos :]

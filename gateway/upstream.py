@@ -11,6 +11,7 @@ import email.utils
 import os
 import random
 import time
+from typing import Any
 
 import aiohttp
 
@@ -24,6 +25,13 @@ class UpstreamFailure(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+class ResponseTooLarge(Exception):
+    """A backend's answer (a whole body, or one event of a stream) past ``ROLLWAY_MAX_RESPONSE_BYTES``."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the backend's answer is larger than {limit} bytes")
 
 
 class Upstream:
@@ -155,3 +163,31 @@ def passthrough_headers(response: aiohttp.ClientResponse) -> list[tuple[bytes, b
     if "Retry-After" in response.headers:
         out.append((b"retry-after", response.headers["Retry-After"].encode()))
     return out
+
+
+async def read_whole(response: Any, limit: int) -> None:
+    """Read a whole answer's body (kept by the response for ``_whole``): a body that breaks off or stalls is an
+    ``UpstreamFailure`` of its try, before any byte reached the client; so is one over ``limit`` bytes, left
+    unread past it (a backend sending without end would have the process hold it all)."""
+    try:
+        if isinstance(response, aiohttp.ClientResponse):
+            declared = response.content_length
+            if declared is not None and declared > limit:
+                raise ResponseTooLarge(limit)
+            parts, size = [], 0
+            async for part in response.content.iter_any():
+                size += len(part)
+                if size > limit:
+                    raise ResponseTooLarge(limit)
+                parts.append(part)
+            response._body = b"".join(parts)  # what ``response.read()`` answers from now on
+        await response.read()
+    except ResponseTooLarge as exc:
+        response.close()
+        raise UpstreamFailure("response_too_large", str(exc)) from exc
+    except TimeoutError as exc:  # headers came, the body stalled
+        response.close()
+        raise UpstreamFailure("read_timeout", "the backend timed out sending its answer") from exc
+    except aiohttp.ClientError as exc:  # the body broke off (connection dropped)
+        response.close()
+        raise UpstreamFailure("broken", f"the backend answer broke: {type(exc).__name__}") from exc

@@ -14,6 +14,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from aiohttp import web
 
 from gateway.mock import MockBackendProcess
 from gateway.process import GatewayProcess
@@ -191,3 +192,61 @@ async def test_a_request_body_that_never_finishes_is_a_408_within_the_body_timeo
         assert await gw.store.query_spans(None) == []
         client = gw.client()
         assert (await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=2)).choices
+
+
+async def endless_backend(request: web.Request) -> web.StreamResponse:
+    """A backend gone wrong (no backend does this on purpose): a chat answer, streamed or whole, whose content
+    never ends — 8 MiB of it, in 64 KiB writes, no length declared."""
+    streamed = (await request.json()).get("stream")
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream" if streamed else "application/json"})
+    await response.prepare(request)
+    head = b'data: {"choices":[{"index":0,"delta":{"content":"' if streamed else b'{"choices":[{"message":{"content":"'
+    await response.write(head)
+    for _ in range(128):
+        await response.write(b"a" * 65536)
+    await response.write(b'"}}]}\n\ndata: [DONE]\n\n' if streamed else b'"}}]}')
+    return response
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_past_max_response_bytes_is_a_502_not_held_in_memory(tmp_path: Path, stream: bool) -> None:
+    """An answer (a whole body, or one stream event) larger than ``ROLLWAY_MAX_RESPONSE_BYTES`` is not read on: a
+    502 ``response_too_large`` (for a stream, its final error event), not retried, recorded as such."""
+    app = web.Application()
+    calls: list[web.Request] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        calls.append(request)
+        return await endless_backend(request)
+
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    backend = {"backend_id": "endless", "base_url": f"http://127.0.0.1:{port}/v1", "kind": "openai", "model": "m"}
+    try:
+        async with gateway(tmp_path, backend, max_response_bytes=1 << 20) as gw:
+            async with httpx.AsyncClient(timeout=30) as http:
+                body = {"model": "policy", "messages": MESSAGES, "stream": stream}
+                answer = await http.post(f"{gw.url}/v1/chat/completions", json=body)
+            error = {
+                "message": "the backend's answer is larger than 1048576 bytes",
+                "type": "upstream_error",
+                "param": None,
+                "code": "response_too_large",
+            }
+            if stream:
+                assert answer.status_code == 200 and answer.content.endswith(
+                    b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+                )
+            else:
+                assert answer.status_code == 502 and answer.json() == {"error": error}
+            assert len(calls) == 1  # not retried: the backend would say it again
+            assert await gw.state.registry.drain("policy", 5)
+            [span] = await gw.store.query_spans(None)
+            assert span.status.status_code == "ERROR"
+            assert error["message"] in (span.attributes["rollway.error"] or "")
+    finally:
+        await runner.cleanup()
