@@ -20,6 +20,7 @@ import orjson
 
 from gateway import capture, logs
 from gateway.attribution import AuthError, KeyCache, attribute, check_key
+from gateway.bounds import Bound
 from gateway.call import CallError, ClientStalled, envelope
 from gateway.proxy import Gateway
 from gateway.registry import UnknownAlias
@@ -52,25 +53,23 @@ class AsgiReply:
 
     A send waits while the client does not read (uvicorn's flow control: the backend's answer is not piled up in
     memory), but not for ever: one that waits ``write_timeout`` seconds, or past ``deadline`` (the rollout's, wall
-    clock), raises ``ClientStalled``."""
+    clock), raises ``ClientStalled`` (``bound``: the handler task's, kept by the gateway's ``Sweeper``)."""
 
-    def __init__(self, send: Send, write_timeout: float) -> None:
+    def __init__(self, send: Send, write_timeout: float, bound: Bound) -> None:
         self._send = send
         self.started = False
         self.sized = False  # a whole answer (its length said): nothing may be added to it
         self.ended = False
         self.write_timeout = write_timeout
         self.deadline: float | None = None
+        self.bound = bound
 
     async def _put(self, message: Message) -> None:
-        bound = self.write_timeout
-        if self.deadline is not None:
-            bound = max(0.0, min(bound, self.deadline - time.time()))
         try:
-            async with asyncio.timeout(bound):
+            with self.bound.within(self.write_timeout, self.deadline):
                 await self._send(message)
         except TimeoutError:
-            if bound < self.write_timeout:
+            if self.deadline is not None and time.time() >= self.deadline:
                 raise ClientStalled("the client did not read the answer before the rollout's deadline") from None
             raise ClientStalled(f"the client did not read the answer for {self.write_timeout:g} s") from None
 
@@ -109,7 +108,7 @@ class DataPlane:
                 await self.fallback(scope, receive, _with_header(send, rid_header))
                 return
             gateway = scope["app"].state.rollway.gateway
-            reply = AsgiReply(send, gateway.settings.write_timeout)
+            reply = AsgiReply(send, gateway.settings.write_timeout, gateway.sweeper.bound())
             try:
                 await self._serve(scope, receive, reply, match, rid_header)
             except CallError as err:
@@ -157,7 +156,9 @@ class DataPlane:
         if headers.get("content-encoding", "identity").lower() != "identity":
             message = f"Content-Encoding '{headers['content-encoding'][:40]}' is not supported: send the body as is"
             raise envelope(415, message, "invalid_request_error")
-        body = await _read_body(receive, headers, gateway.settings.max_body_bytes, gateway.settings.body_timeout)
+        body = await _read_body(
+            receive, headers, gateway.settings.max_body_bytes, gateway.settings.body_timeout, reply.bound
+        )
         try:
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -327,11 +328,11 @@ async def _disconnected(receive: Receive) -> None:
             return
 
 
-async def _read_body(receive: Receive, headers: dict[str, str], limit: int, timeout: float) -> bytes:
+async def _read_body(receive: Receive, headers: dict[str, str], limit: int, timeout: float, bound: Bound) -> bytes:
     """The whole body, within ``limit`` bytes and ``timeout`` seconds (a body sent a byte at a time, or never
     finished, would hold its connection for ever): 408 after, and the connection is closed."""
     try:
-        async with asyncio.timeout(timeout):
+        with bound.within(timeout):
             return await _body(receive, headers, limit)
     except TimeoutError:
         err = envelope(408, f"the request body did not arrive within {timeout:g} s", "invalid_request_error")

@@ -18,6 +18,7 @@ import orjson
 
 from gateway import capture
 from gateway.attribution import Attribution
+from gateway.bounds import Sweeper
 from gateway.call import CallError, Prepared, Reply, Running, envelope, not_recorded, withheld
 from gateway.capture import CallRecord, Injected, Trace, traceparent
 from gateway.failover import Tries
@@ -78,11 +79,14 @@ class Gateway:
         self.exporter = exporter
         self.upstream = Upstream(connect_timeout=settings.connect_timeout, read_timeout=settings.read_timeout)
         self.running = Running()  # the calls the data plane is running
+        self.sweeper = Sweeper()  # bounds the data plane's waits on its clients
 
     async def start(self) -> None:
         await self.upstream.start()
+        self.sweeper.start()
 
     async def close(self) -> None:
+        await self.sweeper.close()
         await self.upstream.close()
 
     async def begin(
@@ -188,9 +192,10 @@ class Gateway:
 
     async def connect(
         self, prepared: Prepared, body: dict[str, Any]
-    ) -> tuple[aiohttp.ClientResponse, Backend, Injected]:
+    ) -> tuple[aiohttp.ClientResponse, Backend, Injected, bytes | None]:
         """Send the call to a backend, retrying and failing over (``gateway.failover``) until a response we will
-        pass on arrives. Each try holds a slot of its backend (``max_concurrency``) until it ends."""
+        pass on arrives (with its whole body, read, unless it is passed on as a stream). Each try holds a slot of
+        its backend (``max_concurrency``) until it ends."""
         record, lease = prepared.record, prepared.lease
         assert lease is not None  # ``run`` admitted it
         config = lease.config
@@ -217,9 +222,10 @@ class Gateway:
                         continue  # asked again at once, without the ``stream_options`` it refused
                     if refused == backend.backend_id:
                         capture.asked_again(backend, response.status)
+                    whole = None
                     if not _streamed(record, response):  # a body that breaks off is retried: the client has nothing
-                        await read_whole(response, self.settings.max_response_bytes)
-                    return response, backend, injected  # the try's slot is ``run``'s to give back
+                        whole = await read_whole(response, self.settings.max_response_bytes)
+                    return response, backend, injected, whole  # the try's slot is ``run``'s to give back
                 error_body = without_key(await read_quietly(response), backend)
             except UpstreamFailure as exc:
                 retried = exc.kind in RETRIED_FAILURES
@@ -293,14 +299,14 @@ class Gateway:
         record = prepared.record
         if prepared.lease is None:  # the alias was paused when the call arrived
             await self._admit(prepared, body["model"], None)
-        response, backend, injected = await self.connect(prepared, body)
+        response, backend, injected, whole = await self.connect(prepared, body)
         ok = response.status < 500
         try:
-            if _streamed(record, response):
+            if whole is None:
                 # (a backend may answer a streamed request with one JSON body, e.g. embeddings: passed as such)
                 await self._stream(record, response, injected, reply, headers)
             else:
-                await self._whole(record, response, injected, reply, headers)
+                await self._whole(record, response, whole, injected, reply, headers)
         except BaseException:
             response.close()  # closing (not releasing) the connection tells the backend to stop generating
             raise
@@ -313,12 +319,13 @@ class Gateway:
         self,
         record: CallRecord,
         response: aiohttp.ClientResponse,
+        whole: bytes,
         injected: Injected,
         reply: Reply,
         headers: list[tuple[bytes, bytes]],
     ) -> None:
-        # read whole by ``connect`` already; a backend echoing its key (an answer quoting the request) is masked
-        raw = without_key(await response.read(), record.backend)
+        # read whole by ``connect``; a backend echoing its key (an answer quoting the request) is masked
+        raw = without_key(whole, record.backend)
         record.status_code = response.status
         record.ttft_seconds = time.time() - record.start_time
         out = raw

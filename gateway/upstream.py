@@ -165,23 +165,24 @@ def passthrough_headers(response: aiohttp.ClientResponse) -> list[tuple[bytes, b
     return out
 
 
-async def read_whole(response: Any, limit: int) -> None:
-    """Read a whole answer's body (kept by the response for ``_whole``): a body that breaks off or stalls is an
-    ``UpstreamFailure`` of its try, before any byte reached the client; so is one over ``limit`` bytes, left
-    unread past it (a backend sending without end would have the process hold it all)."""
+async def read_whole(response: Any, limit: int) -> bytes:
+    """A whole answer's body: a body that breaks off or stalls is an ``UpstreamFailure`` of its try, before any byte
+    reached the client; so is one over ``limit`` bytes, left unread past it (a backend sending without end would
+    have the process hold it all). A body of a declared length within the limit is read in one go."""
     try:
-        if isinstance(response, aiohttp.ClientResponse):
-            declared = response.content_length
-            if declared is not None and declared > limit:
-                raise ResponseTooLarge(limit)
+        declared = getattr(response, "content_length", None)  # (a LiteLLM answer has its body already)
+        if isinstance(response, aiohttp.ClientResponse) and declared is None:
             parts, size = [], 0
             async for part in response.content.iter_any():
                 size += len(part)
                 if size > limit:
                     raise ResponseTooLarge(limit)
                 parts.append(part)
-            response._body = b"".join(parts)  # what ``response.read()`` answers from now on
-        await response.read()
+            return b"".join(parts)
+        if (declared or 0) > limit:
+            raise ResponseTooLarge(limit)
+        body: bytes = await response.read()
+        return body
     except ResponseTooLarge as exc:
         response.close()
         raise UpstreamFailure("response_too_large", str(exc)) from exc
