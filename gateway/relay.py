@@ -1,0 +1,128 @@
+"""The relay of a streamed answer: from the backend's server-sent events to the client's, chunk by chunk as they
+arrive (no buffering, no conversion), while the call's record accumulates token ids, logprobs, tool calls and
+usage (``gateway.streaming``) for its span."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import orjson
+
+from gateway import capture
+from gateway.call import Reply, not_recorded
+from gateway.capture import CallRecord, Injected
+from gateway.streaming import (
+    DONE,
+    RESPONSE_ENDS,
+    ResponsesAccumulator,
+    SSEDecoder,
+    StreamAccumulator,
+    carries_output,
+    encode_event,
+    json_object,
+    stream_error,
+)
+from gateway.upstream import ResponseTooLarge, key_bytes
+
+
+async def stream(
+    finish: Callable[[CallRecord], Awaitable[bool]],
+    limit: int,
+    record: CallRecord,
+    response: aiohttp.ClientResponse,
+    injected: Injected,
+    reply: Reply,
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    """Pass ``response``'s events on to the client as they come (stripped of what the gateway asked for and the
+    client did not: ``capture.shown``), accumulate them into the call's record, and write its span (``finish``)
+    before the stream's end goes out: ``[DONE]`` (or the Responses API's last event) only once the span is on
+    disk; a stream that breaks off ends with an error event, with the tokens received so far recorded. One event
+    longer than ``limit`` bytes is not held for ever."""
+    record.status_code = 200
+    content_type = response.headers.get("Content-Type", "")  # the backend's, with its charset
+    content_type = content_type if content_type.startswith("text/event-stream") else "text/event-stream"
+    await reply.start(200, [(b"content-type", content_type.encode()), (b"cache-control", b"no-cache"), *headers])
+    decoder = SSEDecoder()
+    responses = record.operation == "responses"
+    acc = record.accumulator = ResponsesAccumulator() if responses else StreamAccumulator(record.operation)
+    done_event: bytes | None = None
+    first_output_sent = False
+    secret = key_bytes(record.backend)
+    try:
+        async for data in response.content.iter_any():
+            out: list[bytes] = []
+            for raw, payload in decoder.feed(data):
+                if secret and secret in raw:  # the backend echoed its key: masked, as in whole bodies
+                    raw, payload = raw.replace(secret, b"***"), payload and payload.replace(secret, b"***")
+                if payload is None:
+                    out.append(raw)
+                    continue
+                if payload == DONE:
+                    done_event = raw
+                    continue
+                chunk = json_object(payload)
+                if chunk is None:  # not an event of the API: passed on as it came, nothing to record of it
+                    out.append(raw)
+                    continue
+                if stream_error(chunk, responses):
+                    record.error = orjson.dumps(chunk.get("error") or chunk).decode()
+                    record.error_type = "stream_error"
+                    out.append(raw)
+                    continue
+                if record.ttft_seconds is None:
+                    record.ttft_seconds = time.time() - record.start_time
+                acc.feed(chunk)
+                if responses and chunk.get("type") in RESPONSE_ENDS:
+                    done_event = raw  # the Responses API's [DONE]: the whole response, sent once recorded
+                    continue
+                if not injected.any:
+                    out.append(raw)
+                elif (shown := capture.shown(chunk, injected)) is not None:
+                    out.append(encode_event(shown))
+                if not first_output_sent and out and carries_output(chunk):
+                    # Until the first token is out, every event goes out as soon as it is read: a read may
+                    # hold many events, and time to first token should not wait for the rest of them.
+                    first_output_sent = True
+                    await reply.body(b"".join(out), more=True)
+                    out = []
+            if out:
+                await reply.body(b"".join(out), more=True)
+            if decoder.pending() > limit:  # one event without end: not held for ever
+                raise ResponseTooLarge(limit)
+    except (
+        aiohttp.ClientPayloadError,
+        aiohttp.ServerDisconnectedError,
+        aiohttp.ClientOSError,
+        TimeoutError,
+        ResponseTooLarge,
+    ) as exc:
+        too_large = isinstance(exc, ResponseTooLarge)
+        record.error = str(exc) if too_large else f"the backend stream broke: {type(exc).__name__}"
+        record.error_type = "response_too_large" if too_large else "stream_interrupted"
+        event = {
+            "error": {
+                "message": record.error,
+                "type": "upstream_error",
+                "param": None,
+                "code": record.error_type,
+            }
+        }
+        record.response = acc.response() if acc.chunks else None
+        await finish(record)
+        await reply.body(encode_event(event), more=False)
+        return
+    if isinstance(acc, ResponsesAccumulator) and acc.ended_by == "response.failed":
+        record.error = orjson.dumps(acc.response().get("error") or "response.failed").decode()
+        record.error_type = "response_failed"
+    elif done_event is None and record.error is None:
+        record.error = "the backend stream ended without " + ("response.completed" if responses else "[DONE]")
+        record.error_type = "stream_incomplete"
+    record.response = acc.response() if acc.chunks else None
+    if not await finish(record) and record.error is None:
+        # The tokens went by, but the completion is not on disk: the client must not take it as one.
+        await reply.body(b"data: " + not_recorded().body + b"\n\n", more=False)
+        return
+    await reply.body(done_event or b"", more=False)
