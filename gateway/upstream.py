@@ -168,10 +168,11 @@ def passthrough_headers(response: aiohttp.ClientResponse) -> list[tuple[bytes, b
 async def read_whole(response: Any, limit: int) -> bytes:
     """A whole answer's body: a body that breaks off or stalls is an ``UpstreamFailure`` of its try, before any byte
     reached the client; so is one over ``limit`` bytes, left unread past it (a backend sending without end would
-    have the process hold it all). A body of a declared length within the limit is read in one go."""
+    have the process hold it all). A body of a declared length within the limit is read in one go, as is one
+    already read (``capture.refused_stream_options`` reads a 400's: ``read`` gives it again)."""
     try:
         declared = getattr(response, "content_length", None)  # (a LiteLLM answer has its body already)
-        if isinstance(response, aiohttp.ClientResponse) and declared is None:
+        if isinstance(response, aiohttp.ClientResponse) and declared is None and not response.content.at_eof():
             parts, size = [], 0
             async for part in response.content.iter_any():
                 size += len(part)

@@ -250,3 +250,34 @@ async def test_an_answer_past_max_response_bytes_is_a_502_not_held_in_memory(tmp
             assert error["message"] in (span.attributes["rollway.error"] or "")
     finally:
         await runner.cleanup()
+
+
+async def test_a_streamed_calls_refusal_sent_without_a_length_reaches_the_client_whole(tmp_path: Path) -> None:
+    """An OpenAI-compatible server's 400 to a streamed call, sent chunked (no Content-Length: a proxy in front of
+    it, or a server that streams its errors): the gateway reads it to see whether it names ``stream_options``;
+    it does not, so the client gets it, body and all, as from a direct call (not an empty body)."""
+    refusal = {"error": {"message": "max_tokens is too large", "type": "invalid_request_error"}}
+
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=400, headers={"Content-Type": "application/json"})
+        await response.prepare(request)  # no length declared: chunked
+        await response.write(orjson.dumps(refusal))
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    backend = {"backend_id": "strict", "base_url": f"http://127.0.0.1:{port}/v1", "kind": "openai", "model": "m"}
+    try:
+        async with gateway(tmp_path, backend) as gw, httpx.AsyncClient(timeout=30) as http:
+            body = {"model": "policy", "messages": MESSAGES, "stream": True}
+            answer = await http.post(f"{gw.url}/v1/chat/completions", json=body)
+            assert answer.status_code == 400 and answer.json() == refusal
+            [span] = await gw.store.query_spans(None)
+            assert "max_tokens is too large" in (span.attributes["rollway.error"] or "")
+    finally:
+        await runner.cleanup()
