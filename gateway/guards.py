@@ -65,12 +65,14 @@ class BodyLimit:
         if declared.isdigit() and int(declared) > limit:
             await _refuse(send, 413, message, "invalid_request_error")
             return
-        size = 0
+        size, whole = 0, False
         timeout = getattr(_settings(scope), "body_timeout", DEFAULT_BODY_TIMEOUT)
         deadline = time.monotonic() + timeout
 
         async def bounded() -> Message:
-            nonlocal size
+            nonlocal size, whole
+            if whole:  # the body is all there: a later receive waits for the client to leave, as long as it takes
+                return await receive()
             try:
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                     event = await receive()
@@ -82,6 +84,7 @@ class BodyLimit:
                 size += len(event.get("body", b""))
                 if size > limit:
                     raise HTTPException(413, message)
+                whole = not event.get("more_body", False)
             return event
 
         await self.app(scope, bounded, send)

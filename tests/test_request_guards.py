@@ -4,12 +4,16 @@ addressed to loopback and not sent by a web page of another host (DNS rebinding,
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
 
+from gateway.guards import BodyLimit
 from gateway.mock import MockBackendProcess
 from tests.gateway_harness import register, running_gateway, vllm
 
@@ -117,3 +121,35 @@ async def test_with_an_admin_token_any_host_is_served_as_usual(tmp_path: Path, m
             assert stats.status_code == 200
             call = await http.post("/v1/chat/completions", json={"model": "policy", "messages": MESSAGES})
             assert call.status_code == 200, call.text
+
+
+async def test_the_body_timeout_bounds_the_body_not_the_wait_for_the_client_to_leave() -> None:
+    """``ROLLWAY_BODY_TIMEOUT`` is the time the body has to arrive. A route that answers for longer (a streamed
+    triplet export: Starlette's ``StreamingResponse`` waits on ``receive()`` for ``http.disconnect`` the whole
+    time under ASGI 2.3, as uvicorn speaks it) still hears its client leave, not a 408 in the middle of it."""
+    settings = SimpleNamespace(max_body_bytes=LIMIT, body_timeout=0.1)
+    scope = {
+        "type": "http",
+        "headers": [],
+        "app": SimpleNamespace(state=SimpleNamespace(rollway=SimpleNamespace(settings=settings))),
+    }
+    body = [{"type": "http.request", "body": b"{}", "more_body": False}]
+    left = asyncio.Event()
+    heard: list[str] = []
+
+    async def receive() -> dict[str, Any]:
+        if body:
+            return body.pop()
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def route(scope: Any, receive: Any, send: Any) -> None:
+        assert (await receive())["type"] == "http.request"
+        asyncio.get_running_loop().call_later(0.3, left.set)  # the client leaves after the body's bound
+        heard.append((await receive())["type"])
+
+    async def send(message: Any) -> None:
+        raise AssertionError(message)
+
+    await asyncio.wait_for(BodyLimit(route)(scope, receive, send), 5)
+    assert heard == ["http.disconnect"]
