@@ -110,16 +110,17 @@ class DataPlane:
             gateway = scope["app"].state.rollway.gateway
             reply = AsgiReply(send, gateway.settings.write_timeout, gateway.sweeper.bound())
             try:
-                await self._serve(scope, receive, reply, match, rid_header)
-            except CallError as err:
-                if not err.counted:
-                    gateway.metrics.observe_rejected(match["op"], err.status)
-                if not reply.started:
-                    headers = [rid_header, *err.headers]
-                    if not any(name == b"content-type" for name, _ in err.headers):  # a backend's error has its own
-                        headers.insert(0, (b"content-type", b"application/json"))
-                    await reply.whole(err.status, headers, err.body)
-            except ClientStalled as exc:  # the answer stays unfinished: uvicorn closes the connection
+                try:
+                    await self._serve(scope, receive, reply, match, rid_header)
+                except CallError as err:
+                    if not err.counted:
+                        gateway.metrics.observe_rejected(match["op"], err.status)
+                    if not reply.started:
+                        headers = [rid_header, *err.headers]
+                        if not any(name == b"content-type" for name, _ in err.headers):  # a backend's has its own
+                            headers.insert(0, (b"content-type", b"application/json"))
+                        await reply.whole(err.status, headers, err.body)
+            except ClientStalled as exc:  # (an answer or an error) left unfinished: uvicorn closes the connection
                 log.warning("%s: answer abandoned, connection closed", exc)
         finally:
             logs.REQUEST_ID.reset(token)

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from gateway.bounds import Sweeper
+from gateway.dataplane import DataPlane
 
 
 async def test_a_wait_past_its_bound_is_a_timeout_and_the_task_goes_on() -> None:
@@ -66,3 +69,33 @@ async def test_without_a_wait_in_progress_the_sweeper_cancels_nothing() -> None:
         pass  # a wait that ended at once
     sweeper.sweep()
     assert not bound.fired and not sweeper.waits
+
+
+async def test_an_error_answer_its_client_does_not_take_ends_the_request_as_a_stalled_answer_does() -> None:
+    """The data plane's own error (here a 415) to a client that reads nothing: after the write timeout the
+    request ends (logged, the connection left to close), as for an answer, not with an exception out of the app."""
+    sweeper = Sweeper(every=0.01)
+    sweeper.start()
+    rejected: list[int] = []
+    gateway = SimpleNamespace(
+        settings=SimpleNamespace(write_timeout=0.05, gateway_auth="none"),
+        sweeper=sweeper,
+        metrics=SimpleNamespace(observe_rejected=lambda op, status: rejected.append(status)),
+    )
+    state = SimpleNamespace(rollway=SimpleNamespace(gateway=gateway, keys=None))
+    scope = {
+        "type": "http",
+        "path": "/v1/chat/completions",
+        "method": "POST",
+        "headers": [],
+        "app": SimpleNamespace(state=state),
+    }
+
+    async def never(*_: Any) -> Any:  # a client that neither sends nor reads
+        await asyncio.Event().wait()
+
+    try:
+        await asyncio.wait_for(DataPlane(never)(scope, never, never), 5)
+    finally:
+        await sweeper.close()
+    assert rejected == [415]
