@@ -4,12 +4,13 @@ when the query allows it."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from agl import shapes
 from agl.bodies import AttemptQuery, Paging, RolloutQuery, SpanQuery, WorkerQuery
 from agl.listing import check_paging, contains, exact, matches, page, within
-from store import NotFoundError, Store
+from store import NotFoundError, Page, Store
 from store.queries import ROLLOUT_SORT_COLUMNS
 
 ROLLOUT_SORT = ("rollout_id", "input", "start_time", "end_time", "mode", "resources_id", "status", "config", "metadata")
@@ -77,14 +78,7 @@ async def rollouts(store: Store, query: RolloutQuery) -> dict[str, Any]:
         items = [shapes.rollout(r, latest.get(r.rollout_id)) for r in found]
         return {"items": items, "limit": query.limit, "offset": query.offset, "total": total}
     # ``or`` across filters, or an order by a JSON field: filtered and sorted here, as Agent-lightning does.
-    found = []
-    cursor: str | None = None
-    while True:
-        batch = await store.list_rollouts(limit=10_000, cursor=cursor)
-        found.extend(batch.items)
-        cursor = batch.next_cursor
-        if cursor is None:
-            break
+    found = await _every(store.list_rollouts, 10_000)
     latest = await store.latest_attempts([r.rollout_id for r in found])
     items = [shapes.rollout(r, latest.get(r.rollout_id)) for r in found]
     predicates = []
@@ -153,17 +147,25 @@ async def spans(store: Store, query: SpanQuery) -> dict[str, Any]:
 
 
 async def resources_page(store: Store, query: Paging, resources_id: str | None, part: str | None) -> dict[str, Any]:
-    found = []
-    cursor: str | None = None
-    while True:
-        batch = await store.list_resources(limit=1000, cursor=cursor)
-        found.extend(batch.items)
-        cursor = batch.next_cursor
-        if cursor is None:
-            break
+    found = await _every(store.list_resources, 1000)
     items = [shapes.resources(r) for r in found]
     if resources_id is not None:
         items = [i for i in items if i["resources_id"] == resources_id]
     if part is not None:
         items = [i for i in items if part in i["resources_id"]]
     return paged(items, RESOURCES_SORT, query)
+
+
+T = TypeVar("T")
+
+
+async def _every(listing: Callable[..., Awaitable[Page[T]]], per_page: int) -> list[T]:
+    """Every item of a store listing (``list_rollouts``, ``list_resources``), page after page."""
+    found: list[T] = []
+    cursor: str | None = None
+    while True:
+        batch = await listing(limit=per_page, cursor=cursor)
+        found.extend(batch.items)
+        cursor = batch.next_cursor
+        if cursor is None:
+            return found

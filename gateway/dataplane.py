@@ -244,19 +244,12 @@ class DataPlane:
                 await _shut_down(gateway, record, reply, headers)
                 return
             if not _span_written(record):
-                record.cancelled = True
-                record.error_type = "cancelled"
-                if record.accumulator is not None and record.accumulator.chunks:
-                    record.response = record.accumulator.response()
-                record.end_time = time.time()
-                await gateway.finish(record)
+                record.cancelled, record.end_time = True, time.time()
+                await _record_unfinished(gateway, record, "cancelled")
         except ClientStalled as exc:
             state["over"] = True
             if not _span_written(record):
-                record.error, record.error_type = str(exc), "client_stalled"
-                if record.accumulator is not None and record.accumulator.chunks:
-                    record.response = record.accumulator.response()
-                await gateway.finish(record)
+                await _record_unfinished(gateway, record, "client_stalled", str(exc))
             raise
         except Exception as exc:
             state["over"] = True
@@ -293,18 +286,28 @@ async def _shut_down(
         503, "the server shut down before the call ended; try again", "service_unavailable", "server_shutting_down"
     )
     if not _span_written(record):
-        record.error, record.error_type = err.body.decode(), "shutdown"
         if not reply.started:
             record.status_code = 503
-        if record.accumulator is not None and record.accumulator.chunks:
-            record.response = record.accumulator.response()
-        await gateway.finish(record)
+        await _record_unfinished(gateway, record, "shutdown", err.body.decode())
     reply.write_timeout = min(reply.write_timeout, SHUTDOWN_WRITE_TIMEOUT)
     with contextlib.suppress(ClientStalled):
         if not reply.started:
             await reply.whole(503, [(b"content-type", b"application/json"), *headers], err.body)
         elif not reply.sized and not reply.ended:
             await reply.body(b"data: " + err.body + b"\n\n", more=False)
+
+
+async def _record_unfinished(
+    gateway: Gateway, record: capture.CallRecord, error_type: str, error: str | None = None
+) -> None:
+    """The span of a call ended before its answer did (its client left or stalled, the server stopped): why,
+    and the tokens of a stream that went by."""
+    record.error_type = error_type
+    if error is not None:
+        record.error = error
+    if record.accumulator is not None and record.accumulator.chunks:
+        record.response = record.accumulator.response()
+    await gateway.finish(record)
 
 
 def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
