@@ -12,7 +12,7 @@ COPY pyproject.toml README.md ./
 COPY store ./store
 COPY gateway ./gateway
 COPY admin ./admin
-COPY agl ./agl
+COPY rollway ./rollway
 RUN pip install . \
     && useradd --system --create-home --uid 10001 rollway \
     && mkdir -p /data && chown rollway:rollway /data

@@ -1,15 +1,24 @@
-"""The control plane as one router: every ``/admin/v1`` route, behind the admin token."""
+"""The control plane as one router: every ``/admin/v1`` route, behind the admin token.
+
+``extra`` routers are mounted the same way: the composition root passes those of the protocol rooms that
+add admin resources (the Osmosis agent servers' ``/admin/v1/agents``), so this package imports none of them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from fastapi import APIRouter, Depends
 
-from admin import agents, exports, keys, models, resources, rollouts, stats, triplets
-from admin.auth import require_admin
+from rollway.admin import exports, keys, models, resources, rollouts, stats, triplets
+from rollway.admin.auth import require_admin
 
 
-def build_router() -> APIRouter:
+def build_router(extra: Iterable[APIRouter] = ()) -> APIRouter:
     router = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_admin)])
-    for module in (rollouts, resources, models, keys, stats, triplets, agents, exports):
-        router.include_router(module.router)
+    for sub in (rollouts.router, resources.router, models.router, keys.router, stats.router, triplets.router):
+        router.include_router(sub)
+    for sub in extra:
+        router.include_router(sub)
+    router.include_router(exports.router)
     return router

@@ -11,7 +11,7 @@ import hmac
 
 from fastapi import HTTPException, Request
 
-from admin.context import Context
+from rollway.admin.context import Context
 
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
 

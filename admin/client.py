@@ -29,9 +29,9 @@ from typing import Any, Literal
 
 import httpx
 
-from admin.client_exports import ExportsMixin
-from admin.client_transport import Transport, dump_backend, dump_body, path_segment, query
-from admin.client_types import (
+from rollway.admin.client_exports import ExportsMixin
+from rollway.admin.client_transport import Transport, dump_backend, dump_body, path_segment, query
+from rollway.admin.client_types import (
     UNSET,
     MergedTriplet,
     RetryPolicy,
@@ -41,7 +41,7 @@ from admin.client_types import (
     Triplet,
     Unset,
 )
-from admin.schemas import (
+from rollway.admin.schemas import (
     AgentPage,
     AgentView,
     Claim,
@@ -59,7 +59,7 @@ from admin.schemas import (
     UnattributedSpanPage,
     WaitResponse,
 )
-from store import Attempt, Backend, ResourcesUpdate, Rollout, Span, TaskSpec
+from rollway.store import Attempt, Backend, ResourcesUpdate, Rollout, Span, TaskSpec
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 MAX_WAIT_SECONDS = 60.0  # the server's bound on one long poll (claims, waits)

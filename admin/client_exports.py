@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 import httpx
 
-from admin.client_transport import Transport, query
-from admin.client_types import MergedTriplet, RollwayAPIError, Triplet
+from rollway.admin.client_transport import Transport, query
+from rollway.admin.client_types import MergedTriplet, RollwayAPIError, Triplet
 
 CURSOR_HEADER = "x-rollway-next-cursor"
 

@@ -21,9 +21,9 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from admin.client import DEFAULT_URL, AsyncRollwayClient
-from admin.client_types import MergedTriplet, Triplet
-from store import Rollout
+from rollway.admin.client import DEFAULT_URL, AsyncRollwayClient
+from rollway.admin.client_types import MergedTriplet, Triplet
+from rollway.store import Rollout
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -13,8 +13,8 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel
 
-from admin.client_types import RetryPolicy, RollwayAPIError, RollwayConnectionError
-from store import Backend
+from rollway.admin.client_types import RetryPolicy, RollwayAPIError, RollwayConnectionError
+from rollway.store import Backend
 
 #: Methods whose request may be sent again after it may have reached the server (the server may already
 #: have acted on any other): reads, and writes that set a state rather than add to it.

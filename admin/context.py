@@ -13,7 +13,7 @@ from typing import Annotated, Protocol
 from fastapi import Depends, Request
 from pydantic import SecretStr
 
-from store import ModelAlias, Store
+from rollway.store import ModelAlias, Store
 
 
 class ModelControl(Protocol):

@@ -15,11 +15,11 @@ import orjson
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from admin.adapters.trainers import slime_samples, verl_rows
-from admin.context import Context
-from admin.route import AdminRoute
-from admin.triplets import respond
-from store.exports import MAX_EXPORT_LIMIT, ExportRollout
+from rollway.admin.adapters.trainers import slime_samples, verl_rows
+from rollway.admin.context import Context
+from rollway.admin.route import AdminRoute
+from rollway.admin.triplets import respond
+from rollway.store.exports import MAX_EXPORT_LIMIT, ExportRollout
 
 router = APIRouter(tags=["exports"], route_class=AdminRoute)
 

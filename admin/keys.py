@@ -6,9 +6,9 @@ import time
 
 from fastapi import APIRouter, Response
 
-from admin.context import Context
-from admin.route import AdminRoute
-from admin.schemas import KeyRequest, MintedKey
+from rollway.admin.context import Context
+from rollway.admin.route import AdminRoute
+from rollway.admin.schemas import KeyRequest, MintedKey
 
 router = APIRouter(tags=["keys"], route_class=AdminRoute)
 

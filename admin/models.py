@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Response
 
-from admin.context import AdminContext, Context
-from admin.route import AdminRoute
-from admin.schemas import DrainRequest, ModelPage, ModelPut, ModelView, SwapRequest
-from store import Backend, ModelAlias
-from store.catalog import action_path
+from rollway.admin.context import AdminContext, Context
+from rollway.admin.route import AdminRoute
+from rollway.admin.schemas import DrainRequest, ModelPage, ModelPut, ModelView, SwapRequest
+from rollway.store import Backend, ModelAlias
+from rollway.store.catalog import action_path
 
 router = APIRouter(tags=["models"], route_class=AdminRoute)
 

@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from admin.context import Context
-from admin.route import AdminRoute
-from admin.schemas import ResourcesBody, ResourcesPage
-from store import NotFoundError, ResourcesUpdate
+from rollway.admin.context import Context
+from rollway.admin.route import AdminRoute
+from rollway.admin.schemas import ResourcesBody, ResourcesPage
+from rollway.store import NotFoundError, ResourcesUpdate
 
 router = APIRouter(tags=["resources"], route_class=AdminRoute)
 

@@ -9,9 +9,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request
 
-from admin.context import AdminContext, Context
-from admin.route import AdminRoute
-from admin.schemas import (
+from rollway.admin.context import AdminContext, Context
+from rollway.admin.route import AdminRoute
+from rollway.admin.schemas import (
     AttemptRequest,
     AttemptUpdate,
     Claim,
@@ -30,9 +30,9 @@ from admin.schemas import (
     WaitRequest,
     WaitResponse,
 )
-from store import UNSET, Attempt, AttemptedRollout, Rollout, RolloutStatus, Span, TaskSpec, ids
-from store.exports import REWARD_SPAN
-from store.schemas import Mode
+from rollway.store import UNSET, Attempt, AttemptedRollout, Rollout, RolloutStatus, Span, TaskSpec, ids
+from rollway.store.exports import REWARD_SPAN
+from rollway.store.schemas import Mode
 
 router = APIRouter(tags=["rollouts"], route_class=AdminRoute)
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from store import (
+from rollway.store import (
     AgentServer,
     Attempt,
     AttemptedRollout,
@@ -21,7 +21,7 @@ from store import (
     Span,
     TaskSpec,
 )
-from store.schemas import RewardValue
+from rollway.store.schemas import RewardValue
 
 
 def valid_unicode(data: Any) -> Any:

@@ -6,9 +6,9 @@ import time
 
 from fastapi import APIRouter
 
-from admin.context import Context
-from admin.route import AdminRoute
-from admin.schemas import StatsView
+from rollway.admin.context import Context
+from rollway.admin.route import AdminRoute
+from rollway.admin.schemas import StatsView
 
 router = APIRouter(tags=["stats"], route_class=AdminRoute)
 

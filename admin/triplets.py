@@ -24,12 +24,12 @@ import orjson
 from fastapi import APIRouter, Query
 from fastapi.responses import Response, StreamingResponse
 
-from admin.adapters.merged import merged_rows
-from admin.adapters.triplets import dumps, triplets
-from admin.context import Context
-from admin.route import AdminRoute
-from store import Store
-from store.exports import MAX_EXPORT_LIMIT, ExportPage, ExportRollout
+from rollway.admin.adapters.merged import merged_rows
+from rollway.admin.adapters.triplets import dumps, triplets
+from rollway.admin.context import Context
+from rollway.admin.route import AdminRoute
+from rollway.store import Store
+from rollway.store.exports import MAX_EXPORT_LIMIT, ExportPage, ExportRollout
 
 log = logging.getLogger("rollway.admin")
 

@@ -42,10 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
-from gateway.app import create_app
-from gateway.cli import tune_gc
-from gateway.settings import Settings
-from store import AttemptedRollout, ConflictError, Store
+from rollway.app.factory import create_app
+from rollway.cli.main import tune_gc
+from rollway.settings import Settings
+from rollway.store import AttemptedRollout, ConflictError, Store
 
 CALLS = 4
 GROUP = 4

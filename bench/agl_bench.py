@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gateway.process import GatewayProcess  # noqa: E402
+from rollway.process import GatewayProcess  # noqa: E402
 
 CLIENT = Path(__file__).resolve().parent / "agl_bench_client.py"
 DEFAULT_AGL = Path.home() / ".cache" / "rollway" / "agl-0.3.0-venv" / "bin" / "python"

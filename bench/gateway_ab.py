@@ -42,8 +42,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gateway_bench import CHAT, cpu_seconds, forwarder, pct, sequential  # noqa: E402
 
-from gateway.mock import MockBackendProcess  # noqa: E402
-from gateway.process import GatewayProcess  # noqa: E402
+from rollway.mock import MockBackendProcess  # noqa: E402
+from rollway.process import GatewayProcess  # noqa: E402
 
 SAFE = {"PYTHONSAFEPATH": "1"}  # no working directory on sys.path (Python 3.11+)
 PREPARE = (

@@ -36,9 +36,9 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gateway.mock import MockBackendProcess  # noqa: E402
-from gateway.process import GatewayProcess  # noqa: E402
-from store import Store  # noqa: E402
+from rollway.mock import MockBackendProcess  # noqa: E402
+from rollway.process import GatewayProcess  # noqa: E402
+from rollway.store import Store  # noqa: E402
 
 CHAT = {
     "model": "policy",

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gateway_bench import CHAT, cpu_seconds, proxies  # noqa: E402
 
-from gateway.mock import MockBackendProcess  # noqa: E402
+from rollway.mock import MockBackendProcess  # noqa: E402
 
 
 async def load(session: aiohttp.ClientSession, url: str, body: dict[str, Any], calls: int, concurrency: int) -> None:

@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gateway import logs  # noqa: E402
-from gateway.capture import CallRecord  # noqa: E402
-from gateway.metrics import Metrics  # noqa: E402
-from store import Backend  # noqa: E402
+from rollway import logs  # noqa: E402
+from rollway.gateway.capture import CallRecord  # noqa: E402
+from rollway.gateway.metrics import Metrics  # noqa: E402
+from rollway.store import Backend  # noqa: E402
 
 HEADERS = [
     (b"host", b"127.0.0.1:8080"),

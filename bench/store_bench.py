@@ -44,8 +44,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway.cli import tune_gc
-from store import Store
+from rollway.cli.main import tune_gc
+from rollway.store import Store
 
 DEFAULT_PG_URL = os.environ.get("ROLLWAY_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from store import ApiKey, Store
+from rollway.store import ApiKey, Store
 
 Via = Literal["path", "key", "header", "body", "none"]
 KEY_CACHE_TTL = 5.0

@@ -9,8 +9,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from gateway.capture import CallRecord
-from gateway.registry import Lease
+from rollway.gateway.capture import CallRecord
+from rollway.gateway.registry import Lease
 
 
 class Reply(Protocol):

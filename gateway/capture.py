@@ -10,8 +10,8 @@ from typing import Any
 
 import aiohttp
 
-from gateway.litellm_backend import ALLOWED_FIELDS
-from store import Backend, Span, SpanStatus
+from rollway.gateway.litellm_backend import ALLOWED_FIELDS
+from rollway.store import Backend, Span, SpanStatus
 
 OPERATIONS = {
     "chat/completions": "chat",

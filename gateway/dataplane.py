@@ -18,13 +18,14 @@ from urllib.parse import unquote
 
 import orjson
 
-from gateway import capture, logs
-from gateway.attribution import AuthError, KeyCache, attribute, check_key
-from gateway.bounds import Bound
-from gateway.call import CallError, ClientStalled, envelope
-from gateway.proxy import Gateway
-from gateway.registry import UnknownAlias
-from store import ConflictError, ModelAlias, NotFoundError, StoreError, StoreValidationError, UnavailableError
+from rollway import logs
+from rollway.gateway import capture
+from rollway.gateway.attribution import AuthError, KeyCache, attribute, check_key
+from rollway.gateway.bounds import Bound
+from rollway.gateway.call import CallError, ClientStalled, envelope
+from rollway.gateway.proxy import Gateway
+from rollway.gateway.registry import UnknownAlias
+from rollway.store import ConflictError, ModelAlias, NotFoundError, StoreError, StoreValidationError, UnavailableError
 
 log = logging.getLogger("rollway.gateway")
 

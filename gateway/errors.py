@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from store import errors as store_errors
+from rollway.store import errors as store_errors
 
 #: Store error kind → (HTTP status, OpenAI error type).
 STATUS_FOR: dict[type[store_errors.StoreError], tuple[int, str]] = {

@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from gateway.upstream import backoff
-from store import Backend
+from rollway.gateway.upstream import backoff
+from rollway.store import Backend
 
 if TYPE_CHECKING:
-    from gateway.routing import Router
+    from rollway.gateway.routing import Router
 
 
 class Tries:

@@ -18,8 +18,8 @@ from typing import Any
 
 import orjson
 
-from gateway.upstream import UpstreamFailure
-from store import Backend
+from rollway.gateway.upstream import UpstreamFailure
+from rollway.store import Backend
 
 CALLS = {"chat/completions": "acompletion", "completions": "atext_completion", "embeddings": "aembedding"}
 STREAM_BROKE = {

@@ -27,9 +27,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gateway.capture import OPERATIONS, CallRecord
-from gateway.routing import Router
-from store import ModelAlias, Store
+from rollway.gateway.capture import OPERATIONS, CallRecord
+from rollway.gateway.routing import Router
+from rollway.store import ModelAlias, Store
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

@@ -26,8 +26,8 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Status
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as OtlpSpan
 
-from gateway.metrics import Metrics
-from store import Span
+from rollway.gateway.metrics import Metrics
+from rollway.store import Span
 
 log = logging.getLogger("rollway.otlp_export")
 

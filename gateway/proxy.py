@@ -16,18 +16,17 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 
-from gateway import capture, relay
-from gateway.attribution import Attribution
-from gateway.bounds import Sweeper
-from gateway.call import CallError, Prepared, Reply, Running, envelope, not_recorded, withheld
-from gateway.capture import CallRecord, Injected, Trace, traceparent
-from gateway.failover import Tries
-from gateway.metrics import Metrics
-from gateway.registry import AliasPaused, Arrival, ModelRegistry, UnknownAlias
-from gateway.routing import Router
-from gateway.settings import Settings
-from gateway.streaming import json_answer, json_object
-from gateway.upstream import (
+from rollway.gateway import capture, relay
+from rollway.gateway.attribution import Attribution
+from rollway.gateway.bounds import Sweeper
+from rollway.gateway.call import CallError, Prepared, Reply, Running, envelope, not_recorded, withheld
+from rollway.gateway.capture import CallRecord, Injected, Trace, traceparent
+from rollway.gateway.failover import Tries
+from rollway.gateway.metrics import Metrics
+from rollway.gateway.registry import AliasPaused, Arrival, ModelRegistry, UnknownAlias
+from rollway.gateway.routing import Router
+from rollway.gateway.streaming import json_answer, json_object
+from rollway.gateway.upstream import (
     Upstream,
     UpstreamFailure,
     passthrough_headers,
@@ -37,10 +36,11 @@ from gateway.upstream import (
     wait,
     without_key,
 )
-from store import Backend, Span, Store, StoreError
+from rollway.settings import Settings
+from rollway.store import Backend, Span, Store, StoreError
 
 if TYPE_CHECKING:
-    from gateway.otlp_export import SpanExporter
+    from rollway.gateway.otlp_export import SpanExporter
 
 log = logging.getLogger("rollway.gateway")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -246,7 +246,7 @@ class Gateway:
         """One try: the backend's response (aiohttp's, or LiteLLM's look-alike), unread."""
         record, deadline = prepared.record, prepared.record.deadline
         if backend.kind == "litellm":
-            from gateway import litellm_backend  # LiteLLM only when such a backend serves a call
+            from rollway.gateway import litellm_backend  # LiteLLM only when such a backend serves a call
 
             # LiteLLM's one timeout bounds each read (httpx), like ``read_timeout`` does for aiohttp.
             timeout = self.settings.read_timeout

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from store import ModelAlias, NotFoundError, Store, StoreError
-from store.replicas import ReplicaReport
+from rollway.store import ModelAlias, NotFoundError, Store, StoreError
+from rollway.store.replicas import ReplicaReport
 
 DEFAULT_TTL = 2.0
 #: How often a call waiting on a paused alias asks the store whether the catalog changed (a resume made

@@ -10,10 +10,10 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import orjson
 
-from gateway import capture
-from gateway.call import Reply, not_recorded
-from gateway.capture import CallRecord, Injected
-from gateway.streaming import (
+from rollway.gateway import capture
+from rollway.gateway.call import Reply, not_recorded
+from rollway.gateway.capture import CallRecord, Injected
+from rollway.gateway.streaming import (
     DONE,
     RESPONSE_ENDS,
     ResponsesAccumulator,
@@ -24,7 +24,7 @@ from gateway.streaming import (
     json_object,
     stream_error,
 )
-from gateway.upstream import ResponseTooLarge, key_bytes
+from rollway.gateway.upstream import ResponseTooLarge, key_bytes
 
 
 async def stream(

@@ -21,7 +21,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 
-from store import Backend
+from rollway.store import Backend
 
 LOAD_FACTOR = 1.25
 LOAD_SLACK = 2

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from store import Backend
+from rollway.store import Backend
 
 
 class UpstreamFailure(Exception):

@@ -5,8 +5,8 @@ writer (SQLite), the watchdog and the heartbeat of calls in flight; every other 
 schema from ``store.schemas``.
 """
 
-from store.errors import ConflictError, NotFoundError, StoreError, StoreValidationError, UnavailableError
-from store.schemas import (
+from rollway.store.errors import ConflictError, NotFoundError, StoreError, StoreValidationError, UnavailableError
+from rollway.store.schemas import (
     AgentServer,
     ApiKey,
     Attempt,
@@ -24,8 +24,8 @@ from store.schemas import (
     TaskSpec,
     Worker,
 )
-from store.states import AttemptStatus, RolloutStatus
-from store.store import UNSET, Store
+from rollway.store.states import AttemptStatus, RolloutStatus
+from rollway.store.store import UNSET, Store
 
 __all__ = [
     "UNSET",

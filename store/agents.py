@@ -15,14 +15,14 @@ from typing import Any
 
 from sqlalchemy import Connection, RowMapping, delete, func, select, update
 
-from store import convert, models, queue, spans
-from store.catalog import holds_credentials
-from store.dialect import lock_rows, serialize_key
-from store.errors import ConflictError, NotFoundError, StoreValidationError
-from store.exports import REWARD_SPAN
-from store.lifecycle import apply_attempt_status, load_attempt, load_rollout, require_latest
-from store.schemas import AgentServer, Attempt, AttemptedRollout, RemoteCompletion, Span
-from store.states import ACTIVE, ATTEMPT_TERMINAL, AttemptStatus, RolloutStatus
+from rollway.store import convert, models, queue, spans
+from rollway.store.catalog import holds_credentials
+from rollway.store.dialect import lock_rows, serialize_key
+from rollway.store.errors import ConflictError, NotFoundError, StoreValidationError
+from rollway.store.exports import REWARD_SPAN
+from rollway.store.lifecycle import apply_attempt_status, load_attempt, load_rollout, require_latest
+from rollway.store.schemas import AgentServer, Attempt, AttemptedRollout, RemoteCompletion, Span
+from rollway.store.states import ACTIVE, ATTEMPT_TERMINAL, AttemptStatus, RolloutStatus
 
 G = models.agent_servers
 R = models.rollouts

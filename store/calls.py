@@ -9,12 +9,12 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, update
 
-from store import catalog, models, spans
-from store.dialect import sqlite_driver
-from store.errors import ConflictError, NotFoundError
-from store.lifecycle import load_attempt, load_rollout, record_heartbeat
-from store.schemas import RolloutConfig, Span
-from store.states import ATTEMPT_TERMINAL, FINISHED, AttemptStatus, RolloutStatus
+from rollway.store import catalog, models, spans
+from rollway.store.dialect import sqlite_driver
+from rollway.store.errors import ConflictError, NotFoundError
+from rollway.store.lifecycle import load_attempt, load_rollout, record_heartbeat
+from rollway.store.schemas import RolloutConfig, Span
+from rollway.store.states import ATTEMPT_TERMINAL, FINISHED, AttemptStatus, RolloutStatus
 
 A = models.attempts
 _TOUCH_RUNNING = (

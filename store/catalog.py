@@ -15,11 +15,11 @@ from urllib.parse import urlsplit
 
 from sqlalchemy import Connection, delete, select, update
 
-from store import ids, models
-from store.dialect import serialize_key
-from store.errors import NotFoundError, StoreValidationError
-from store.lifecycle import bump_counter
-from store.schemas import ApiKey, AttemptedRollout, Backend, KeyScope, ModelAlias
+from rollway.store import ids, models
+from rollway.store.dialect import serialize_key
+from rollway.store.errors import NotFoundError, StoreValidationError
+from rollway.store.lifecycle import bump_counter
+from rollway.store.schemas import ApiKey, AttemptedRollout, Backend, KeyScope, ModelAlias
 
 M = models.model_aliases
 C = models.counters

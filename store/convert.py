@@ -7,8 +7,8 @@ from typing import Any
 
 from sqlalchemy import RowMapping
 
-from store.limits import int32_or_none
-from store.schemas import Attempt, ResourcesUpdate, Rollout, RolloutConfig, Span, SpanStatus
+from rollway.store.limits import int32_or_none
+from rollway.store.schemas import Attempt, ResourcesUpdate, Rollout, RolloutConfig, Span, SpanStatus
 
 
 def rollout(row: RowMapping) -> Rollout:

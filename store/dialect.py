@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import Connection, Select, Table, text
 from sqlalchemy.dialects import postgresql, sqlite
 
-from store.errors import StoreValidationError
+from rollway.store.errors import StoreValidationError
 
 
 def upsert(conn: Connection, table: Table) -> Any:

@@ -12,13 +12,13 @@ from typing import Any
 
 from sqlalchemy import Connection, select, update
 
-from store import convert, models
-from store import resources as resources_ops
-from store.dialect import upsert
-from store.errors import ConflictError, StoreValidationError
-from store.lifecycle import load_rollout, set_rollout_status
-from store.schemas import Attempt, Rollout, RolloutConfig, Worker
-from store.states import ACTIVE, AttemptStatus, RolloutStatus
+from rollway.store import convert, models
+from rollway.store import resources as resources_ops
+from rollway.store.dialect import upsert
+from rollway.store.errors import ConflictError, StoreValidationError
+from rollway.store.lifecycle import load_rollout, set_rollout_status
+from rollway.store.schemas import Attempt, Rollout, RolloutConfig, Worker
+from rollway.store.states import ACTIVE, AttemptStatus, RolloutStatus
 
 R = models.rollouts
 A = models.attempts

@@ -31,7 +31,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import QueuePool, StaticPool
 
-from store.errors import StoreValidationError, UnavailableError
+from rollway.store.errors import StoreValidationError, UnavailableError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: A write-ahead log longer than this is emptied at the next checkpoint (``Store.checkpoint``).

@@ -41,8 +41,8 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, Select, Text, cast, func, select, union_all
 
-from store import models
-from store.dialect import check_limit, decode_cursor, encode_cursor
+from rollway.store import models
+from rollway.store.dialect import check_limit, decode_cursor, encode_cursor
 
 R = models.rollouts
 S = models.spans

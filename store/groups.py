@@ -29,10 +29,10 @@ from typing import Any
 
 from sqlalchemy import Connection, RowMapping, select
 
-from store import models
-from store.dialect import serialize_key
-from store.errors import StoreValidationError
-from store.schemas import TaskSpec
+from rollway.store import models
+from rollway.store.dialect import serialize_key
+from rollway.store.errors import StoreValidationError
+from rollway.store.schemas import TaskSpec
 
 R = models.rollouts
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Column, Connection, select
 
-from store.dialect import sqlite_driver
+from rollway.store.dialect import sqlite_driver
 
 
 def rollout_id() -> str:

@@ -26,10 +26,10 @@ from typing import Protocol, TypeVar
 
 from sqlalchemy import Connection, and_, bindparam, select, update
 
-from store import models
-from store.errors import NotFoundError
-from store.lifecycle import load_attempt, load_rollout, record_heartbeat
-from store.states import ATTEMPT_TERMINAL, FINISHED, AttemptStatus, RolloutStatus
+from rollway.store import models
+from rollway.store.errors import NotFoundError
+from rollway.store.lifecycle import load_attempt, load_rollout, record_heartbeat
+from rollway.store.states import ATTEMPT_TERMINAL, FINISHED, AttemptStatus, RolloutStatus
 
 log = logging.getLogger("rollway.store")
 

@@ -10,11 +10,11 @@ from typing import Any
 
 from sqlalchemy import Connection, RowMapping, bindparam, select, update
 
-from store import models
-from store.dialect import upsert
-from store.errors import ConflictError, NotFoundError
-from store.schemas import RolloutConfig
-from store.states import (
+from rollway.store import models
+from rollway.store.dialect import upsert
+from rollway.store.errors import ConflictError, NotFoundError
+from rollway.store.schemas import RolloutConfig
+from rollway.store.states import (
     ATTEMPT_TERMINAL,
     FINISHED,
     REVIVED_BY_SPAN,

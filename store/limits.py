@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable
 from typing import Any, Final
 
-from store.errors import StoreValidationError
+from rollway.store.errors import StoreValidationError
 
 #: ``spans.trace_id``, ``span_id`` and ``parent_id``.
 SPAN_ID_CHARS: Final = 64

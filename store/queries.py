@@ -7,12 +7,12 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, func, select
 
-from store import convert, models
-from store.dialect import check_limit, decode_cursor, encode_cursor
-from store.errors import NotFoundError, StoreValidationError
-from store.lifecycle import load_attempt, load_rollout
-from store.schemas import Attempt, Page, Rollout, StoreStats, Worker
-from store.states import QUEUED, AttemptStatus, RolloutStatus
+from rollway.store import convert, models
+from rollway.store.dialect import check_limit, decode_cursor, encode_cursor
+from rollway.store.errors import NotFoundError, StoreValidationError
+from rollway.store.lifecycle import load_attempt, load_rollout
+from rollway.store.schemas import Attempt, Page, Rollout, StoreStats, Worker
+from rollway.store.states import QUEUED, AttemptStatus, RolloutStatus
 
 R = models.rollouts
 A = models.attempts

@@ -13,13 +13,13 @@ from typing import Any
 
 from sqlalchemy import Connection, Integer, RowMapping, Select, TextClause, bindparam, select, text, update
 
-from store import convert, groups, ids, models, replays
-from store import resources as resources_ops
-from store.dialect import lock_rows, prebuilt, serialize_key, upsert
-from store.errors import ConflictError, StoreValidationError
-from store.lifecycle import load_rollout, set_rollout_status, sync_worker
-from store.schemas import AttemptedRollout, RolloutConfig, TaskSpec
-from store.states import QUEUED, AttemptStatus, RolloutStatus
+from rollway.store import convert, groups, ids, models, replays
+from rollway.store import resources as resources_ops
+from rollway.store.dialect import lock_rows, prebuilt, serialize_key, upsert
+from rollway.store.errors import ConflictError, StoreValidationError
+from rollway.store.lifecycle import load_rollout, set_rollout_status, sync_worker
+from rollway.store.schemas import AttemptedRollout, RolloutConfig, TaskSpec
+from rollway.store.states import QUEUED, AttemptStatus, RolloutStatus
 
 R = models.rollouts
 A = models.attempts

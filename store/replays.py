@@ -31,14 +31,14 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, RowMapping, bindparam, select
 
-from store import convert, ids, models
-from store import resources as resources_ops
-from store.dialect import prebuilt
-from store.engine import dumps, loads
-from store.errors import ConflictError
-from store.lifecycle import load_rollout
-from store.schemas import AttemptedRollout, RolloutConfig, TaskSpec
-from store.states import ATTEMPT_TERMINAL
+from rollway.store import convert, ids, models
+from rollway.store import resources as resources_ops
+from rollway.store.dialect import prebuilt
+from rollway.store.engine import dumps, loads
+from rollway.store.errors import ConflictError
+from rollway.store.lifecycle import load_rollout
+from rollway.store.schemas import AttemptedRollout, RolloutConfig, TaskSpec
+from rollway.store.states import ATTEMPT_TERMINAL
 
 R = models.rollouts
 A = models.attempts

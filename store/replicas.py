@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, delete, select
 
-from store import catalog, models
-from store.dialect import upsert
+from rollway.store import catalog, models
+from rollway.store.dialect import upsert
 
 G = models.gateway_replicas
 #: A replica reports at least every ``gateway.replicas.HEARTBEAT`` seconds; a row older than this is a dead one

@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
-from store import convert, ids, models
-from store.dialect import check_limit, decode_cursor, encode_cursor, serialize_key
-from store.errors import NotFoundError, StoreValidationError
-from store.schemas import Page, ResourcesUpdate
+from rollway.store import convert, ids, models
+from rollway.store.dialect import check_limit, decode_cursor, encode_cursor, serialize_key
+from rollway.store.errors import NotFoundError, StoreValidationError
+from rollway.store.schemas import Page, ResourcesUpdate
 
 T = models.resources
 

@@ -6,8 +6,8 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from store import ids
-from store.states import RETRYABLE, AttemptStatus, RolloutStatus
+from rollway.store import ids
+from rollway.store.states import RETRYABLE, AttemptStatus, RolloutStatus
 
 Mode = Literal["train", "val", "test"]
 BackendKind = Literal["openai", "vllm", "sglang", "litellm"]

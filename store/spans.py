@@ -15,14 +15,14 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, Integer, RowMapping, bindparam, case, select, update
 
-from store import convert, ids, models
-from store.dialect import prebuilt, serialize_key, sqlite_driver, upsert
-from store.engine import dumps, loads
-from store.errors import ConflictError, StoreValidationError
-from store.exports import reward_value
-from store.lifecycle import load_attempt, load_rollout, next_finish_seq, record_heartbeat, require_latest
-from store.replays import other_request
-from store.schemas import Span
+from rollway.store import convert, ids, models
+from rollway.store.dialect import prebuilt, serialize_key, sqlite_driver, upsert
+from rollway.store.engine import dumps, loads
+from rollway.store.errors import ConflictError, StoreValidationError
+from rollway.store.exports import reward_value
+from rollway.store.lifecycle import load_attempt, load_rollout, next_finish_seq, record_heartbeat, require_latest
+from rollway.store.replays import other_request
+from rollway.store.schemas import Span
 
 S = models.spans
 R = models.rollouts

@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Final
 
-from store.errors import ConflictError
+from rollway.store.errors import ConflictError
 
 
 class RolloutStatus(StrEnum):

@@ -14,11 +14,11 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from store import catalog, convert, exports, limits, migrate, queries, queue, watchdog
-from store.engine import Engines, create_engines, migration_engine, open_error
-from store.errors import ConflictError, NotFoundError, StoreValidationError
-from store.keepalive import INTERVAL, CallsInFlight
-from store.lifecycle import (
+from rollway.store import catalog, convert, exports, limits, migrate, queries, queue, watchdog
+from rollway.store.engine import Engines, create_engines, migration_engine, open_error
+from rollway.store.errors import ConflictError, NotFoundError, StoreValidationError
+from rollway.store.keepalive import INTERVAL, CallsInFlight
+from rollway.store.lifecycle import (
     apply_attempt_status,
     load_attempt,
     load_rollout,
@@ -26,7 +26,7 @@ from store.lifecycle import (
     require_latest,
     set_rollout_status,
 )
-from store.schemas import (
+from rollway.store.schemas import (
     Attempt,
     AttemptedRollout,
     Page,
@@ -35,14 +35,14 @@ from store.schemas import (
     TaskSpec,
     Worker,
 )
-from store.signals import Signal
-from store.states import FINISHED, AttemptStatus, RolloutStatus
-from store.store_agents import AgentsMixin
-from store.store_catalog import CatalogMixin
-from store.store_edits import EditsMixin
-from store.store_spans import SpansMixin
-from store.store_wal import WalMixin
-from store.writer import BatchWriter, PgWriter, Writer
+from rollway.store.signals import Signal
+from rollway.store.states import FINISHED, AttemptStatus, RolloutStatus
+from rollway.store.store_agents import AgentsMixin
+from rollway.store.store_catalog import CatalogMixin
+from rollway.store.store_edits import EditsMixin
+from rollway.store.store_spans import SpansMixin
+from rollway.store.store_wal import WalMixin
+from rollway.store.writer import BatchWriter, PgWriter, Writer
 
 log = logging.getLogger("rollway.store")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from store import agents
-from store.plumbing import StorePlumbing
-from store.schemas import AgentServer, Attempt, AttemptedRollout, RemoteCompletion
+from rollway.store import agents
+from rollway.store.plumbing import StorePlumbing
+from rollway.store.schemas import AgentServer, Attempt, AttemptedRollout, RemoteCompletion
 
 
 class AgentsMixin(StorePlumbing):

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from store import catalog, replicas, resources
-from store.plumbing import StorePlumbing
-from store.replicas import ReplicaInfo, ReplicaReport
-from store.schemas import ApiKey, AttemptedRollout, Backend, KeyScope, ModelAlias, Page, ResourcesUpdate
+from rollway.store import catalog, replicas, resources
+from rollway.store.plumbing import StorePlumbing
+from rollway.store.replicas import ReplicaInfo, ReplicaReport
+from rollway.store.schemas import ApiKey, AttemptedRollout, Backend, KeyScope, ModelAlias, Page, ResourcesUpdate
 
 
 class CatalogMixin(StorePlumbing):

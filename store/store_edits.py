@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from store import edits, limits
-from store.plumbing import StorePlumbing
-from store.schemas import Attempt, Rollout, Worker
+from rollway.store import edits, limits
+from rollway.store.plumbing import StorePlumbing
+from rollway.store.schemas import Attempt, Rollout, Worker
 
 
 class EditsMixin(StorePlumbing):

@@ -8,10 +8,10 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from store import calls, limits, spans
-from store.keepalive import CallsInFlight
-from store.plumbing import StorePlumbing
-from store.schemas import Span
+from rollway.store import calls, limits, spans
+from rollway.store.keepalive import CallsInFlight
+from rollway.store.plumbing import StorePlumbing
+from rollway.store.schemas import Span
 
 _SPAN_LIST: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from store.engine import Engines, WalKeeper
-from store.writer import BatchWriter, Writer
+from rollway.store.engine import Engines, WalKeeper
+from rollway.store.writer import BatchWriter, Writer
 
 log = logging.getLogger("rollway.store")
 

@@ -12,11 +12,11 @@ from typing import Any
 
 from sqlalchemy import Connection, select, update
 
-from store import models
-from store.dialect import lock_rows, upsert
-from store.lifecycle import apply_attempt_status
-from store.schemas import RolloutConfig
-from store.states import ACTIVE, AttemptStatus
+from rollway.store import models
+from rollway.store.dialect import lock_rows, upsert
+from rollway.store.lifecycle import apply_attempt_status
+from rollway.store.schemas import RolloutConfig
+from rollway.store.states import ACTIVE, AttemptStatus
 
 R = models.rollouts
 A = models.attempts

@@ -35,7 +35,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from store.errors import StoreValidationError, UnavailableError
+from rollway.store.errors import StoreValidationError, UnavailableError
 
 log = logging.getLogger("rollway.store")
 

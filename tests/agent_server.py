@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from gateway.process import ServerProcess
+from rollway.process import ServerProcess
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "remote_agent_server.py"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.mock import MockBackendProcess
-from store import Store
+from rollway.mock import MockBackendProcess
+from rollway.store import Store
 
 PG_ADMIN_URL = os.environ.get("ROLLWAY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 

@@ -16,10 +16,10 @@ import uvicorn
 from fastapi import FastAPI
 from openai import AsyncOpenAI
 
-from gateway.app import AppState, create_app
-from gateway.mock import MockBackendProcess
-from gateway.settings import Settings
-from store import Store
+from rollway.app.factory import AppState, create_app
+from rollway.mock import MockBackendProcess
+from rollway.settings import Settings
+from rollway.store import Store
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any
 
-from store import Store, TaskSpec
+from rollway.store import Store, TaskSpec
 
 if TYPE_CHECKING:
     import asyncpg

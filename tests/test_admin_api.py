@@ -11,10 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
+from gateway_harness import RunningGateway, running_gateway
 from openai import AsyncOpenAI
 
-from gateway.mock import MockBackendProcess
-from tests.gateway_harness import RunningGateway, running_gateway
+from rollway.mock import MockBackendProcess
 
 TOKEN = "admin-secret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -331,8 +331,8 @@ async def test_no_secret_reaches_a_log_line_a_response_or_a_span(
 async def test_strings_that_are_not_unicode_are_a_400_not_a_stored_500(tmp_path: Path) -> None:
     import httpx
 
-    from gateway.app import create_app
-    from gateway.settings import Settings
+    from rollway.app.factory import create_app
+    from rollway.settings import Settings
 
     app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'u.db'}"))
     async with app.router.lifespan_context(app):

@@ -13,10 +13,11 @@ from typing import Any
 
 import httpx
 import pytest
+from gateway_harness import RunningGateway, closed_port, running_gateway
 from openai import AsyncOpenAI
 from sqlalchemy import select
 
-from admin.client import (
+from rollway.admin.client import (
     AsyncRollwayClient,
     MergedTriplet,
     RetryPolicy,
@@ -24,11 +25,10 @@ from admin.client import (
     RollwayConnectionError,
     Triplet,
 )
-from admin.client_sync import RollwayClient
-from admin.schemas import Claim, GroupView, MintedKey, ModelView, StatsView, WaitResponse
-from gateway.mock import MockBackendProcess
-from store import Attempt, ResourcesUpdate, Rollout, Span, models
-from tests.gateway_harness import RunningGateway, closed_port, running_gateway
+from rollway.admin.client_sync import RollwayClient
+from rollway.admin.schemas import Claim, GroupView, MintedKey, ModelView, StatsView, WaitResponse
+from rollway.mock import MockBackendProcess
+from rollway.store import Attempt, ResourcesUpdate, Rollout, Span, models
 
 TOKEN = "admin-secret-token"
 FAST = RetryPolicy(retries=2, backoff=0.01, max_backoff=0.02)

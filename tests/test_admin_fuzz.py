@@ -38,7 +38,7 @@ def test_schemathesis_finds_no_server_error(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "from gateway.cli import main; main()",
+            "from rollway.cli import main; main()",
             "serve",
             "--port",
             str(port),

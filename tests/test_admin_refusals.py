@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
+from gateway_harness import RunningGateway, running_gateway, vllm
 
-from gateway.mock import MockBackendProcess
-from tests.gateway_harness import RunningGateway, running_gateway, vllm
+from rollway.mock import MockBackendProcess
 
 TOKEN = "admin-secret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

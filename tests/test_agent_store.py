@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from conftest import FakeClock
 
-from store import (
+from rollway.store import (
     AgentServer,
     ConflictError,
     NotFoundError,
@@ -133,7 +133,7 @@ async def test_dispatch_facts_merge_into_metadata_without_losing_a_completion(st
 def test_values_the_columns_cannot_hold_are_refused_before_they_reach_the_database() -> None:
     from pydantic import ValidationError
 
-    from store import Backend, Span, TaskSpec
+    from rollway.store import Backend, Span, TaskSpec
 
     assert TaskSpec(agent="a" * 128, priority=2**31 - 1).agent == "a" * 128
     for bad in ({"agent": "a" * 129}, {"agent": ""}, {"priority": 2**31}, {"priority": 6972138355710955094016}):

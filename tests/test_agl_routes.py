@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from gateway_harness import RunningGateway, register, running_gateway
 
-from gateway.mock import MockBackendProcess
-from tests.gateway_harness import RunningGateway, register, running_gateway
+from rollway.mock import MockBackendProcess
 
 
 @pytest.fixture

@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from agl_compare import differences
+from agl_env import agl_python, run_script
 
-from gateway.process import GatewayProcess
-from tests.agl_compare import differences
-from tests.agl_env import agl_python, run_script
+from rollway.process import GatewayProcess
 
 pytestmark = pytest.mark.slow
 TOKEN = "agl-admin-token-0123456789"

@@ -13,13 +13,13 @@ import httpx
 import pytest
 from click.testing import CliRunner
 from fastapi import FastAPI
+from gateway_harness import running_gateway
 
-from gateway.app import create_app
-from gateway.cli import main
-from gateway.mock import MockBackendProcess
-from gateway.settings import Settings
-from store import Store
-from tests.gateway_harness import running_gateway
+from rollway.app.factory import create_app
+from rollway.cli.main import main
+from rollway.mock import MockBackendProcess
+from rollway.settings import Settings
+from rollway.store import Store
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ def _free_port() -> int:
 
 
 def _rollway(*args: str, cwd: Path) -> list[str]:
-    return [sys.executable, "-c", "from gateway.cli import main; main()", *args]
+    return [sys.executable, "-c", "from rollway.cli import main; main()", *args]
 
 
 @pytest.mark.slow

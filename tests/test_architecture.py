@@ -1,48 +1,163 @@
-"""The layering of the repository: store/ knows no HTTP, admin/ and gateway/ do not import each other."""
+"""The rooms of the ``rollway`` package and the arrows allowed between them, read from every import in the source.
+
+``rollway.store`` knows no HTTP; the data plane (``rollway.gateway``) and the control plane (``rollway.admin``) do
+not know each other; the composition root (``rollway.app``) is the only room that sees them both, and the command
+line (``rollway.cli``) reaches the server only through the app and the admin client. No module imports itself
+through a chain of imports, at start-up or later.
+"""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# room -> the rooms it may import. A room not listed as a key may import nothing first-party.
+ALLOWED: dict[str, set[str]] = {
+    "store": set(),
+    "logs": set(),
+    "process": set(),
+    "settings": {"store"},
+    "gateway": {"store", "settings", "logs"},
+    "admin": {"store"},
+    "agl": {"admin", "store"},
+    "osmosis": {"admin", "gateway", "store", "settings"},
+    "mock": {"process"},
+    "app": {"gateway", "admin", "agl", "osmosis", "store", "settings", "logs"},
+    "cli": {"app", "admin", "mock", "process", "store", "settings", "logs"},
+    # the package itself re-exports the public API, each name imported on first use
+    "rollway": {"store", "admin", "app", "settings"},
+}
 
-def _imports(package: str) -> dict[str, set[str]]:
-    found: dict[str, set[str]] = {}
-    for path in (ROOT / package).rglob("*.py"):
-        names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names.update(alias.name.split(".")[0] for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names.add(node.module.split(".")[0])
-        found[str(path.relative_to(ROOT))] = names
+# third-party names a room must not import, whatever the arrows
+FORBIDDEN: dict[str, set[str]] = {
+    "store": {"fastapi", "starlette", "uvicorn", "httpx", "aiohttp", "litellm"},
+    "admin.client": {"fastapi", "starlette", "uvicorn", "aiohttp"},
+}
+
+SOURCES = {"rollway": ROOT / "rollway", "rollway.gateway": ROOT / "gateway", "rollway.store": ROOT / "store"}
+SOURCES["rollway.admin"] = ROOT / "admin"
+LINKED = {"gateway", "store", "admin"}  # rollway/<name> are links to the top-level folders
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package, by its installed name."""
+    found: dict[str, Path] = {}
+    for package, folder in SOURCES.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if package == "rollway" and parts[0] in LINKED:
+                continue
+            name = ".".join((package, *parts)).removesuffix(".__init__")
+            found[name] = path
     return found
 
 
-@pytest.mark.parametrize(
-    ("package", "forbidden"),
-    [
-        ("store", {"fastapi", "starlette", "uvicorn", "httpx", "aiohttp", "gateway", "admin", "litellm"}),
-        ("admin", {"gateway", "agl"}),
-        ("agl", {"gateway"}),
-    ],
-)
-def test_package_does_not_import_forbidden_layers(package: str, forbidden: set[str]) -> None:
-    offenders = {path: names & forbidden for path, names in _imports(package).items() if names & forbidden}
-    assert offenders == {}
+MODULES = _modules()
 
 
-def test_gateway_only_composes_admin_in_the_app_and_the_cli_commands() -> None:
-    # app.py mounts the admin router; the CLI's admin commands and the demo are clients of the admin API.
-    users = {path for path, names in _imports("gateway").items() if "admin" in names}
-    assert users <= {"gateway/app.py", "gateway/commands.py", "gateway/demo.py"}
+def _imports(path: Path) -> Iterator[tuple[str, str | None]]:
+    """(module, name) for each import anywhere in the file, lazy ones in functions and ``TYPE_CHECKING`` included."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, None
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                yield node.module, alias.name
 
 
-def test_the_admin_client_does_not_pull_in_the_server() -> None:
-    server = {"fastapi", "starlette", "uvicorn", "aiohttp"}
-    clients = {path: names & server for path, names in _imports("admin").items() if "/client" in path}
-    assert clients and all(not names for names in clients.values()), clients
+def _targets(path: Path) -> set[str]:
+    """The first-party modules a file imports (``from rollway.x import y`` counts ``rollway.x.y`` if a module)."""
+    out: set[str] = set()
+    for module, name in _imports(path):
+        if module.split(".")[0] != "rollway":
+            continue
+        sub = f"{module}.{name}"
+        out.add(sub if sub in MODULES else module)
+    return out
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "rollway"
+
+
+def test_the_rooms_are_the_ones_named_here() -> None:
+    assert {room(m) for m in MODULES} == set(ALLOWED)
+
+
+@pytest.mark.parametrize("source", sorted(ALLOWED))
+def test_a_room_imports_only_the_rooms_it_may(source: str) -> None:
+    offenders = {
+        f"{module} -> {target}"
+        for module, path in MODULES.items()
+        if room(module) == source
+        for target in _targets(path)
+        if room(target) != source and room(target) not in ALLOWED[source]
+    }
+    assert offenders == set()
+
+
+@pytest.mark.parametrize(("prefix", "forbidden"), sorted(FORBIDDEN.items()))
+def test_a_room_does_not_use_the_libraries_it_must_not(prefix: str, forbidden: set[str]) -> None:
+    offenders = {
+        f"{module} -> {imported}"
+        for module, path in MODULES.items()
+        if module.removeprefix("rollway.").startswith(prefix)
+        for imported, _ in _imports(path)
+        if imported.split(".")[0] in forbidden
+    }
+    assert offenders == set()
+
+
+def test_the_arrows_between_rooms_have_no_cycle() -> None:
+    rooms = {r: ALLOWED[r] - {r, "rollway"} for r in ALLOWED if r != "rollway"}
+    assert _cycles(rooms) == []
+
+
+def test_no_module_imports_itself_through_a_cycle() -> None:
+    graph = {module: _targets(path) - {module} for module, path in MODULES.items()}
+    # a package's __init__ re-exporting its own modules is how Python packages work, not a cycle
+    for module in graph:
+        graph[module] = {t for t in graph[module] if not module.startswith(t + ".")}
+    assert _cycles(graph) == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one node (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found

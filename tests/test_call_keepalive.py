@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import openai
 import pytest
+from gateway_harness import RunningGateway, register, running_gateway, vllm
+from store_helpers import enqueue_one, span, waiting_for_a_lock
 
-from gateway.mock import MockBackendProcess
-from store import AttemptStatus, RolloutConfig, RolloutStatus, Span, Store, keepalive
-from store.calls import CallTicket
-from tests.gateway_harness import RunningGateway, register, running_gateway, vllm
-from tests.store_helpers import enqueue_one, span, waiting_for_a_lock
+from rollway.mock import MockBackendProcess
+from rollway.store import AttemptStatus, RolloutConfig, RolloutStatus, Span, Store, keepalive
+from rollway.store.calls import CallTicket
 
 if TYPE_CHECKING:
     from tests.conftest import FakeClock

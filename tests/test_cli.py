@@ -16,10 +16,10 @@ import pytest
 from click.testing import CliRunner, Result
 from openai import OpenAI
 
-from admin.client_sync import RollwayClient
-from gateway.cli import main
-from gateway.mock import MockBackendProcess
-from gateway.process import GatewayProcess
+from rollway.admin.client_sync import RollwayClient
+from rollway.cli.main import main
+from rollway.mock import MockBackendProcess
+from rollway.process import GatewayProcess
 
 TOKEN = "cli-admin-token"
 
@@ -213,7 +213,7 @@ def test_triplets_export_writes_json_lines(
 def test_rollway_demo_runs_the_whole_loop_within_a_minute(tmp_path: Path) -> None:
     out = tmp_path / "demo-triplets.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLWAY_")}
-    command = [sys.executable, "-c", "from gateway.cli import main; main()", "demo", "--out", str(out)]
+    command = [sys.executable, "-c", "from rollway.cli import main; main()", "demo", "--out", str(out)]
     started = time.monotonic()
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
     elapsed = time.monotonic() - started

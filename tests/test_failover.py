@@ -4,10 +4,11 @@ and waits for the first to be ready when every backend is asking."""
 
 from __future__ import annotations
 
-from gateway.failover import Tries
-from gateway.routing import Router
-from store import Backend
-from tests.conftest import FakeClock
+from conftest import FakeClock
+
+from rollway.gateway.failover import Tries
+from rollway.gateway.routing import Router
+from rollway.store import Backend
 
 MAX_WAIT = 10.0
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
+from gateway_harness import RunningGateway, claim_one, vllm
+from gateway_harness import serving_policy as gateway
 
-from gateway.mock import MockBackendProcess
-from tests.gateway_harness import RunningGateway, claim_one, vllm
-from tests.gateway_harness import serving_policy as gateway
+from rollway.mock import MockBackendProcess
 
 MESSAGES = [{"role": "user", "content": "What is 17 + 25?"}]
 ENVELOPE_KEYS = {"message", "type", "param", "code"}

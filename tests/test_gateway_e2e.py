@@ -15,10 +15,10 @@ import httpx
 import openai
 import orjson
 import pytest
+from gateway_harness import RunningGateway, claim_one, register, running_gateway
 from openai import AsyncOpenAI
 
-from gateway.mock import MockBackendProcess
-from tests.gateway_harness import RunningGateway, claim_one, register, running_gateway
+from rollway.mock import MockBackendProcess
 
 MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
 VOLATILE = {"id", "created", "system_fingerprint"}

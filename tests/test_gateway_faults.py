@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from gateway_harness import RunningGateway, claim_one, closed_port, vllm
+from gateway_harness import serving_policy as gateway
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.mock import MockBackendProcess
-from store import writer as store_writer
-from tests.gateway_harness import RunningGateway, claim_one, closed_port, vllm
-from tests.gateway_harness import serving_policy as gateway
+from rollway.mock import MockBackendProcess
+from rollway.store import writer as store_writer
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 LONG = {"ignore_eos": True}  # the mock then answers exactly max_tokens tokens

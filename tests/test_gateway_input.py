@@ -17,12 +17,12 @@ import httpx
 import openai
 import orjson
 import pytest
+from conftest import FakeClock
+from gateway_harness import RunningGateway, claim_one, register, running_gateway
 
-from gateway.attribution import KeyCache
-from gateway.mock import MockBackendProcess
-from store import Store
-from tests.conftest import FakeClock
-from tests.gateway_harness import RunningGateway, claim_one, register, running_gateway
+from rollway.gateway.attribution import KeyCache
+from rollway.mock import MockBackendProcess
+from rollway.store import Store
 
 MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
 GOOD = {"model": "policy", "messages": MESSAGES, "max_tokens": 4}

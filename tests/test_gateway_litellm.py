@@ -26,13 +26,13 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from gateway_harness import RunningGateway, claim_one, register, running_gateway
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.mock import MockBackendProcess
-from tests.gateway_harness import RunningGateway, claim_one, register, running_gateway
+from rollway.mock import MockBackendProcess
 
 SECRET = "sk-ant-test"
 UPSTREAM_MODEL = "claude-3-5-haiku-20241022"
@@ -338,8 +338,8 @@ async def test_wrong_provider_key_is_not_echoed(tmp_path: Path, stub: AnthropicS
 LAZY_IMPORT_CHECK = r"""
 import asyncio, json, sys
 import httpx
-from gateway.app import create_app
-from gateway.settings import Settings
+from rollway.app.factory import create_app
+from rollway.settings import Settings
 
 async def main(db, base_url):
     app = create_app(Settings(database_url=f"sqlite:///{db}"))

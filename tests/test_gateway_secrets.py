@@ -14,13 +14,13 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from gateway_harness import register, running_gateway, vllm
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.mock import MockBackendProcess
-from tests.gateway_harness import register, running_gateway, vllm
+from rollway.mock import MockBackendProcess
 
 BACKEND_KEY = "sk-backend-4f1c9a7e2b"
 AGENT_KEY = "agent-key-8d2e6b0c93"

@@ -15,12 +15,12 @@ import openai
 import orjson
 import pytest
 from aiohttp import web
+from gateway_harness import RunningGateway, claim_one, vllm
+from gateway_harness import serving_policy as gateway
 
-from gateway.mock import MockBackendProcess
-from gateway.process import GatewayProcess
-from store import Store
-from tests.gateway_harness import RunningGateway, claim_one, vllm
-from tests.gateway_harness import serving_policy as gateway
+from rollway.mock import MockBackendProcess
+from rollway.process import GatewayProcess
+from rollway.store import Store
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 

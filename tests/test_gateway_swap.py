@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from gateway_harness import RunningGateway, claim_one, register, running_gateway
 from openai import AsyncOpenAI
 
-from gateway.mock import MockBackendProcess
-from tests.gateway_harness import RunningGateway, claim_one, register, running_gateway
+from rollway.mock import MockBackendProcess
 
 ALIAS = "policy"
 

@@ -18,11 +18,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from gateway_harness import RunningGateway, closed_port, register, running_gateway, vllm
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.mock import MockBackendProcess
-from store import Store
-from tests.gateway_harness import RunningGateway, closed_port, register, running_gateway, vllm
+from rollway.mock import MockBackendProcess
+from rollway.store import Store
 
 MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
 CHAT = "/v1/chat/completions"

@@ -13,8 +13,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from gateway.mock import MockBackendProcess, MockConfig, run_in_thread
-from gateway.mock import tokenizer as tok
+from rollway.mock import MockBackendProcess, MockConfig, run_in_thread
+from rollway.mock import tokenizer as tok
 
 MODEL = "mock-model"
 WEATHER_TOOL: dict[str, Any] = {

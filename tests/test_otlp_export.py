@@ -17,14 +17,14 @@ from typing import Any
 
 import httpx
 from aiohttp import web
+from gateway_harness import RunningGateway, claim_one, closed_port, register, running_gateway
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from gateway.mock import MockBackendProcess
-from tests.gateway_harness import RunningGateway, claim_one, closed_port, register, running_gateway
+from rollway.mock import MockBackendProcess
 
 BODY = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 CALLS = 12

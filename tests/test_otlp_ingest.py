@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from gateway_harness import RunningGateway, running_gateway
 from google.protobuf import json_format
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http import Compression
@@ -20,8 +21,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
-from store import AttemptedRollout, Store
-from tests.gateway_harness import RunningGateway, running_gateway
+from rollway.store import AttemptedRollout, Store
 
 TOKEN = "otlp-admin-token-abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gateway.registry import AliasPaused, ModelRegistry, UnknownAlias
-from store import Store
+from rollway.gateway.registry import AliasPaused, ModelRegistry, UnknownAlias
+from rollway.store import Store
 
 ALIAS = "policy"
 BACKEND = {"backend_id": "a", "base_url": "http://127.0.0.1:9/v1", "kind": "vllm", "model": "m"}

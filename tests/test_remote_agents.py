@@ -16,8 +16,8 @@ import pytest
 from agent_server import AgentServerProcess
 from gateway_harness import RunningGateway, register, running_gateway
 
-from gateway.mock import MockBackendProcess
-from store import AgentServer, Rollout, Span
+from rollway.mock import MockBackendProcess
+from rollway.store import AgentServer, Rollout, Span
 
 pytestmark = pytest.mark.slow
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from conftest import FakeClock
 from sqlalchemy import Connection, func, select
 
-from gateway.registry import ARRIVING, AliasPaused, ModelRegistry, config_key
-from gateway.replicas import ReplicaReporter, new_replica
-from store import Store, models
-from store.replicas import FORGET_SECONDS, STALE_SECONDS
-from tests.conftest import FakeClock
+from rollway.app.replicas import ReplicaReporter, new_replica
+from rollway.gateway.registry import ARRIVING, AliasPaused, ModelRegistry, config_key
+from rollway.store import Store, models
+from rollway.store.replicas import FORGET_SECONDS, STALE_SECONDS
 
 ALIAS = "policy"
 BACKEND = {"backend_id": "a", "base_url": "http://127.0.0.1:9/v1", "kind": "vllm", "model": "m"}

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from gateway.failover import Tries
-from gateway.routing import BASE_COOLDOWN, LOAD_FACTOR, LOAD_SLACK, Router
-from store import Backend
+from rollway.gateway.failover import Tries
+from rollway.gateway.routing import BASE_COOLDOWN, LOAD_FACTOR, LOAD_SLACK, Router
+from rollway.store import Backend
 
 
 class Clock:

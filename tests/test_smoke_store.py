@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from store import Store, UnavailableError
+from rollway.store import Store, UnavailableError
 
 
 async def test_enqueue_then_claim_hands_out_the_rollout(store: Store) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import re
 
-from gateway.streaming import SSEDecoder
+from rollway.gateway.streaming import SSEDecoder
 
 STREAM = (
     b'data: {"a": 1}\n\n'

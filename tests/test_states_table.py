@@ -11,8 +11,8 @@ import itertools
 
 import pytest
 
-from store.errors import ConflictError
-from store.states import (
+from rollway.store.errors import ConflictError
+from rollway.store.states import (
     ATTEMPT_TRANSITIONS,
     ROLLOUT_TRANSITIONS,
     AttemptStatus,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from sqlalchemy import select
 
-from store import AgentServer, AttemptStatus, RolloutStatus, Store, StoreValidationError, models, watchdog
+from rollway.store import AgentServer, AttemptStatus, RolloutStatus, Store, StoreValidationError, models, watchdog
 
 if TYPE_CHECKING:
     from conftest import FakeClock

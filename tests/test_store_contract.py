@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import pydantic
 import pytest
+from store_helpers import enqueue_one, span
 
-from store import (
+from rollway.store import (
     AttemptStatus,
     ConflictError,
     NotFoundError,
@@ -27,9 +28,8 @@ from store import (
     TaskSpec,
     ids,
 )
-from store import spans as spans_module
-from store.signals import Signal
-from tests.store_helpers import enqueue_one, span
+from rollway.store import spans as spans_module
+from rollway.store.signals import Signal
 
 if TYPE_CHECKING:
     from tests.conftest import FakeClock
@@ -1373,7 +1373,7 @@ async def test_claim_with_keys_mints_one_key_per_claimed_attempt(store: Store) -
 
 def test_span_values_follow_the_spans_table_columns() -> None:
     # span_values builds insert tuples positionally: its column list must be the table's, pk aside.
-    from store import convert, models
+    from rollway.store import convert, models
 
     assert set(convert.SPAN_COLUMNS) == {c.name for c in models.spans.columns if c.name != "pk"}
     assert len(convert.SPAN_COLUMNS) == len(set(convert.SPAN_COLUMNS))

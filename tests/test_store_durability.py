@@ -19,12 +19,12 @@ from typing import Any
 import asyncpg
 import pytest
 from sqlalchemy import Connection
+from store_helpers import enqueue_one, waiting_for_a_lock
 
-from store import AttemptStatus, ConflictError, RolloutStatus, Store
-from store import engine as store_engine
-from store import writer as store_writer
-from store.writer import BatchWriter
-from tests.store_helpers import enqueue_one, waiting_for_a_lock
+from rollway.store import AttemptStatus, ConflictError, RolloutStatus, Store
+from rollway.store import engine as store_engine
+from rollway.store import writer as store_writer
+from rollway.store.writer import BatchWriter
 
 REPO = Path(__file__).resolve().parents[1]
 ACKS_BEFORE_KILL = 300
@@ -36,7 +36,7 @@ WRITER_SCRIPT = textwrap.dedent(
     import os
     import sys
 
-    from store import Store
+    from rollway.store import Store
 
     WRITERS = 8
     PER_WRITER = 5_000  # bounded: the parent kills long before this

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from sqlalchemy import func, select
+from store_helpers import span
 
-from store import ConflictError, RolloutConfig, Store, ids, models
-from tests.store_helpers import span
+from rollway.store import ConflictError, RolloutConfig, Store, ids, models
 
 if TYPE_CHECKING:
     from tests.conftest import FakeClock

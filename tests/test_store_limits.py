@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from store_helpers import span
 
-from store import Store, StoreValidationError, TaskSpec, limits
-from tests.store_helpers import span
+from rollway.store import Store, StoreValidationError, TaskSpec, limits
 
 
 async def _running(store: Store) -> tuple[str, str]:

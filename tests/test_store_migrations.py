@@ -13,8 +13,8 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, event, inspect
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from store import ConflictError, RolloutStatus, Store, migrate, models
-from store.engine import create_engines, migration_engine
+from rollway.store import ConflictError, RolloutStatus, Store, migrate, models
+from rollway.store.engine import create_engines, migration_engine
 
 HEAD_TABLES = {
     "alembic_version",

@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from store_helpers import enqueue_one, span
 
-from store import (
+from rollway.store import (
     AttemptedRollout,
     AttemptStatus,
     ConflictError,
@@ -17,7 +18,6 @@ from store import (
     Store,
     watchdog,
 )
-from tests.store_helpers import enqueue_one, span
 
 if TYPE_CHECKING:
     from tests.conftest import FakeClock

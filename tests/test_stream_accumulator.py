@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.capture import response_logprobs
-from gateway.streaming import StreamAccumulator
+from rollway.gateway.capture import response_logprobs
+from rollway.gateway.streaming import StreamAccumulator
 
 
 def chunk(delta: dict[str, Any], finish: str | None = None, **choice: Any) -> dict[str, Any]:

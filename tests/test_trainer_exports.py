@@ -20,13 +20,13 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from admin.adapters import merged_rows, triplets
-from admin.adapters.trainers import slime_samples, verl_rows
-from gateway.cli import main
-from gateway.mock import MockBackendProcess
-from gateway.process import GatewayProcess
-from store import Span
-from store.exports import ExportRollout
+from rollway.admin.adapters import merged_rows, triplets
+from rollway.admin.adapters.trainers import slime_samples, verl_rows
+from rollway.cli.main import main
+from rollway.mock import MockBackendProcess
+from rollway.process import GatewayProcess
+from rollway.store import Span
+from rollway.store.exports import ExportRollout
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TOKEN = "export-admin-token"
@@ -48,7 +48,7 @@ def demo_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayPr
     folder = tmp_path_factory.mktemp("demo")
     db = folder / "demo.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLWAY_")}
-    command = [sys.executable, "-c", "from gateway.cli import main; main()", "demo", "--db", str(db)]
+    command = [sys.executable, "-c", "from rollway.cli import main; main()", "demo", "--db", str(db)]
     done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     with GatewayProcess(f"sqlite:///{db}", admin_token=TOKEN) as process:

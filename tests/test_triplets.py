@@ -14,12 +14,12 @@ import orjson
 import pytest
 from fastapi import FastAPI
 
-from admin import triplets as admin_triplets
-from admin.adapters import dumps, merged_rows, triplets
-from gateway.app import create_app
-from gateway.settings import Settings
-from store import RolloutConfig, Span, Store, TaskSpec
-from store.exports import RawJson, read_attributes
+from rollway.admin import triplets as admin_triplets
+from rollway.admin.adapters import dumps, merged_rows, triplets
+from rollway.app.factory import create_app
+from rollway.settings import Settings
+from rollway.store import RolloutConfig, Span, Store, TaskSpec
+from rollway.store.exports import RawJson, read_attributes
 
 _ids = itertools.count(1)
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway.bounds import Sweeper
-from gateway.dataplane import DataPlane
+from rollway.gateway.bounds import Sweeper
+from rollway.gateway.dataplane import DataPlane
 
 
 async def test_a_wait_past_its_bound_is_a_timeout_and_the_task_goes_on() -> None:

@@ -2,8 +2,8 @@
 per-call triplets, ``merged`` chains them into multi-turn rows, ``trainers`` cuts SLIME samples and verl rows
 from those."""
 
-from admin.adapters.merged import MergedRow, merged_rows
-from admin.adapters.triplets import (
+from rollway.admin.adapters.merged import MergedRow, merged_rows
+from rollway.admin.adapters.triplets import (
     LlmCall,
     SpanLike,
     Triplet,

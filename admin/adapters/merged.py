@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from admin.adapters.triplets import LlmCall, SpanLike, llm_calls, match_rewards
-from store.exports import RawJson
+from rollway.admin.adapters.triplets import LlmCall, SpanLike, llm_calls, match_rewards
+from rollway.store.exports import RawJson
 
 
 class MergedRow(TypedDict):

@@ -44,10 +44,10 @@ from typing import Any
 
 import orjson
 
-from admin.adapters import merged
-from admin.adapters.merged import MergedRow
-from admin.adapters.triplets import LlmCall, finish_reason, request_prompt, response_choice, reward_value
-from store.exports import ExportRollout, RawJson
+from rollway.admin.adapters import merged
+from rollway.admin.adapters.merged import MergedRow
+from rollway.admin.adapters.triplets import LlmCall, finish_reason, request_prompt, response_choice, reward_value
+from rollway.store.exports import ExportRollout, RawJson
 
 
 def _list(value: RawJson | None) -> list[Any] | None:

@@ -47,8 +47,8 @@ from typing import Any, Protocol, TypedDict
 
 import orjson
 
-from store.exports import RawJson
-from store.exports import reward_value as stored_reward_value
+from rollway.store.exports import RawJson
+from rollway.store.exports import reward_value as stored_reward_value
 
 CALL_OPERATIONS = frozenset({"chat", "text_completion"})
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlmodel import SQLModel
 
-import store.models  # noqa: F401  (registers the tables)
+import rollway.store.models  # noqa: F401  (registers the tables)
 
 connection = context.config.attributes["connection"]
 context.configure(

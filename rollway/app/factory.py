@@ -1,0 +1,185 @@
+"""``create_app(settings)``: the one FastAPI application (data plane, and the control plane as it lands).
+
+The lifespan owns everything long-lived: the store (its writer and watchdog). Nothing is created at import.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, MutableMapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from rollway.admin.api import build_router as admin_router
+from rollway.admin.context import AdminContext
+from rollway.agl.access import PathToken
+from rollway.agl.routes import build_router as agl_router
+from rollway.agl.routes import build_traces_router
+from rollway.app import probes
+from rollway.app.guards import BodyLimit, LoopbackOnly
+from rollway.app.replicas import ReplicaReporter, new_replica
+from rollway.app.state import AppState
+from rollway.gateway import errors
+from rollway.gateway.attribution import KeyCache
+from rollway.gateway.dataplane import PATH, DataPlane
+from rollway.gateway.metrics import Metrics
+from rollway.gateway.proxy import Gateway
+from rollway.gateway.registry import ModelRegistry
+from rollway.gateway.routing import Router
+from rollway.osmosis import agents as osmosis_agents
+from rollway.osmosis import callbacks as osmosis
+from rollway.osmosis.dispatcher import Dispatcher
+from rollway.settings import Settings
+from rollway.store import ConflictError, NotFoundError, Store, StoreValidationError, UnavailableError
+
+if TYPE_CHECKING:
+    from rollway.gateway.otlp_export import SpanExporter
+
+log = logging.getLogger("rollway.gateway")
+#: How long the lifespan's shutdown waits for the calls the server cancelled to write their spans.
+CALLS_END_GRACE = 5.0
+
+
+class _RollwayApp(FastAPI):
+    """FastAPI with the data plane (``DataPlane``) in front of its whole middleware stack: LLM calls do not pass
+    through the framework's error, telemetry and body-limit layers (the data plane has its own), the rest of
+    the API does."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return LoopbackOnly(DataPlane(super().build_middleware_stack()))  # LoopbackOnly: without an admin token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # A data-plane call goes straight to the stack (whose front is the data plane): FastAPI's own
+        # ``__call__`` asks OpenTelemetry for its providers on every request, which the data plane (with its own
+        # spans) does not need. Everything else, and the first request (the stack is built lazily), takes the
+        # framework's way in.
+        stack = self.middleware_stack
+        if stack is not None and scope["type"] == "http" and PATH.match(scope["path"]):
+            if self.root_path:
+                scope["root_path"] = self.root_path
+            scope["app"] = self
+            await stack(scope, receive, send)
+            return
+        if scope["type"] == "lifespan":
+            send = self._startup_failure_in_words(send)
+        await super().__call__(scope, receive, send)
+
+    #: Why the lifespan could not start, when it is something the user can fix (``create_app``'s lifespan).
+    startup_error: str | None = None
+
+    def _startup_failure_in_words(self, send: Send) -> Send:
+        """The server's start failing on a store that cannot be opened (a SQLite file in a directory that does
+        not exist, PostgreSQL unreachable) is reported as that one sentence: Starlette would hand uvicorn the
+        traceback to log, 80 lines of SQLAlchemy around it."""
+
+        async def send_in_words(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "lifespan.startup.failed" and self.startup_error is not None:
+                message = {**message, "message": f"rollway: {self.startup_error}"}
+            await send(message)
+
+        return send_in_words
+
+
+def create_app(settings: Settings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: _RollwayApp) -> AsyncIterator[None]:
+        try:
+            store = await Store.open(
+                settings.database_url,
+                sqlite_synchronous=settings.sqlite_synchronous,
+                watchdog_interval=settings.watchdog_interval,
+            )
+        except (UnavailableError, StoreValidationError) as exc:
+            app.startup_error = exc.message
+            raise
+        await seed_models(store, settings)
+        replica = new_replica()
+        registry = ModelRegistry(store, replica_id=replica.replica_id)
+        router = Router()
+        metrics = Metrics()
+        metrics.attach(store, router)
+        exporter: SpanExporter | None = None
+        if settings.otlp_export_endpoint:
+            from rollway.gateway.otlp_export import SpanExporter  # protobuf only when exporting
+
+            exporter = SpanExporter(
+                settings.otlp_export_endpoint,
+                metrics,
+                queue_size=settings.otlp_export_queue,
+                batch_size=settings.otlp_export_batch,
+                interval=settings.otlp_export_interval,
+                timeout=settings.otlp_export_timeout,
+            )
+            await exporter.start()
+        gateway = Gateway(settings, store, registry, router, metrics, exporter)
+        await gateway.start()
+        keys = KeyCache(store)
+        registry.listen(keys.forget)  # the catalog changed (a key revoked through another replica, maybe)
+        registry.listen(metrics.catalog_changes.inc)
+        dispatcher = Dispatcher(settings, store)
+        await dispatcher.start()
+        reporter = ReplicaReporter(store, registry, replica)
+        await reporter.start()
+        app.state.rollway = AppState(
+            settings=settings,
+            store=store,
+            registry=registry,
+            router=router,
+            gateway=gateway,
+            keys=keys,
+            metrics=metrics,
+            dispatcher=dispatcher,
+            reporter=reporter,
+        )
+        app.state.admin = AdminContext(
+            store=store, models=registry, keys=keys, admin_token=settings.admin_token, public_url=settings.public_url
+        )
+        try:
+            yield
+        finally:
+            # Calls still running were cancelled by the server's shutdown: their spans are written first.
+            if not await gateway.running.ended(CALLS_END_GRACE):
+                log.warning("calls still running at shutdown after %s s: their spans may be lost", CALLS_END_GRACE)
+            await reporter.close()  # logs, never raises
+            await dispatcher.close()
+            await gateway.close()
+            if exporter is not None:
+                await exporter.close()
+            await store.close()
+            metrics.close()
+
+    app = _RollwayApp(title="Rollway", version=_version(), lifespan=lifespan)
+    errors.install(app)
+    app.include_router(admin_router(extra=[osmosis_agents.router]))
+    app.include_router(probes.build_router())
+    app.include_router(agl_router())
+    app.include_router(build_traces_router())
+    app.include_router(osmosis.router)
+    app.add_middleware(BodyLimit)  # the data plane has its own
+    app.add_middleware(PathToken)  # /t/<admin token>/v1/agl/... and /t/<admin token>/v1/traces
+    return app
+
+
+async def seed_models(store: Store, settings: Settings) -> None:
+    """Create the configuration's model aliases the store does not have (a restart changes no live alias)."""
+    for alias, seed in settings.models.items():
+        try:
+            await store.get_model(alias)
+        except NotFoundError:
+            try:
+                await store.put_model(alias, seed.backends, version=seed.version, sampling=seed.sampling)
+            except ConflictError:  # another replica starting at the same moment created it
+                continue
+            log.info("model alias %s created from the configuration", alias)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rollway")
+    except PackageNotFoundError:
+        return "0+unknown"

@@ -1,0 +1,75 @@
+"""Operational endpoints: ``/healthz`` (alive), ``/readyz`` (store reachable, backends up/down) and
+``/metrics`` (Prometheus text format; open, or behind ``metrics_token`` when one is set)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from rollway.gateway import errors
+from rollway.gateway.metrics import CONTENT_TYPE
+
+if TYPE_CHECKING:
+    from rollway.app.state import AppState
+
+READY_TIMEOUT = 2.0
+
+
+def build_router() -> APIRouter:
+    router = APIRouter(tags=["health"])
+
+    @router.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """The process is alive."""
+        return {"status": "ok"}
+
+    @router.get("/readyz", response_model=None)
+    async def readyz(request: Request) -> Any:
+        """The store answers (503 if not, within 2 s); which backends this process routes to (up) or has
+        ejected after failures (down). Readiness depends on the store only: a down backend is reported."""
+        state = _state(request)
+        try:
+            async with asyncio.timeout(READY_TIMEOUT):
+                await state.store.ping()
+                models = await state.store.list_models()
+        except Exception as exc:
+            return JSONResponse(
+                errors.envelope(f"store unreachable: {type(exc).__name__}", "service_unavailable"),
+                status_code=503,
+            )
+        backends = {
+            b.backend_id: "up" if state.router.is_up(b.backend_id) else "down" for m in models for b in m.backends
+        }
+        return {"status": "ready", "store": "ok", "backends": backends}
+
+    @router.get("/metrics", response_model=None)
+    async def metrics(request: Request) -> Any:
+        """Prometheus metrics (see docs/observability.md)."""
+        state = _state(request)
+        expected = state.settings.metrics_token
+        if expected is not None and not _bearer_matches(request, expected.get_secret_value()):
+            return JSONResponse(
+                errors.envelope("/metrics needs Authorization: Bearer <metrics token>", "authentication_error"),
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        await state.metrics.refresh(state.store)
+        return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
+
+    return router
+
+
+def _state(request: Request) -> AppState:
+    state: AppState = request.app.state.rollway
+    return state
+
+
+def _bearer_matches(request: Request, expected: str) -> bool:
+    value = request.headers.get("authorization", "")
+    if value[:7].lower() != "bearer ":
+        return False
+    return hmac.compare_digest(value[7:].strip().encode(), expected.encode())

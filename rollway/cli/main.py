@@ -1,0 +1,395 @@
+"""The ``rollway`` command line."""
+
+from __future__ import annotations
+
+import errno
+import json
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import click
+from pydantic import ValidationError
+
+from rollway.cli.admin import JSON_OPTION, admin_command
+from rollway.cli.models import models
+from rollway.settings import Settings, error_summary, settings_help
+
+if TYPE_CHECKING:
+    from rollway.cli.commands import Connection
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+ROLLOUT_STATUSES = click.Choice(["queuing", "preparing", "running", "succeeded", "failed", "requeuing", "cancelled"])
+
+
+def tune_gc() -> None:
+    """Collect less often: a server allocates many short-lived containers (JSON bodies, token id lists) and
+    the default thresholds make the cyclic collector walk the live heap every few hundred allocations.
+    Objects alive at start-up (modules, the app) are frozen out of collections altogether."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 50)
+
+
+@click.group(epilog=settings_help())
+@click.version_option(package_name="rollway", prog_name="rollway")
+@click.option(
+    "--url",
+    envvar="ROLLWAY_URL",
+    default=DEFAULT_URL,
+    show_default=True,
+    help="Gateway URL for admin commands [env: ROLLWAY_URL].",
+)
+@click.option("--token", envvar="ROLLWAY_ADMIN_TOKEN", default=None, help="Admin token [env: ROLLWAY_ADMIN_TOKEN].")
+def main(url: str, token: str | None) -> None:
+    """Rollway: an OpenAI-compatible LLM gateway for agent RL, with an embedded rollout store."""
+
+
+@main.command(epilog=settings_help())
+@click.option("--host", default=None, help="Address to listen on [default: 127.0.0.1].")
+@click.option("--port", type=int, default=None, help="Port to listen on [default: 8080].")
+@click.option("--db", "database_url", default=None, help="Database URL or SQLite file [default: ./rollway.db].")
+@click.option("--config", "config_file", default=None, help="YAML file with settings.")
+def serve(host: str | None, port: int | None, database_url: str | None, config_file: str | None) -> None:
+    """Start the gateway and the store on one port."""
+    overrides: dict[str, Any] = {
+        k: v
+        for k, v in {"host": host, "port": port, "database_url": database_url, "config_file": config_file}.items()
+        if v is not None
+    }
+    try:
+        settings = Settings(**overrides)
+        settings.check_exposure()
+    except ValidationError as exc:
+        click.echo(f"rollway: invalid settings: {error_summary(exc)}", err=True)
+        sys.exit(2)
+    except ValueError as exc:
+        click.echo(f"rollway: {exc}", err=True)
+        sys.exit(2)
+    taken = port_in_use(settings.host, settings.port)
+    if taken is not None:
+        click.echo(f"rollway: {taken}", err=True)
+        sys.exit(2)
+
+    import uvicorn
+
+    from rollway.app.factory import create_app
+    from rollway.logs import log_config
+
+    tune_gc()
+
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        log_config=log_config(settings.log_format, settings.log_level),
+        loop="uvloop",
+        http="httptools",
+        timeout_graceful_shutdown=settings.shutdown_timeout,  # then calls in flight are ended (dataplane)
+    )
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, or None. Asked before the store is opened: uvicorn finds out
+    only after start-up, when a second ``rollway serve`` has already opened (and migrated) the database of the
+    first, and says so among its log lines. Bound as uvicorn binds (``SO_REUSEADDR``), so a port in TIME_WAIT
+    is free."""
+    if port == 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            busy = exc.errno == errno.EADDRINUSE
+            return f"cannot listen on {host}:{port}: " + (
+                "the port is in use (another rollway serve?): stop that server or give another --port"
+                if busy
+                else exc.strerror or str(exc)
+            )
+    return None
+
+
+def parent_exists(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A file to write must be in a directory that exists: checked before any work (an export, a whole demo)
+    is done, rather than failing with a traceback when the result is written."""
+    if value is not None and value != "-":
+        folder = Path(value).expanduser().parent
+        if not folder.is_dir():
+            raise click.BadParameter(f"the directory {folder} does not exist", ctx=ctx, param=param)
+    return value
+
+
+@main.command("mock-backend")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8001, show_default=True, help="Port to listen on (0: any free port).")
+@click.option("--latency-ms", type=float, default=0.0, show_default=True, help="Wait before answering.")
+@click.option("--ttft-ms", type=float, default=0.0, show_default=True, help="Time to the first token.")
+@click.option("--token-delay-ms", type=float, default=0.0, show_default=True, help="Time between tokens.")
+@click.option("--model", "models", multiple=True, help="A model name to serve (repeatable) [default: mock-model].")
+@click.option("--strict-models", is_flag=True, help="Answer 404 for models not listed.")
+@click.option("--access-log/--no-access-log", default=False, show_default=True, help="Log every request.")
+@click.option("--log-level", default="info", show_default=True, help="uvicorn's log level.")
+def mock_backend(
+    host: str,
+    port: int,
+    latency_ms: float,
+    ttft_ms: float,
+    token_delay_ms: float,
+    models: tuple[str, ...],
+    strict_models: bool,
+    access_log: bool,
+    log_level: str,
+) -> None:
+    """Run a mock inference backend (vLLM-like, deterministic, no GPU); script faults over HTTP at /mock/*."""
+    from rollway.mock import MockConfig, serve
+
+    config = MockConfig(
+        models=models or ("mock-model",),
+        strict_models=strict_models,
+        latency_ms=latency_ms,
+        ttft_ms=ttft_ms,
+        token_delay_ms=token_delay_ms,
+    )
+    serve(config, host=host, port=port, log_level=log_level, access_log=access_log)
+
+
+# -- admin commands (implementations in gateway/commands.py, imported when a command runs) -------------------
+
+
+@main.group()
+def tasks() -> None:
+    """Enqueue tasks."""
+
+
+@admin_command(tasks, "enqueue")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option(
+    "--group-size",
+    type=click.IntRange(1, 4096),
+    default=None,
+    help="Rollouts per task (a GRPO group); for lines sharing a group_id, the size of that group.",
+)
+@click.option("--mode", type=click.Choice(["train", "val", "test"]), default=None, help="Mode of every task.")
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=1000, show_default=True, help="Tasks per call.")
+@JSON_OPTION
+def tasks_enqueue(
+    connection: Connection, file: str, group_size: int | None, mode: str | None, batch_size: int, as_json: bool
+) -> None:
+    """Enqueue the tasks of a JSON Lines FILE ('-': stdin): one per line, either a task object with "input"
+    (and optionally mode, group_id, group_size, config, metadata, priority, ...) or a bare input.
+
+    A line with a group_size (its own, or --group-size) is a task of that many rollouts, in a new group or the
+    group_id it names. Lines that share a group_id and a group_size are instead the members of that group, one
+    rollout each, and the group_size is the group's size: it is complete (exported) once that many members
+    finished, those of the file and any that join it later (direct starts, other files). They are sent in one
+    request; more lines than the size, or different sizes, are refused before anything is sent. Lines sharing a
+    group_id with no size join the group, which is as large as its members."""
+    from rollway.cli.commands import enqueue
+
+    enqueue(connection, file, group_size, mode, batch_size, as_json)
+
+
+@main.group()
+def rollouts() -> None:
+    """Inspect rollouts."""
+
+
+@admin_command(rollouts, "list")
+@click.option("--status", "statuses", multiple=True, type=ROLLOUT_STATUSES, help="Only these statuses (repeatable).")
+@click.option("--mode", default=None, help="Only this mode.")
+@click.option("--group-id", default=None, help="Only this group.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="Rollouts per page.")
+@click.option("--cursor", default=None, help="Continue after a previous page.")
+@JSON_OPTION
+def rollouts_list(
+    connection: Connection,
+    statuses: tuple[str, ...],
+    mode: str | None,
+    group_id: str | None,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+) -> None:
+    """List rollouts, oldest first."""
+    from rollway.cli.commands import list_rollouts
+
+    list_rollouts(connection, statuses, mode, group_id, limit, cursor, as_json)
+
+
+main.add_command(models)
+
+
+@main.group()
+def triplets() -> None:
+    """Export training data."""
+
+
+@admin_command(triplets, "export")
+@click.argument("out", type=click.Path(dir_okay=False, allow_dash=True), callback=parent_exists)
+@click.option("--merge", is_flag=True, help="One multi-turn row per rollout segment (token_ids + loss_mask).")
+@click.option("--rollout-id", "rollout_id", multiple=True, help="Only this rollout (repeatable).")
+@click.option("--group-id", default=None, help="Only this group.")
+@click.option("--since", default=None, help="Only what finished after this cursor.")
+@click.option("--partial", is_flag=True, help="Also incomplete groups.")
+@click.option("--page-size", type=click.IntRange(1, 10_000), default=500, show_default=True, help="Rollouts per call.")
+@click.option("--stream", "jsonl", is_flag=True, help="Fetch pages as streamed JSON Lines.")
+def triplets_export(connection: Connection, out: str, rollout_id: tuple[str, ...], **query: Any) -> None:
+    """Write triplets (per LLM call, with token ids, logprobs and rewards) as JSON Lines to OUT ('-': stdout)."""
+    from rollway.cli.commands import triplets_export as export
+
+    export(connection, out, rollout_id=list(rollout_id) or None, **query)
+
+
+@main.group()
+def export() -> None:
+    """Export training data for a trainer (SLIME samples, verl rows)."""
+
+
+def _trainer_export(kind: Literal["slime", "verl"], what: str) -> None:
+    def command(connection: Connection, out: str, rollout_id: tuple[str, ...], **query: Any) -> None:
+        from rollway.cli.commands import trainer_export
+
+        trainer_export(connection, kind, out, rollout_id=list(rollout_id) or None, **query)
+
+    command.__doc__ = f"Write {what} of finished rollouts (whole groups) as JSON Lines to OUT ('-': stdout)."
+    options = [
+        click.argument("out", type=click.Path(dir_okay=False, allow_dash=True), callback=parent_exists),
+        click.option("--rollout-id", "rollout_id", multiple=True, help="Only this rollout (repeatable)."),
+        click.option("--group-id", default=None, help="Only this group."),
+        click.option("--since", default=None, help="Only what finished after this cursor."),
+        click.option("--partial", is_flag=True, help="Also incomplete groups."),
+        click.option(
+            "--page-size", type=click.IntRange(1, 10_000), default=500, show_default=True, help="Rollouts/call."
+        ),
+        click.option("--stream", "jsonl", is_flag=True, help="Fetch pages as streamed JSON Lines."),
+    ]
+    decorated: Callable[..., None] = command
+    for option in reversed(options):
+        decorated = option(decorated)
+    admin_command(export, kind)(decorated)
+
+
+_trainer_export("slime", "SLIME Sample records (tokens, response_length, loss_mask, reward, log probs)")
+_trainer_export("verl", "verl-style rows (prompt/response ids, response mask, token-level scores)")
+
+
+@main.group()
+def agents() -> None:
+    """Register remote agent servers (Osmosis protocol)."""
+
+
+@admin_command(agents, "put")
+@click.argument("name")
+@click.argument("server_url", metavar="URL")
+@click.option("--api-key", default=None, help="Sent to the server as Authorization: Bearer (stored, never shown).")
+@click.option("--max-concurrent", type=click.IntRange(1, 100_000), default=None, help="Rollouts at once.")
+@click.option("--param", "params", multiple=True, help="A completion parameter KEY=VALUE (JSON value), repeatable.")
+@JSON_OPTION
+def agents_put(
+    connection: Connection,
+    name: str,
+    server_url: str,
+    api_key: str | None,
+    max_concurrent: int | None,
+    params: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Register (or replace) remote agent server NAME at URL (it serves /v1/rollout/init); tasks enqueued
+    with agent: NAME are dispatched to it."""
+    from rollway.cli.commands import agents_put as put
+
+    completion: dict[str, Any] = {}
+    for item in params:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"'{item}' is not KEY=VALUE", param_hint="--param")
+        try:
+            completion[key] = json.loads(value)
+        except json.JSONDecodeError:
+            completion[key] = value
+    put(
+        connection,
+        name,
+        as_json,
+        url=server_url,
+        api_key=api_key,
+        max_concurrent=max_concurrent,
+        completion_params=completion or None,
+    )
+
+
+@admin_command(agents, "list")
+@JSON_OPTION
+def agents_list(connection: Connection, as_json: bool) -> None:
+    """List the registered agent servers (never their api keys)."""
+    from rollway.cli.commands import agents_list as show
+
+    show(connection, as_json)
+
+
+@admin_command(agents, "delete")
+@click.argument("name")
+def agents_delete(connection: Connection, name: str) -> None:
+    """Unregister agent server NAME (its queued tasks wait for a server of that name)."""
+    from rollway.cli.commands import agents_delete as delete
+
+    delete(connection, name)
+
+
+@main.group()
+def keys() -> None:
+    """Mint and revoke API keys."""
+
+
+@admin_command(keys, "mint")
+@click.option("--scope", type=click.Choice(["gateway", "admin"]), default="gateway", show_default=True)
+@click.option("--name", default=None, help="A label for the key.")
+@click.option("--expires-in", type=float, default=None, help="Seconds until the key expires.")
+@JSON_OPTION
+def keys_mint(connection: Connection, scope: str, name: str | None, expires_in: float | None, as_json: bool) -> None:
+    """Mint a key; it is printed once."""
+    from rollway.cli.commands import mint_key
+
+    mint_key(connection, "admin" if scope == "admin" else "gateway", name, expires_in, as_json)
+
+
+@admin_command(keys, "revoke")
+@click.argument("key_id")
+def keys_revoke(connection: Connection, key_id: str) -> None:
+    """Revoke a key by its id."""
+    from rollway.cli.commands import revoke_key
+
+    revoke_key(connection, key_id)
+
+
+@main.command()
+@click.option(
+    "--out", type=click.Path(dir_okay=False), default="demo-triplets.jsonl", show_default=True, callback=parent_exists
+)
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False),
+    default=None,
+    callback=parent_exists,
+    help="SQLite file [default: a temporary one].",
+)
+@click.option("--problems", type=click.IntRange(1, 1000), default=8, show_default=True, help="Math problems.")
+@click.option("--group-size", type=click.IntRange(1, 64), default=4, show_default=True, help="Rollouts per problem.")
+@click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Runner workers.")
+def demo(out: str, db: str | None, problems: int, group_size: int, workers: int) -> None:
+    """Run the whole loop on this machine, no GPU: a mock backend, a gateway, runners with a toy math agent,
+    rewards, and the triplets written to OUT."""
+    from rollway.cli.demo import DemoOptions, run_demo
+
+    options = DemoOptions(
+        out=Path(out), db=None if db is None else Path(db), problems=problems, group_size=group_size, workers=workers
+    )
+    sys.exit(run_demo(options))

@@ -1,0 +1,21 @@
+"""A mock inference backend that behaves like vLLM's OpenAI-compatible server (for tests, demos, benchmarks).
+
+``create_mock_app(MockConfig(...))`` is the Starlette app; ``MockBackendProcess`` runs ``rollway mock-backend`` in
+a subprocess and ``run_in_thread`` serves the app in this process; both expose ``base_url`` (ending in ``/v1``).
+"""
+
+from rollway.mock.app import MockState, create_mock_app
+from rollway.mock.config import MockConfig
+from rollway.mock.faults import FaultRule
+from rollway.mock.server import MockBackendProcess, MockServer, run_in_thread, serve
+
+__all__ = [
+    "FaultRule",
+    "MockBackendProcess",
+    "MockConfig",
+    "MockServer",
+    "MockState",
+    "create_mock_app",
+    "run_in_thread",
+    "serve",
+]

@@ -1,0 +1,243 @@
+"""The remote-agent dispatcher (Rollway as Osmosis's TrainGate, PRODUCT.md §6), owned by the app's lifespan.
+
+It claims the tasks enqueued with ``agent: <name>`` for each registered agent server, within the server's
+``max_concurrent`` (``store.agents.claim`` counts its live rollouts in the database, so several gateway
+processes on one database share the limit), mints a rollout-scoped key for the new attempt and sends
+``POST {url}/v1/rollout/init``::
+
+    {rollout_id, server_url, messages, completion_params, metadata, api_key, idempotency_key}
+
+``server_url`` is Rollway's base URL (``ROLLWAY_PUBLIC_URL``, else ``http://host:port``): the agent calls
+``{server_url}/v1/chat/completions`` and ends with ``POST {server_url}/v1/rollout/completed``
+(``gateway.osmosis``). ``api_key`` is the attempt's ``rk-`` key; ``idempotency_key`` is the attempt id, the same
+on every try of one init. A 200/202 answer's ``tools`` are kept in the attempt's metadata (``dispatch``).
+Connection errors, timeouts, 429 and 5xx are retried with backoff (``ROLLWAY_AGENT_INIT_RETRIES``); a 4xx or
+the last failure fails the attempt, and the rollout's retry config decides what happens next. A server that
+accepts and never calls back is the watchdog's: the attempt times out (``timeout_seconds``), the rollout is
+requeued per its config, and this loop dispatches it again as a new attempt. An init lost with the process
+sending it (a crash or restart between the claim and the recorded answer) is sent again, with the same
+``idempotency_key``, by whichever process looks next (``resend_lost``): else its rollout would wait for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+
+from rollway.gateway.upstream import backoff, wait
+from rollway.settings import Settings
+from rollway.store import AgentServer, AttemptedRollout, ConflictError, NotFoundError, Store, StoreError
+from rollway.store.signals import Signal
+
+log = logging.getLogger("rollway.dispatcher")
+
+#: Tasks claimed for one server per look when it sets no concurrency limit.
+CLAIM_BATCH = 64
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+def messages_of(task_input: Any) -> list[Any]:
+    """The chat messages a task's ``input`` stands for: its ``messages``, or its ``prompt``/``question`` (or
+    the input itself, when a string) as one user message."""
+    if isinstance(task_input, list):
+        return task_input
+    if isinstance(task_input, str):
+        return [{"role": "user", "content": task_input}]
+    if isinstance(task_input, dict):
+        if isinstance(task_input.get("messages"), list):
+            return list(task_input["messages"])
+        for key in ("prompt", "question"):
+            if isinstance(task_input.get(key), str):
+                return [{"role": "user", "content": task_input[key]}]
+    return [{"role": "user", "content": orjson.dumps(task_input).decode()}]
+
+
+def completion_params(server: AgentServer, task_input: Any) -> dict[str, Any]:
+    """The server's default sampling parameters, overridden by the task's ``input.completion_params``."""
+    params = dict(server.completion_params or {})
+    if isinstance(task_input, dict) and isinstance(task_input.get("completion_params"), dict):
+        params.update(task_input["completion_params"])
+    return params
+
+
+class InitFailed(Exception):
+    """The agent server did not accept the rollout."""
+
+
+class Dispatcher:
+    def __init__(self, settings: Settings, store: Store) -> None:
+        self.settings = settings
+        self.store = store
+        self._session: aiohttp.ClientSession | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._inits: set[asyncio.Task[None]] = set()
+        self._sending: set[str] = set()  # attempt ids whose init this process is sending
+        self._next_resend = 0.0  # monotonic time of the next look for lost inits
+
+    @property
+    def server_url(self) -> str:
+        if self.settings.public_url:
+            return self.settings.public_url.rstrip("/")
+        host = self.settings.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.settings.port}"
+
+    async def start(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.settings.agent_init_timeout, sock_connect=5.0)
+        self._session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
+        self._loop_task = asyncio.create_task(self._run(), name="rollway-dispatcher")
+
+    async def close(self) -> None:
+        tasks = [t for t in (self._loop_task, *self._inits) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._loop_task = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _run(self) -> None:
+        while True:
+            generation = self.store.queued.generation()
+            full, servers = False, 0
+            try:
+                full, servers = await self.dispatch_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("remote-agent dispatch failed")
+            if full:  # a server took a whole batch: more may be waiting, look again at once
+                continue
+            if servers:  # woken by every enqueue, so a remote agent's task is dispatched at once
+                await Signal.wait(generation, self.settings.agent_poll_interval)
+            else:  # no server registered: an enqueue is a runner's task, only look again after the interval
+                await asyncio.sleep(self.settings.agent_poll_interval)
+
+    async def dispatch_once(self) -> tuple[bool, int]:
+        """Claim what every registered server has room for and start its inits. Returns whether a server
+        without a concurrency limit took a whole batch (so more tasks may be queued) and how many servers
+        are registered."""
+        full = False
+        servers = await self.store.list_agents()
+        for server in servers:
+            limit = server.max_concurrent or CLAIM_BATCH
+            try:
+                batch = await self.store.claim_for_agent(server.name, limit)
+            except NotFoundError:  # unregistered meanwhile
+                continue
+            full = full or (server.max_concurrent is None and len(batch) == limit)
+            for attempted in batch:
+                self._start(server, attempted)
+        if servers and time.monotonic() >= self._next_resend:
+            self._next_resend = time.monotonic() + self.settings.agent_init_timeout
+            await self.resend_lost(servers)
+        return full, len(servers)
+
+    @property
+    def init_window(self) -> float:
+        """The longest one init (all its tries and waits) may take: an attempt older than this with no init
+        outcome recorded was not being sent by any live process."""
+        retries = self.settings.agent_init_retries
+        waits = sum(max(self.settings.retry_max_wait, 0.05 * 2.0 ** (t - 1)) for t in range(1, retries + 1))
+        return float(self.settings.agent_init_timeout * (retries + 1) + waits + 1.0)
+
+    async def resend_lost(self, servers: list[AgentServer]) -> None:
+        """Send again the inits lost with the process that was sending them (``store.agents.undispatched``)."""
+        started_before = self.store.clock() - self.init_window
+        for server in servers:
+            for attempted in await self.store.undispatched_attempts(server.name, started_before):
+                if attempted.attempt.attempt_id not in self._sending:
+                    log.warning(
+                        "init of rollout %s to '%s' was lost: sending it again",
+                        attempted.rollout.rollout_id,
+                        server.name,
+                    )
+                    self._start(server, attempted)
+
+    def _start(self, server: AgentServer, attempted: AttemptedRollout) -> None:
+        self._sending.add(attempted.attempt.attempt_id)
+        task = asyncio.create_task(self._dispatch(server, attempted), name="rollway-agent-init")
+        self._inits.add(task)
+        task.add_done_callback(self._inits.discard)
+        task.add_done_callback(lambda _: self._sending.discard(attempted.attempt.attempt_id))
+
+    async def _dispatch(self, server: AgentServer, attempted: AttemptedRollout) -> None:
+        rollout_id, attempt_id = attempted.rollout.rollout_id, attempted.attempt.attempt_id
+        try:
+            _, key = await self.store.mint_key("rollout", rollout_id=rollout_id, attempt_id=attempt_id)
+            payload = {
+                "rollout_id": rollout_id,
+                "server_url": self.server_url,
+                "messages": messages_of(attempted.rollout.input),
+                "completion_params": completion_params(server, attempted.rollout.input),
+                "metadata": attempted.rollout.metadata or {},
+                "api_key": key,
+                "idempotency_key": attempt_id,
+            }
+            tools, tries = await self._init(server, payload)
+            await self.store.record_dispatch(
+                rollout_id, attempt_id, {"agent": server.name, "tools": tools, "init_tries": tries}
+            )
+        except InitFailed as exc:
+            log.warning("agent server '%s' refused rollout %s: %s", server.name, rollout_id, exc)
+            await self._fail(rollout_id, attempt_id, {"agent": server.name, "error": str(exc)})
+        except StoreError:
+            log.exception("dispatch of rollout %s to agent server '%s' failed", rollout_id, server.name)
+
+    async def _fail(self, rollout_id: str, attempt_id: str, info: dict[str, Any]) -> None:
+        try:
+            await self.store.record_dispatch(rollout_id, attempt_id, info)
+            await self.store.update_attempt(rollout_id, attempt_id, status="failed")
+        except (ConflictError, NotFoundError):
+            pass  # the attempt ended otherwise meanwhile (timed out, cancelled): nothing to fail
+
+    async def _init(self, server: AgentServer, payload: dict[str, Any]) -> tuple[list[Any], int]:
+        """POST the init, retrying what may pass on a second try: (the tools it answered, tries used)."""
+        assert self._session is not None, "dispatcher not started"
+        headers = {"Content-Type": "application/json"}
+        if server.api_key is not None:
+            headers["Authorization"] = f"Bearer {server.api_key.get_secret_value()}"
+        body = orjson.dumps(payload)
+        url = f"{server.url}/v1/rollout/init"
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                async with self._session.post(url, data=body, headers=headers) as response:
+                    raw = await response.read()
+                    status = response.status
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                problem = f"no answer from {url}: {type(exc).__name__}"
+            else:
+                if status in (200, 201, 202):
+                    return _tools(raw), tries
+                said = raw.decode(errors="replace").replace(str(payload["api_key"]), "rk-***")  # never echo a key
+                if server.api_key is not None and server.api_key.get_secret_value():  # plain text: mask any
+                    said = said.replace(server.api_key.get_secret_value(), "***")
+                problem = f"{url} answered {status}: {said[:300]}"
+                if status not in RETRY_STATUSES:
+                    raise InitFailed(problem)
+            if tries > self.settings.agent_init_retries:
+                raise InitFailed(f"{problem} (after {tries} tries)")
+            await wait(max(backoff(tries, self.settings.retry_max_wait), 0.05 * 2 ** (tries - 1)))
+
+
+def _tools(raw: bytes) -> list[Any]:
+    try:
+        answer = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError:
+        return []
+    tools = answer.get("tools") if isinstance(answer, dict) else None
+    return tools if isinstance(tools, list) else []
