@@ -1,7 +1,7 @@
 """What the admin routes need from the running server, as a small typed object on the app state.
 
-``admin/`` does not import ``gateway/``: the app (``gateway/app.py``) builds an ``AdminContext`` and hands in
-the gateway's alias registry through the ``ModelControl`` protocol.
+``rollway.admin`` does not import ``rollway.gateway``: the composition root (``rollway/app/factory.py``) builds an
+``AdminContext`` and hands in the gateway's alias registry through the ``ModelControl`` protocol.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Request bodies and response shapes of the admin API (PRODUCT.md §4a). Store objects are reused as they
-are, except where a secret must not leave: backends are shown without their ``api_key``."""
+"""Request bodies and response shapes of the admin API (``/admin/v1``; the server's ``/openapi.json`` lists them
+all). Store objects are reused as they are, except where a secret must not leave: backends are shown without
+their ``api_key``."""
 
 from __future__ import annotations
 

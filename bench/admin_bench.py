@@ -6,7 +6,7 @@ Run from the repository root::
     python bench/admin_bench.py --quick         # 1,000 rollouts, a fast smoke check
     python bench/admin_bench.py --rollouts 20000 --repeat 3
 
-The app is the real one (``gateway.app.create_app``, lifespan run, the server's GC tuning applied) on a
+The app is the real one (``rollway.app.factory.create_app``, lifespan run, the server's GC tuning applied) on a
 temporary SQLite file; requests go through ``httpx.ASGITransport`` (no sockets). The store is filled directly
 through the ``Store`` API, outside the clock: ``enqueue`` (groups of 4), ``claim``, ``add_spans`` with four
 LLM-call spans per rollout shaped like the gateway's records (a multi-turn conversation: the prompt grows

@@ -88,7 +88,7 @@ async def run(args: argparse.Namespace) -> None:
             )
         for index, tree in enumerate(trees):
             env = {"ROLLWAY_ACCESS_LOG": "false", "PYTHONPATH": tree, **SAFE}
-            _check(tree, _python("import gateway; print(gateway.__file__)", env))
+            _check(tree, _python("import rollway.gateway as g; print(g.__file__)", env))
             db = f"sqlite:///{scratch}/tree{index}.db"
             prefix = prepare(tree, db, mock.base_url)
             server = GatewayProcess(db, env=env).start()

@@ -1,5 +1,5 @@
 """A SLIME data source that trains on what Rollway collected: complete GRPO groups of finished rollouts as
-SLIME ``Sample`` lists, in the shape of Agent-lightning's ``AGLDataSource`` (seed 004).
+SLIME ``Sample`` lists, in the shape of Agent-lightning's ``AGLDataSource`` (its SLIME integration example).
 
 A background thread pulls ``GET /admin/v1/exports/slime`` (JSON Lines) with the export's ``since`` cursor —
 each page holds whole, complete groups only, every finished group exactly once — and puts each group on a

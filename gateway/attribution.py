@@ -1,4 +1,4 @@
-"""Which rollout a call belongs to. First match wins (PRODUCT.md §3):
+"""Which rollout a call belongs to. First match wins (docs/gateway.md):
 
 1. the path prefix ``/rollout/{rollout_id}[/attempt/{attempt_id}]/v1/...``;
 2. a rollout-scoped key ``Authorization: Bearer rk-...`` (minted with the claim);
@@ -18,19 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rollway.gateway.errors import AuthError
 from rollway.store import ApiKey, Store
 
 Via = Literal["path", "key", "header", "body", "none"]
 KEY_CACHE_TTL = 5.0
 KEY_CACHE_SIZE = 50_000
-
-
-class AuthError(Exception):
-    """The call's key is unknown, revoked or expired (401), or not allowed here (403)."""
-
-    def __init__(self, message: str, status: int = 401) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)

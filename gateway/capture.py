@@ -1,5 +1,5 @@
 """What the gateway asks the backend for beyond the client's request, what it strips from the answer, and
-the span it records for each call (attribute names pinned in PRODUCT.md §4a)."""
+the span it records for each call (its attributes are listed in docs/gateway.md)."""
 
 from __future__ import annotations
 

@@ -19,13 +19,12 @@ from urllib.parse import unquote
 import orjson
 
 from rollway import logs
-from rollway.gateway import capture
-from rollway.gateway.attribution import AuthError, KeyCache, attribute, check_key
+from rollway.gateway import capture, outcome
+from rollway.gateway.attribution import KeyCache, attribute, check_key
 from rollway.gateway.bounds import Bound
-from rollway.gateway.call import CallError, ClientStalled, envelope
+from rollway.gateway.errors import AuthError, CallError, ClientStalled, UnknownAlias
 from rollway.gateway.proxy import Gateway
-from rollway.gateway.registry import UnknownAlias
-from rollway.store import ConflictError, ModelAlias, NotFoundError, StoreError, StoreValidationError, UnavailableError
+from rollway.store import ModelAlias, NotFoundError, StoreError
 
 log = logging.getLogger("rollway.gateway")
 
@@ -41,12 +40,6 @@ PATH = re.compile(
 )
 #: How long a call ended by the server's shutdown waits for its client to take the news.
 SHUTDOWN_WRITE_TIMEOUT = 1.0
-STORE_STATUS = {
-    NotFoundError: (404, "not_found_error"),
-    ConflictError: (409, "conflict_error"),
-    StoreValidationError: (400, "invalid_request_error"),
-    UnavailableError: (503, "service_unavailable"),
-}
 
 
 class AsgiReply:
@@ -138,38 +131,38 @@ class DataPlane:
         try:  # before the body is read: a caller without a valid key costs no more than its headers
             key = await check_key(headers, keys, gateway.settings.gateway_auth == "keys")
         except AuthError as exc:
-            raise _refused(exc) from None
+            raise exc.refusal() from None
         except StoreError as exc:
-            raise _store_error(exc) from None
+            raise CallError.of_store(exc) from None
         if op_path == "models":
             if method != "GET":
-                raise envelope(405, "use GET for /v1/models", "invalid_request_error")
+                raise CallError.of(405, "use GET for /v1/models", "invalid_request_error")
             if match["model"] is None:
                 await self._models(gateway, reply, rid_header)
             else:
                 await self._model(gateway, unquote(match["model"]), reply, rid_header)
             return
         if method != "POST":
-            raise envelope(405, f"use POST for /v1/{op_path}", "invalid_request_error")
+            raise CallError.of(405, f"use POST for /v1/{op_path}", "invalid_request_error")
         if "json" not in headers.get("content-type", "").lower():  # media types ignore case (RFC 9110)
-            raise envelope(
+            raise CallError.of(
                 415, "the request body must be JSON (Content-Type: application/json)", "invalid_request_error"
             )
         if headers.get("content-encoding", "identity").lower() != "identity":
             message = f"Content-Encoding '{headers['content-encoding'][:40]}' is not supported: send the body as is"
-            raise envelope(415, message, "invalid_request_error")
+            raise CallError.of(415, message, "invalid_request_error")
         body = await _read_body(
             receive, headers, gateway.settings.max_body_bytes, gateway.settings.body_timeout, reply.bound
         )
         try:
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError:
-            raise envelope(400, "the request body is not valid JSON", "invalid_request_error") from None
+            raise CallError.of(400, "the request body is not valid JSON", "invalid_request_error") from None
         if not isinstance(parsed, dict):
-            raise envelope(400, "the request body must be a JSON object", "invalid_request_error")
+            raise CallError.of(400, "the request body must be a JSON object", "invalid_request_error")
         model = parsed.get("model")
         if not isinstance(model, str) or not model:
-            raise envelope(400, "you must provide a model parameter", "invalid_request_error", param="model")
+            raise CallError.of(400, "you must provide a model parameter", "invalid_request_error", param="model")
         rollout = unquote(match["rollout"]) if match["rollout"] else None
         attempt = unquote(match["attempt"]) if match["attempt"] else None
         try:
@@ -181,12 +174,10 @@ class DataPlane:
                 who,
                 capture.parse_traceparent(headers.get("traceparent"), headers.get("tracestate")),
             )
-        except AuthError as exc:
-            raise _refused(exc) from None
-        except UnknownAlias as exc:
-            raise envelope(404, str(exc), "not_found_error", "model_not_found") from None
+        except (AuthError, UnknownAlias) as exc:
+            raise exc.refusal() from None
         except StoreError as exc:
-            raise _store_error(exc) from None
+            raise CallError.of_store(exc) from None
         record = prepared.record
         reply.deadline = record.deadline  # a client that does not read is not waited for past it either
         out_headers = [rid_header, (b"x-rollway-sequence-id", str(record.sequence_id).encode())]
@@ -206,7 +197,9 @@ class DataPlane:
         try:
             model = await gateway.store.get_model(alias)
         except NotFoundError:
-            raise envelope(404, f"the model '{alias}' does not exist", "not_found_error", "model_not_found") from None
+            raise CallError.of(
+                404, f"the model '{alias}' does not exist", "not_found_error", code="model_not_found"
+            ) from None
         await reply.whole(200, [(b"content-type", b"application/json"), rid_header], orjson.dumps(_model_object(model)))
 
     async def _run_watched(
@@ -244,24 +237,23 @@ class DataPlane:
             if not state["disconnected"]:  # the server's graceful shutdown ran out of time with the call in flight
                 await _shut_down(gateway, record, reply, headers)
                 return
-            if not _span_written(record):
-                record.cancelled, record.end_time = True, time.time()
-                await _record_unfinished(gateway, record, "cancelled")
+            if not outcome.ended(record):
+                outcome.unfinished(record, "cancelled", cancelled=True)
+                await gateway.finish(record)
         except ClientStalled as exc:
             state["over"] = True
-            if not _span_written(record):
-                await _record_unfinished(gateway, record, "client_stalled", str(exc))
+            if not outcome.ended(record):
+                outcome.unfinished(record, "client_stalled", str(exc))
+                await gateway.finish(record)
             raise
         except Exception as exc:
             state["over"] = True
             err = exc
             if not isinstance(err, CallError):
                 log.error("call failed", exc_info=err)
-                err = envelope(500, f"internal error: {type(err).__name__}", "server_error")
-            if not _span_written(record):
-                record.status_code = err.status
-                record.error = err.body[:2000].decode(errors="replace")
-                record.error_type = f"http_{err.status}"
+                err = CallError.of(500, f"internal error: {type(err).__name__}", "server_error")
+            if not outcome.ended(record):
+                outcome.failed(record, err)
                 await gateway.finish(record)
             err.counted = True
             # The call has its ids (and its span): the error tells them like any answer (not the request id:
@@ -283,32 +275,16 @@ async def _shut_down(
     tokens that went by), and its client is told, as for any error — an envelope, or for a stream that started a
     final error event instead of ``[DONE]`` — if it takes it within ``SHUTDOWN_WRITE_TIMEOUT``. The lifespan waits
     for these calls before it closes the store (``Running.ended``)."""
-    err = envelope(
-        503, "the server shut down before the call ended; try again", "service_unavailable", "server_shutting_down"
-    )
-    if not _span_written(record):
-        if not reply.started:
-            record.status_code = 503
-        await _record_unfinished(gateway, record, "shutdown", err.body.decode())
+    err = outcome.shutting_down()
+    if not outcome.ended(record):
+        outcome.unfinished(record, "shutdown", err.body.decode(), status=None if reply.started else err.status)
+        await gateway.finish(record)
     reply.write_timeout = min(reply.write_timeout, SHUTDOWN_WRITE_TIMEOUT)
     with contextlib.suppress(ClientStalled):
         if not reply.started:
             await reply.whole(503, [(b"content-type", b"application/json"), *headers], err.body)
         elif not reply.sized and not reply.ended:
             await reply.body(b"data: " + err.body + b"\n\n", more=False)
-
-
-async def _record_unfinished(
-    gateway: Gateway, record: capture.CallRecord, error_type: str, error: str | None = None
-) -> None:
-    """The span of a call ended before its answer did (its client left or stalled, the server stopped): why,
-    and the tokens of a stream that went by."""
-    record.error_type = error_type
-    if error is not None:
-        record.error = error
-    if record.accumulator is not None and record.accumulator.chunks:
-        record.response = record.accumulator.response()
-    await gateway.finish(record)
 
 
 def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
@@ -320,10 +296,6 @@ def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
         await send(message)
 
     return wrapped
-
-
-def _span_written(record: capture.CallRecord) -> bool:
-    return record.end_time is not None
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -340,7 +312,7 @@ async def _read_body(receive: Receive, headers: dict[str, str], limit: int, time
         with bound.within(timeout):
             return await _body(receive, headers, limit)
     except TimeoutError:
-        err = envelope(408, f"the request body did not arrive within {timeout:g} s", "invalid_request_error")
+        err = CallError.of(408, f"the request body did not arrive within {timeout:g} s", "invalid_request_error")
         err.headers.append((b"connection", b"close"))  # the rest of the body may still come: not a next request
         raise err from None
 
@@ -348,17 +320,17 @@ async def _read_body(receive: Receive, headers: dict[str, str], limit: int, time
 async def _body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise envelope(413, f"the request body is larger than {limit} bytes", "invalid_request_error")
+        raise CallError.of(413, f"the request body is larger than {limit} bytes", "invalid_request_error")
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise envelope(400, "the client went away", "invalid_request_error")
+            raise CallError.of(400, "the client went away", "invalid_request_error")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise envelope(413, f"the request body is larger than {limit} bytes", "invalid_request_error")
+            raise CallError.of(413, f"the request body is larger than {limit} bytes", "invalid_request_error")
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
@@ -367,13 +339,3 @@ async def _body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
 def _model_object(model: ModelAlias) -> dict[str, Any]:
     """An alias as OpenAI's ``/v1/models`` lists a model."""
     return {"id": model.alias, "object": "model", "created": int(model.created_time), "owned_by": "rollway"}
-
-
-def _refused(exc: AuthError) -> CallError:
-    type_ = "authentication_error" if exc.status == 401 else "permission_error"
-    return envelope(exc.status, str(exc), type_, "invalid_api_key")
-
-
-def _store_error(exc: StoreError) -> CallError:
-    status, type_ = next((v for k, v in STORE_STATUS.items() if isinstance(exc, k)), (500, "server_error"))
-    return envelope(status, exc.message, type_)

@@ -1,75 +1,110 @@
-"""The error envelope (OpenAI's shape) and the one table that maps store errors to HTTP statuses."""
+"""The data plane's errors, under one base. Each class's docstring says what it means::
+
+    GatewayError
+    ├── CallError         the call ends with this HTTP status and body (``CallError.of``: OpenAI's envelope)
+    ├── ClientStalled     the client stopped taking the answer
+    ├── AuthError         the call's key is refused (401, 403)
+    ├── UnknownAlias      no model alias of that name (404)
+    ├── AliasPaused       the alias stayed paused past the caller's wait (429)
+    ├── UpstreamFailure   a try got no whole answer from its backend
+    └── ResponseTooLarge  a backend's answer past ``ROLLWAY_MAX_RESPONSE_BYTES``
+
+Only ``CallError`` reaches the client as it is; the ASGI layer (``gateway.dataplane``) and the call
+(``gateway.proxy``) turn each of the others into one, and ``gateway.outcome`` turns every way a call ends into its
+span. A store error is answered with the status of its kind (``rollway.envelope.STORE_ERROR_STATUS``).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import orjson
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from rollway.store import errors as store_errors
-
-#: Store error kind → (HTTP status, OpenAI error type).
-STATUS_FOR: dict[type[store_errors.StoreError], tuple[int, str]] = {
-    store_errors.NotFoundError: (404, "not_found_error"),
-    store_errors.ConflictError: (409, "conflict_error"),
-    store_errors.StoreValidationError: (400, "invalid_request_error"),
-    store_errors.UnavailableError: (503, "service_unavailable"),
-}
-
-TYPE_FOR_STATUS = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    409: "conflict_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_exceeded",
-}
+from rollway.envelope import envelope, store_error_status
+from rollway.store import StoreError
 
 
-def envelope(message: str, type_: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+class GatewayError(Exception):
+    """A call of the data plane could not go on."""
 
 
-def error_response(
-    status: int, message: str, *, type_: str | None = None, param: str | None = None, code: str | None = None
-) -> JSONResponse:
-    kind = type_ or TYPE_FOR_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return JSONResponse(envelope(message, kind, param=param, code=code), status_code=status)
+class CallError(GatewayError):
+    """The call ends with this status and body (OpenAI's envelope, or the backend's own error body)."""
+
+    def __init__(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__(body.decode(errors="replace"))
+        self.status = status
+        self.body = body
+        self.headers = headers or []
+        self.counted = False  # True once the call's span (and metrics) are recorded
+
+    @classmethod
+    def of(
+        cls, status: int, message: str, type_: str, *, code: str | None = None, param: str | None = None
+    ) -> CallError:
+        """The call ends with ``status`` and ``message`` in the envelope."""
+        return cls(status, orjson.dumps(envelope(message, type_, param=param, code=code)))
+
+    @classmethod
+    def of_store(cls, exc: StoreError) -> CallError:
+        """A store error, answered with the status of its kind."""
+        status, type_ = store_error_status(exc)
+        return cls.of(status, exc.message, type_)
 
 
-async def _store_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, store_errors.StoreError)
-    for kind, (status, type_) in STATUS_FOR.items():
-        if isinstance(exc, kind):
-            return error_response(status, exc.message, type_=type_)
-    return error_response(500, exc.message, type_="server_error")
+class ClientStalled(GatewayError):
+    """The client took no part of the answer for ``ROLLWAY_WRITE_TIMEOUT`` seconds (or until the rollout's
+    deadline): a reader that stopped reading without closing, a suspended agent. The call ends (its backend
+    request closed, its slot and lease given back, its span written) and so does the connection."""
 
 
-async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    first = exc.errors()[0] if exc.errors() else {}
-    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
-    message = f"{'.'.join(loc) + ': ' if loc else ''}{first.get('msg', 'invalid request')}"
-    return error_response(400, message, param=".".join(loc) or None)
+class AuthError(GatewayError):
+    """The call's key is unknown, revoked or expired (401), or not allowed here (403)."""
+
+    def __init__(self, message: str, status: int = 401) -> None:
+        super().__init__(message)
+        self.status = status
+
+    def refusal(self) -> CallError:
+        type_ = "authentication_error" if self.status == 401 else "permission_error"
+        return CallError.of(self.status, str(self), type_, code="invalid_api_key")
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    response = error_response(exc.status_code, str(exc.detail))
-    if exc.headers:
-        response.headers.update(exc.headers)
-    return response
+class UnknownAlias(GatewayError):
+    """No model alias of that name is registered."""
+
+    def __init__(self, alias: str, known: list[str]) -> None:
+        listed = ", ".join(known) if known else "none registered"
+        super().__init__(f"model '{alias}' does not exist; known models: {listed}")
+        self.alias = alias
+
+    def refusal(self) -> CallError:
+        return CallError.of(404, str(self), "not_found_error", code="model_not_found")
 
 
-def install(app: FastAPI) -> None:
-    """Make every error leave the app in the envelope."""
-    app.add_exception_handler(store_errors.StoreError, _store_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
+class AliasPaused(GatewayError):
+    """The alias stayed paused longer than the caller may wait."""
+
+    def __init__(self, alias: str, retry_after: float) -> None:
+        super().__init__(f"model '{alias}' is paused; retry later")
+        self.alias = alias
+        self.retry_after = retry_after
+
+    def refusal(self) -> CallError:
+        err = CallError.of(429, str(self), "rate_limit_exceeded", code="model_paused")
+        err.headers.append((b"retry-after", str(int(self.retry_after)).encode()))
+        return err
+
+
+class UpstreamFailure(GatewayError):
+    """A try that got no (whole) HTTP response: ``kind`` is ``connect`` or ``broken`` (a whole answer's body broke
+    off; both retried, failing over) or ``timeout`` / ``read_timeout`` / ``deadline`` / ``response_too_large``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class ResponseTooLarge(GatewayError):
+    """A backend's answer (a whole body, or one event of a stream) past ``ROLLWAY_MAX_RESPONSE_BYTES``."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the backend's answer is larger than {limit} bytes")

@@ -16,19 +16,19 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 
-from rollway.gateway import capture, relay
+from rollway.gateway import capture, outcome, relay
 from rollway.gateway.attribution import Attribution
 from rollway.gateway.bounds import Sweeper
-from rollway.gateway.call import CallError, Prepared, Reply, Running, envelope, not_recorded, withheld
+from rollway.gateway.call import Prepared, Reply, Running
 from rollway.gateway.capture import CallRecord, Injected, Trace, traceparent
+from rollway.gateway.errors import AliasPaused, CallError, UnknownAlias, UpstreamFailure
 from rollway.gateway.failover import Tries
 from rollway.gateway.metrics import Metrics
-from rollway.gateway.registry import AliasPaused, Arrival, ModelRegistry, UnknownAlias
+from rollway.gateway.registry import Arrival, ModelRegistry
 from rollway.gateway.routing import Router
 from rollway.gateway.streaming import json_answer, json_object
 from rollway.gateway.upstream import (
     Upstream,
-    UpstreamFailure,
     passthrough_headers,
     read_quietly,
     read_whole,
@@ -120,18 +120,16 @@ class Gateway:
         try:
             lease = await self.registry.admit(alias, self.settings.pause_wait_seconds, arrival)
         except AliasPaused as exc:
-            err = envelope(429, str(exc), "rate_limit_exceeded", "model_paused")
-            err.headers.append((b"retry-after", str(int(exc.retry_after)).encode()))
-            raise await self._refused(record, err, "model_paused") from None
+            raise await self._refused(record, exc.refusal(), "model_paused") from None
         except UnknownAlias as exc:  # deleted while the call waited for it to resume
-            raise await self._refused(record, envelope(404, str(exc), "not_found_error", "model_not_found")) from None
+            raise await self._refused(record, exc.refusal()) from None
         except StoreError as exc:  # the store failed while the call re-read the paused alias
-            raise await self._refused(record, envelope(503, exc.message, "service_unavailable")) from None
+            raise await self._refused(record, CallError.of(503, exc.message, "service_unavailable")) from None
         except Exception as exc:  # anything else on the way (a database error the store did not wrap)
             log.exception(
                 "call %s/%s seq %s failed before it was sent", record.rollout_id, record.attempt_id, record.sequence_id
             )
-            err = envelope(500, f"internal error: {type(exc).__name__}", "server_error")
+            err = CallError.of(500, f"internal error: {type(exc).__name__}", "server_error")
             raise await self._refused(record, err) from None
         record.model_version = lease.version
         prepared.lease, prepared.in_flight = lease, self.metrics.call_started(alias)
@@ -142,8 +140,7 @@ class Gateway:
         return await self._record_refusal(record, err, error_type)
 
     async def _record_refusal(self, record: CallRecord, err: CallError, error_type: str | None) -> CallError:
-        record.status_code, record.error = err.status, err.body.decode(errors="replace")
-        record.error_type = error_type or f"http_{err.status}"
+        outcome.failed(record, err, error_type)
         await self.finish(record)
         err.counted = True
         return err
@@ -160,7 +157,7 @@ class Gateway:
             written = False
             ids = (record.rollout_id, record.attempt_id, record.sequence_id, record.alias)
             log.error("span of call %s/%s seq %s (model %s) not written: %s", *ids, exc.message)
-            if withheld(record):
+            if outcome.withheld(record):
                 span = record.span()
         except asyncio.CancelledError:
             # The client left while the span was being written: the store's writer goes on with the write (it is
@@ -218,10 +215,10 @@ class Gateway:
                 retried = exc.kind in RETRIED_FAILURES
                 self.router.finished(backend.backend_id, ok=False, counts_as_failure=retried)
                 if exc.kind == "response_too_large":  # (not retried: the backend would say it again)
-                    raise envelope(502, str(exc), "upstream_error", exc.kind) from exc
+                    raise CallError.of(502, str(exc), "upstream_error", code=exc.kind) from exc
                 if not retried:
-                    raise envelope(504, str(exc), "timeout", exc.kind) from exc
-                last_error = envelope(502, str(exc), "upstream_error", RETRIED_FAILURES[exc.kind])
+                    raise CallError.of(504, str(exc), "timeout", code=exc.kind) from exc
+                last_error = CallError.of(502, str(exc), "upstream_error", code=RETRIED_FAILURES[exc.kind])
             except BaseException:  # cancelled (the client left), or broken: the slot is given back all the same
                 self.router.finished(backend.backend_id, ok=False, counts_as_failure=False)
                 raise
@@ -275,7 +272,7 @@ class Gateway:
         if last_error is not None:
             raise last_error
         message = f"every backend of model '{record.alias}' is busy (at its max_concurrency); retry later"
-        err = envelope(429, message, "rate_limit_exceeded", "model_busy")
+        err = CallError.of(429, message, "rate_limit_exceeded", code="model_busy")
         err.headers.append((b"retry-after", str(int(max(1.0, self.settings.pause_wait_seconds))).encode()))
         raise await self._record_refusal(record, err, "model_busy")
 
@@ -314,24 +311,22 @@ class Gateway:
     ) -> None:
         # read whole by ``connect``; a backend echoing its key (an answer quoting the request) is masked
         raw = without_key(whole, record.backend)
-        record.status_code = response.status
         record.ttft_seconds = time.time() - record.start_time
-        out = raw
+        out, parsed = raw, None
         if response.status < 400:
             parsed = json_object(raw)
             if parsed is None:
-                raise envelope(502, "the backend's answer is not a JSON object", "upstream_error", "bad_response")
-            record.response = parsed
+                raise CallError.of(
+                    502, "the backend's answer is not a JSON object", "upstream_error", code="bad_response"
+                )
             if record.osmosis:
                 answer = capture.stripped(parsed, injected) if injected.any else parsed
                 out = orjson.dumps(capture.with_traingate_fields(answer, parsed, record.operation))
             elif injected.any:
                 out = orjson.dumps(capture.stripped(parsed, injected))
-        else:
-            record.error = raw[:2000].decode(errors="replace")
-            record.error_type = f"http_{response.status}"
+        outcome.answered(record, response.status, raw, parsed)
         if not await self.finish(record) and response.status < 400:
-            raise not_recorded()
+            raise outcome.not_recorded()
         content_type = response.headers.get("Content-Type", "application/json").encode()
         await reply.whole(response.status, [(b"content-type", content_type), *headers], out)
 

@@ -13,7 +13,7 @@ has not seen forgets its cached configuration, so a call that arrives after a sw
 made through another replica committed is served as that change says. The TTL stays as a backstop.
 
 Drain counts the calls of every replica: each process reports its calls in flight per alias and per
-configuration (``gateway.replicas``), and ``drain`` waits until every live replica has reported since the
+configuration (``rollway.app.replicas``), and ``drain`` waits until every live replica has reported since the
 drain began and none of them, this one included, still has a call of the alias (or, after a swap, of an
 earlier configuration of it). A call counts from before its arrival transaction (``arrival``) — a call that
 read the catalog before a change may still take a lease on the old configuration — until it ends; while it
@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollway.gateway.errors import AliasPaused, UnknownAlias
 from rollway.store import ModelAlias, NotFoundError, Store, StoreError
 from rollway.store.replicas import ReplicaReport
 
@@ -53,22 +54,6 @@ def config_key(config: ModelAlias) -> str:
     weight, concurrency or credentials). Equal on every replica for the same stored configuration."""
     served = [config.version, [(b.backend_id, b.base_url, b.kind, b.model, b.version) for b in config.backends]]
     return hashlib.sha256(json.dumps(served).encode()).hexdigest()[:16]
-
-
-class AliasPaused(Exception):
-    """The alias stayed paused longer than the caller may wait."""
-
-    def __init__(self, alias: str, retry_after: float) -> None:
-        super().__init__(f"model '{alias}' is paused; retry later")
-        self.alias = alias
-        self.retry_after = retry_after
-
-
-class UnknownAlias(Exception):
-    def __init__(self, alias: str, known: list[str]) -> None:
-        listed = ", ".join(known) if known else "none registered"
-        super().__init__(f"model '{alias}' does not exist; known models: {listed}")
-        self.alias = alias
 
 
 @dataclass
@@ -312,7 +297,7 @@ class ModelRegistry:
         """Wait until no call of ``alias`` is in flight in any replica (``old_only``: none on a configuration
         other than the stored one — what a swap waits for); False on timeout (the store's reads get at most
         ``DRAIN_GRACE`` seconds more). Another replica's report counts once it was written after the drain
-        began (see ``gateway.replicas``)."""
+        began (see ``rollway.app.replicas``)."""
         try:
             async with asyncio.timeout(timeout + DRAIN_GRACE):
                 return await self._drain(alias, timeout, old_only)

@@ -8,11 +8,12 @@ import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
-import orjson
 
-from rollway.gateway import capture
-from rollway.gateway.call import Reply, not_recorded
+from rollway.envelope import envelope
+from rollway.gateway import capture, outcome
+from rollway.gateway.call import Reply
 from rollway.gateway.capture import CallRecord, Injected
+from rollway.gateway.errors import ResponseTooLarge
 from rollway.gateway.streaming import (
     DONE,
     RESPONSE_ENDS,
@@ -24,7 +25,7 @@ from rollway.gateway.streaming import (
     json_object,
     stream_error,
 )
-from rollway.gateway.upstream import ResponseTooLarge, key_bytes
+from rollway.gateway.upstream import key_bytes
 
 
 async def stream(
@@ -68,8 +69,7 @@ async def stream(
                     out.append(raw)
                     continue
                 if stream_error(chunk, responses):
-                    record.error = orjson.dumps(chunk.get("error") or chunk).decode()
-                    record.error_type = "stream_error"
+                    outcome.stream_error(record, chunk.get("error") or chunk)
                     out.append(raw)
                     continue
                 if record.ttft_seconds is None:
@@ -99,30 +99,17 @@ async def stream(
         TimeoutError,
         ResponseTooLarge,
     ) as exc:
-        too_large = isinstance(exc, ResponseTooLarge)
-        record.error = str(exc) if too_large else f"the backend stream broke: {type(exc).__name__}"
-        record.error_type = "response_too_large" if too_large else "stream_interrupted"
-        event = {
-            "error": {
-                "message": record.error,
-                "type": "upstream_error",
-                "param": None,
-                "code": record.error_type,
-            }
-        }
-        record.response = acc.response() if acc.chunks else None
+        if isinstance(exc, ResponseTooLarge):
+            outcome.stream_broke(record, acc, str(exc), "response_too_large")
+        else:
+            outcome.stream_broke(record, acc, f"the backend stream broke: {type(exc).__name__}", "stream_interrupted")
+        event = envelope(record.error or "", "upstream_error", code=record.error_type)
         await finish(record)
         await reply.body(encode_event(event), more=False)
         return
-    if isinstance(acc, ResponsesAccumulator) and acc.ended_by == "response.failed":
-        record.error = orjson.dumps(acc.response().get("error") or "response.failed").decode()
-        record.error_type = "response_failed"
-    elif done_event is None and record.error is None:
-        record.error = "the backend stream ended without " + ("response.completed" if responses else "[DONE]")
-        record.error_type = "stream_incomplete"
-    record.response = acc.response() if acc.chunks else None
+    outcome.stream_ended(record, acc, done_event is not None)
     if not await finish(record) and record.error is None:
         # The tokens went by, but the completion is not on disk: the client must not take it as one.
-        await reply.body(b"data: " + not_recorded().body + b"\n\n", more=False)
+        await reply.body(b"data: " + outcome.not_recorded().body + b"\n\n", more=False)
         return
     await reply.body(done_event or b"", more=False)

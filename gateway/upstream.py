@@ -15,23 +15,8 @@ from typing import Any
 
 import aiohttp
 
+from rollway.gateway.errors import ResponseTooLarge, UpstreamFailure
 from rollway.store import Backend
-
-
-class UpstreamFailure(Exception):
-    """A try that got no (whole) HTTP response: ``kind`` is ``connect`` or ``broken`` (a whole answer's body broke
-    off; both retried, failing over) or ``timeout`` / ``read_timeout`` / ``deadline``."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-class ResponseTooLarge(Exception):
-    """A backend's answer (a whole body, or one event of a stream) past ``ROLLWAY_MAX_RESPONSE_BYTES``."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"the backend's answer is larger than {limit} bytes")
 
 
 class Upstream:

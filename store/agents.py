@@ -1,4 +1,4 @@
-"""Remote agent servers (the Osmosis remote-rollout protocol, PRODUCT.md §6): the registry, the claim that
+"""Remote agent servers (the Osmosis remote-rollout protocol, docs/remote-agents.md): the registry, the claim that
 hands an agent server its tasks within its concurrency limit, and the completion it reports.
 
 A task enqueued with ``agent: <name>`` waits in a queue of its own (``store.queue``: runner claims never see

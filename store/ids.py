@@ -7,11 +7,10 @@ import hashlib
 import json
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Column, Connection, select
-
-from rollway.store.dialect import sqlite_driver
+if TYPE_CHECKING:
+    from sqlalchemy import Column, Connection
 
 
 def rollout_id() -> str:
@@ -68,6 +67,10 @@ def redraw_taken(conn: Connection, column: Column[Any], rows: list[dict[str, Any
     next to tasks with their own ids, answered with that other rollout). On SQLite the check is one statement
     on the driver with the ids as one JSON parameter (a claim makes it: SQLAlchemy's own work per statement
     would cost more than the claim's)."""
+    from sqlalchemy import select  # here, not at the top: the schemas use this module's ids without SQLAlchemy
+
+    from rollway.store.dialect import sqlite_driver
+
     field = column.name
     raw = sqlite_driver(conn)
     if raw is not None and len(rows) == 1:  # a claim's or a start's one id: the common case

@@ -1,4 +1,4 @@
-"""Attempt outcomes and their propagation to the rollout (the seed's transition tables, applied).
+"""Attempt outcomes and their propagation to the rollout (the transition tables of ``store.states``, applied).
 
 Every function here runs inside a write transaction. Row locks are always taken rollout first, then
 attempt, then span sequence, so concurrent operations on PostgreSQL cannot deadlock each other.

@@ -21,7 +21,7 @@ from rollway.store import catalog, models
 from rollway.store.dialect import upsert
 
 G = models.gateway_replicas
-#: A replica reports at least every ``gateway.replicas.HEARTBEAT`` seconds; a row older than this is a dead one
+#: A replica reports at least every ``rollway.app.replicas.HEARTBEAT`` seconds; a row older than this is a dead one
 #: (or one that could not write for that long: its spans could not be written either).
 STALE_SECONDS = 15.0
 FORGET_SECONDS = 3600.0

@@ -48,7 +48,7 @@ ATTEMPT_TRANSITIONS: Final[dict[AttemptStatus, frozenset[AttemptStatus]]] = {
 
 #: Statuses a rollout may move to from each status. ``-> preparing`` is a new attempt (claim or explicit
 #: ``start_attempt``). ``failed`` is otherwise left only when its latest attempt was ``unresponsive`` and the
-#: runner reports a late outcome (the seed's ``* -> succeeded`` / ``* -> requeuing``).
+#: runner reports a late outcome (Agent-lightning's ``* -> succeeded`` / ``* -> requeuing``).
 ROLLOUT_TRANSITIONS: Final[dict[RolloutStatus, frozenset[RolloutStatus]]] = {
     R.QUEUING: frozenset({R.PREPARING, R.CANCELLED}),
     R.REQUEUING: frozenset({R.PREPARING, R.RUNNING, R.SUCCEEDED, R.FAILED, R.CANCELLED}),
@@ -91,7 +91,7 @@ def rollout_status_for_attempt(
     max_attempts: int,
     retry_condition: frozenset[AttemptStatus] | set[AttemptStatus] | list[AttemptStatus],
 ) -> RolloutStatus:
-    """The status a rollout takes from its latest attempt (the seed's propagation table)."""
+    """The status a rollout takes from its latest attempt (Agent-lightning's propagation table)."""
     if attempt_status in (A.PREPARING, A.RUNNING, A.SUCCEEDED):
         return RolloutStatus(attempt_status.value)
     if attempt_status in retry_condition and attempt_sequence < max_attempts:

@@ -168,8 +168,8 @@ def test_rollway_help_lists_commands_and_settings(tmp_path: Path) -> None:
 
 
 async def test_model_aliases_are_seeded_from_the_config_file_once(tmp_path: Path, mock: MockBackendProcess) -> None:
-    """PRODUCT §3: aliases "may be seeded from a config file": created at start when absent, served at once;
-    an alias the store already has (changed at run time, say) is left as it is."""
+    """Aliases may be seeded from the configuration file (docs/gateway.md): created at start when absent, served at
+    once; an alias the store already has (changed at run time, say) is left as it is."""
     db = f"sqlite:///{tmp_path / 'gateway.db'}"
     store = await Store.open(db, run_watchdog=False)
     await store.put_model("kept", [{"base_url": "http://127.0.0.1:1/v1", "model": "old"}], version="v9")

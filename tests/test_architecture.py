@@ -1,8 +1,9 @@
 """The rooms of the ``rollway`` package and the arrows allowed between them, read from every import in the source.
 
 ``rollway.store`` knows no HTTP; the data plane (``rollway.gateway``) and the control plane (``rollway.admin``) do
-not know each other; the composition root (``rollway.app``) is the only room that sees them both, and the command
-line (``rollway.cli``) reaches the server only through the app and the admin client. No module imports itself
+not know each other, and neither knows the protocol rooms built on them (``rollway.agl``, ``rollway.osmosis``), the
+mock backend or the command line; the composition root (``rollway.app``) puts them together, and the command line
+(``rollway.cli``) reaches the server only through the app and the admin client. No module imports itself
 through a chain of imports, at start-up or later.
 """
 
@@ -22,12 +23,13 @@ ALLOWED: dict[str, set[str]] = {
     "logs": set(),
     "process": set(),
     "settings": {"store"},
-    "gateway": {"store", "settings", "logs"},
+    "envelope": {"store"},
+    "gateway": {"store", "settings", "logs", "envelope"},
     "admin": {"store"},
     "agl": {"admin", "store"},
     "osmosis": {"admin", "gateway", "store", "settings"},
-    "mock": {"process"},
-    "app": {"gateway", "admin", "agl", "osmosis", "store", "settings", "logs"},
+    "mock": {"process", "envelope"},
+    "app": {"gateway", "admin", "agl", "osmosis", "store", "settings", "logs", "envelope"},
     "cli": {"app", "admin", "mock", "process", "store", "settings", "logs"},
     # the package itself re-exports the public API, each name imported on first use
     "rollway": {"store", "admin", "app", "settings"},

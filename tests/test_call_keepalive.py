@@ -1,4 +1,4 @@
-"""An LLM call in flight is a heartbeat (PRODUCT §2: "every span is a heartbeat"; a call's span is only written
+"""An LLM call in flight is a heartbeat (every span is a heartbeat, docs/store.md; a call's span is only written
 when it ends, so the attempt is kept alive while the call runs: ``store/keepalive.py``). End to end: a real
 gateway, the mock backend answering slowly, a watchdog sweeping every 0.1 s. Then the store's side, on SQLite
 and PostgreSQL: which attempts a round touches, how, and that it writes nothing without a long call."""

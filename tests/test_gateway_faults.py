@@ -419,7 +419,7 @@ async def test_a_completion_the_store_could_not_record_is_not_handed_over(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """PRODUCT §2: a completion that reached the client is on disk. When the span cannot be written (here the
+    """A completion that reached the client is on disk (docs/gateway.md). When the span cannot be written (here the
     database stays locked by another process past the store's wait), the client gets a 503 envelope, or its
     stream ends with an error event instead of ``[DONE]`` (or ``response.completed``); the loss is counted."""
     monkeypatch.setattr(store_writer, "LOCK_WAIT_SECONDS", 0.5)  # the wait for the lock: 30 s by default

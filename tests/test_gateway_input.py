@@ -1,7 +1,7 @@
 """Bad input and attribution, end to end (httpx and the official openai SDK → a real gateway → the mock).
 
 A refused call is a 4xx in OpenAI's envelope and leaves nothing behind: no span, no sequence id (the next good
-call of the attempt is sequence id 1), and the gateway keeps serving. Attribution follows PRODUCT.md §3: path,
+call of the attempt is sequence id 1), and the gateway keeps serving. Attribution follows docs/gateway.md: path,
 rollout key, ``X-Rollout-Id`` header, body ``rollout_id`` (never forwarded), else an unattributed span."""
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from rollway.gateway.registry import AliasPaused, ModelRegistry, UnknownAlias
+from rollway.gateway.errors import AliasPaused, UnknownAlias
+from rollway.gateway.registry import ModelRegistry
 from rollway.store import Store
 
 ALIAS = "policy"

@@ -1,4 +1,4 @@
-"""Remote agent servers end to end (PRODUCT.md §6, Osmosis protocol): the example agent server runs as its own
+"""Remote agent servers end to end (Osmosis protocol, docs/remote-agents.md): the example agent server runs as its own
 process on loopback, the gateway (real uvicorn) dispatches tasks to it and serves its chat calls in front of
 the mock backend process; completions, rewards, retries and faults are checked in the store."""
 

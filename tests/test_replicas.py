@@ -1,5 +1,5 @@
 """Drains that see every replica: each gateway process reports its calls in flight per alias and configuration
-(``gateway.replicas`` → ``store.replicas``), and ``ModelRegistry.drain`` waits for the other replicas' calls
+(``rollway.app.replicas`` → ``rollway.store.replicas``), and ``ModelRegistry.drain`` waits for the other replicas' calls
 too. Two registries (each with its reporter) over one database stand for two gateway processes; the store runs
 on both engines."""
 
@@ -12,7 +12,8 @@ from conftest import FakeClock
 from sqlalchemy import Connection, func, select
 
 from rollway.app.replicas import ReplicaReporter, new_replica
-from rollway.gateway.registry import ARRIVING, AliasPaused, ModelRegistry, config_key
+from rollway.gateway.errors import AliasPaused
+from rollway.gateway.registry import ARRIVING, ModelRegistry, config_key
 from rollway.store import Store, models
 from rollway.store.replicas import FORGET_SECONDS, STALE_SECONDS
 

@@ -1,4 +1,4 @@
-"""What every request passes before a route sees it (``gateway/guards.py``): a bounded body on the routes outside
+"""What every request passes before a route sees it (``rollway/app/guards.py``): a bounded body on the routes outside
 the data plane, read no further than the bound even without a token; and, with no admin token, only requests
 addressed to loopback and not sent by a web page of another host (DNS rebinding, cross-site posts)."""
 

@@ -1,8 +1,8 @@
-"""Pure unit tests of ``store.states``: the transition tables against the seed "Understanding Store", the
+"""Pure unit tests of ``store.states``: the transition tables against Agent-lightning's "Understanding Store", the
 ``check_*_transition`` guards over every pair of statuses, and the propagation table.
 
-The expected tables below are written out by hand from the seed (not copied from the module), so a change to
-``store/states.py`` that departs from the seed makes these tests fail.
+The expected tables below are written out by hand from that document (not copied from the module), so a change to
+``store/states.py`` that departs from it makes these tests fail.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from rollway.store.states import (
 A = AttemptStatus
 R = RolloutStatus
 
-#: The seed's attempt diagram: preparing/running end in succeeded/failed (runner) or timeout/unresponsive
+#: Agent-lightning's attempt diagram: preparing/running end in succeeded/failed (runner) or timeout/unresponsive
 #: (watchdog); a span takes preparing and unresponsive to running. An unresponsive attempt may still report
-#: its outcome (the seed's ``* -> succeeded``) or be timed out.
+#: its outcome (Agent-lightning's ``* -> succeeded``) or be timed out.
 EXPECTED_ATTEMPT_EDGES: set[tuple[AttemptStatus, AttemptStatus]] = {
     (A.PREPARING, A.RUNNING),
     (A.PREPARING, A.SUCCEEDED),
@@ -44,7 +44,7 @@ EXPECTED_ATTEMPT_EDGES: set[tuple[AttemptStatus, AttemptStatus]] = {
     (A.UNRESPONSIVE, A.TIMEOUT),
 }
 
-#: The seed's rollout map: queue -> preparing (new attempt) -> running -> outcome; requeuing goes back to the
+#: Agent-lightning's rollout map: queue -> preparing (new attempt) -> running -> outcome; requeuing goes back to the
 #: queue; cancellation from any unfinished status; succeeded and cancelled are terminal. A failed rollout
 #: can still take a late outcome of its (unresponsive) latest attempt or a manual new attempt.
 EXPECTED_ROLLOUT_EDGES: set[tuple[RolloutStatus, RolloutStatus]] = {
@@ -78,7 +78,7 @@ def _id(pair: tuple[object, object]) -> str:
     return f"{pair[0]}->{pair[1]}"
 
 
-def test_status_values_are_exactly_the_product_lists() -> None:
+def test_status_values_are_exactly_the_documented_lists() -> None:
     assert [s.value for s in RolloutStatus] == [
         "queuing",
         "preparing",
@@ -98,13 +98,13 @@ def test_status_values_are_exactly_the_product_lists() -> None:
     }
 
 
-def test_attempt_table_matches_the_seed() -> None:
+def test_attempt_table_matches_agent_lightnings_state_machine() -> None:
     actual = {(src, dst) for src, dsts in ATTEMPT_TRANSITIONS.items() for dst in dsts}
     assert actual == EXPECTED_ATTEMPT_EDGES
     assert set(ATTEMPT_TRANSITIONS) == set(AttemptStatus)
 
 
-def test_rollout_table_matches_the_seed() -> None:
+def test_rollout_table_matches_agent_lightnings_state_machine() -> None:
     actual = {(src, dst) for src, dsts in ROLLOUT_TRANSITIONS.items() for dst in dsts}
     assert actual == EXPECTED_ROLLOUT_EDGES
     assert set(ROLLOUT_TRANSITIONS) == set(RolloutStatus)
@@ -121,7 +121,7 @@ def test_terminal_rollout_statuses_lead_nowhere(terminal: RolloutStatus) -> None
 
 
 @pytest.mark.parametrize("pair", ATTEMPT_PAIRS, ids=_id)
-def test_check_attempt_transition_allows_exactly_the_seed_edges(
+def test_check_attempt_transition_allows_exactly_agent_lightnings_edges(
     pair: tuple[AttemptStatus, AttemptStatus],
 ) -> None:
     current, new = pair
@@ -135,7 +135,7 @@ def test_check_attempt_transition_allows_exactly_the_seed_edges(
 
 
 @pytest.mark.parametrize("pair", ROLLOUT_PAIRS, ids=_id)
-def test_check_rollout_transition_allows_exactly_the_seed_edges(
+def test_check_rollout_transition_allows_exactly_agent_lightnings_edges(
     pair: tuple[RolloutStatus, RolloutStatus],
 ) -> None:
     current, new = pair

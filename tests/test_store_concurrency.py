@@ -1,4 +1,4 @@
-"""Concurrency contracts of the store (PRODUCT.md §2): an atomic claim across OS processes, gap-free span
+"""Concurrency contracts of the store (docs/store.md): an atomic claim across OS processes, gap-free span
 sequence ids under concurrent writes, SQLite group commit, and the watchdog's cross-process debounce."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Durability (PRODUCT.md §2): ``kill -9`` of a writing process loses no acknowledged write and leaves a
+"""Durability (docs/store.md): ``kill -9`` of a writing process loses no acknowledged write and leaves a
 sound SQLite file; a write the store refuses leaves nothing half-written."""
 
 from __future__ import annotations

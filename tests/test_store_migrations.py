@@ -1,4 +1,4 @@
-"""Schema management (PRODUCT.md §2): a store opened on an empty or older database creates or upgrades the
+"""Schema management (docs/store.md): a store opened on an empty or older database creates or upgrades the
 schema with Alembic, keeps the data, and does nothing to a database that is already at head."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Store contract: status transitions of attempts and rollouts, exactly as the seed "Understanding Store" and
-PRODUCT.md §2 describe them (claim/start -> preparing, first span -> running, runner outcomes, watchdog
+"""Store contract: status transitions of attempts and rollouts, exactly as Agent-lightning's "Understanding Store" and
+docs/store.md describe them (claim/start -> preparing, first span -> running, runner outcomes, watchdog
 timeout/unresponsive, retries, staleness, revival, cancellation). Runs on SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -527,7 +527,7 @@ async def test_span_revives_an_unresponsive_attempt_without_retries(store: Store
     assert (await store.get_rollout(rollout_id)).status == RolloutStatus.FAILED
     await store.add_span(span(rollout_id))
     assert (await store.get_attempt(rollout_id)).status == AttemptStatus.RUNNING
-    # A late outcome of the revived latest attempt is still accepted (the seed's ``* -> succeeded``).
+    # A late outcome of the revived latest attempt is still accepted (Agent-lightning's ``* -> succeeded``).
     await store.update_attempt(rollout_id, status="succeeded")
     assert (await store.get_rollout(rollout_id)).status == RolloutStatus.SUCCEEDED
 

@@ -1,4 +1,4 @@
-"""Calls that name no rollout are served and recorded (PRODUCT.md §3); the admin API reads them back, page by page
+"""Calls that name no rollout are served and recorded (docs/gateway.md); the admin API reads them back, page by page
 in arrival order (``GET /admin/v1/spans/unattributed``, the client's ``get_unattributed_spans``), and a rollout's
 calls never show there."""
 

@@ -10,7 +10,7 @@ segment, before and after a prefix break, and every choice's row) carries the *r
 the last primary reward span (by sequence id) of the rollout's latest attempt, whatever call it matched or
 whether it matched one at all — Agent-lightning's ``find_final_reward`` (the last span its ``get_reward_value``
 reads a number from), the reward its runner reports for a rollout, and the one trajectory-level reward of the
-SLIME integration's multi-turn ``Sample`` (seed 004). A reward span is recognised as for triplets
+SLIME integration's multi-turn ``Sample``. A reward span is recognised as for triplets
 (``store.exports.reward_value``: a ``rollway.reward`` span named ``primary``, Agent-lightning's
 ``agentlightning.reward.0.value`` attribute, or an annotation's ``reward``); a null value is no reward. So an
 outcome reward recorded after step rewards that took every call is the rollout's, and of two rewards after the

@@ -78,7 +78,7 @@ class SpanLike(Protocol):
 
 
 class Triplet(TypedDict):
-    """One LLM call with its reward (PRODUCT.md §4a); arrays are pre-serialized JSON."""
+    """One LLM call with its reward (a row of ``GET /admin/v1/triplets``); arrays are pre-serialized JSON."""
 
     rollout_id: str
     attempt_id: str

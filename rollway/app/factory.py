@@ -1,6 +1,10 @@
-"""``create_app(settings)``: the one FastAPI application (data plane, and the control plane as it lands).
+"""``create_app(settings)``: the one ASGI application. The data plane (``rollway.gateway``) sits in front of the
+FastAPI stack, which serves the control plane (``rollway.admin``), Agent-lightning's routes (``rollway.agl``), the
+Osmosis routes (``rollway.osmosis``) and the probes, behind the request guards.
 
-The lifespan owns everything long-lived: the store (its writer and watchdog). Nothing is created at import.
+The lifespan owns everything long-lived: the store (its writer, watchdog and heartbeat), the backend connections,
+the model registry, the Osmosis dispatcher, the replica report and the span exporter; nothing is created at
+import.
 """
 
 from __future__ import annotations
@@ -18,11 +22,10 @@ from rollway.admin.context import AdminContext
 from rollway.agl.access import PathToken
 from rollway.agl.routes import build_router as agl_router
 from rollway.agl.routes import build_traces_router
-from rollway.app import probes
+from rollway.app import errors, probes
 from rollway.app.guards import BodyLimit, LoopbackOnly
 from rollway.app.replicas import ReplicaReporter, new_replica
 from rollway.app.state import AppState
-from rollway.gateway import errors
 from rollway.gateway.attribution import KeyCache
 from rollway.gateway.dataplane import PATH, DataPlane
 from rollway.gateway.metrics import Metrics

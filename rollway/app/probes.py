@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from rollway.gateway import errors
+from rollway.envelope import envelope
 from rollway.gateway.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def build_router() -> APIRouter:
                 models = await state.store.list_models()
         except Exception as exc:
             return JSONResponse(
-                errors.envelope(f"store unreachable: {type(exc).__name__}", "service_unavailable"),
+                envelope(f"store unreachable: {type(exc).__name__}", "service_unavailable"),
                 status_code=503,
             )
         backends = {
@@ -53,7 +53,7 @@ def build_router() -> APIRouter:
         expected = state.settings.metrics_token
         if expected is not None and not _bearer_matches(request, expected.get_secret_value()):
             return JSONResponse(
-                errors.envelope("/metrics needs Authorization: Bearer <metrics token>", "authentication_error"),
+                envelope("/metrics needs Authorization: Bearer <metrics token>", "authentication_error"),
                 status_code=401,
                 headers={"WWW-Authenticate": "Bearer"},
             )

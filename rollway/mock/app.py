@@ -2,7 +2,7 @@
 
 Data plane (vLLM-like): ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/responses``,
 ``GET /v1/models``, ``GET /health``. Control plane for tests: ``/mock/faults``, ``/mock/reset``, ``/mock/stats``,
-``/mock/requests``, ``/mock/config`` (see ``gateway.mock.faults`` for the rule schema).
+``/mock/requests``, ``/mock/config`` (see ``rollway.mock.faults`` for the rule schema).
 
 Per-request latency overrides: headers ``x-mock-latency-ms``, ``x-mock-ttft-ms``, ``x-mock-token-delay-ms``, or a
 body field ``"mock": {"latency_ms": .., "ttft_ms": .., "token_delay_ms": ..}``.
@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from rollway.envelope import envelope
 from rollway.mock.config import MockConfig
 from rollway.mock.faults import FaultBook, FaultError, FaultRule, RequestRecord, Stats, with_garbage
 from rollway.mock.model import FakeModel, PrefixCache
@@ -34,10 +35,6 @@ from rollway.mock.plans import BadRequest, Planner
 RECORD_KEY = "rollway.mock.record"
 logger = logging.getLogger("rollway.mock")
 _REQUEST_ID_RE = re.compile(r"^[\x21-\x7e]{1,200}$")
-
-
-def envelope(message: str, type_: str, *, param: str | None = None, code: str | int | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def _dumps(obj: Any) -> bytes:

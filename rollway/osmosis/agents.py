@@ -1,5 +1,5 @@
 """Remote agent servers (``/admin/v1/agents``): register, list, show, remove. Tasks enqueued with
-``agent: <name>`` are dispatched to the server by the gateway's dispatcher (Osmosis protocol). A server's
+``agent: <name>`` are dispatched to the server (Osmosis protocol) by ``rollway.osmosis.dispatcher``. A server's
 ``api_key`` is accepted here and never returned."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``POST /v1/rollout/completed``: a remote agent server reports how its rollout ended (the Osmosis
-remote-rollout protocol; Rollway plays TrainGate, see ``gateway.dispatcher``).
+remote-rollout protocol; Rollway plays TrainGate, see ``rollway.osmosis.dispatcher``).
 
 Body (Osmosis ``RolloutResponse``): ``{rollout_id, status: COMPLETED|ERROR, final_messages, finish_reason,
 error_message, reward, metrics}``. ``COMPLETED`` → the attempt succeeds, ``ERROR`` → it fails (and the rollout

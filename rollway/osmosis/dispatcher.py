@@ -1,4 +1,4 @@
-"""The remote-agent dispatcher (Rollway as Osmosis's TrainGate, PRODUCT.md §6), owned by the app's lifespan.
+"""The remote-agent dispatcher (Rollway as Osmosis's TrainGate, docs/remote-agents.md), owned by the app's lifespan.
 
 It claims the tasks enqueued with ``agent: <name>`` for each registered agent server, within the server's
 ``max_concurrent`` (``store.agents.claim`` counts its live rollouts in the database, so several gateway
@@ -9,8 +9,8 @@ processes on one database share the limit), mints a rollout-scoped key for the n
 
 ``server_url`` is Rollway's base URL (``ROLLWAY_PUBLIC_URL``, else ``http://host:port``): the agent calls
 ``{server_url}/v1/chat/completions`` and ends with ``POST {server_url}/v1/rollout/completed``
-(``gateway.osmosis``). ``api_key`` is the attempt's ``rk-`` key; ``idempotency_key`` is the attempt id, the same
-on every try of one init. A 200/202 answer's ``tools`` are kept in the attempt's metadata (``dispatch``).
+(``rollway.osmosis.callbacks``). ``api_key`` is the attempt's ``rk-`` key; ``idempotency_key`` is the attempt id,
+the same on every try of one init. A 200/202 answer's ``tools`` are kept in the attempt's metadata (``dispatch``).
 Connection errors, timeouts, 429 and 5xx are retried with backoff (``ROLLWAY_AGENT_INIT_RETRIES``); a 4xx or
 the last failure fails the attempt, and the rollout's retry config decides what happens next. A server that
 accepts and never calls back is the watchdog's: the attempt times out (``timeout_seconds``), the rollout is
