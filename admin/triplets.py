@@ -28,6 +28,7 @@ from rollway.admin.adapters.merged import merged_rows
 from rollway.admin.adapters.triplets import dumps, triplets
 from rollway.admin.context import Context
 from rollway.admin.route import AdminRoute
+from rollway.envelope import envelope
 from rollway.store import Store
 from rollway.store.exports import MAX_EXPORT_LIMIT, ExportPage, ExportRollout
 
@@ -66,7 +67,7 @@ async def _rendered(store: Store, page: ExportPage, render: Renderer, loaded: bo
 def _failure(exc: Exception) -> bytes:
     log.error("triplet export failed mid-stream", exc_info=exc)
     message = f"export failed: {type(exc).__name__}"
-    return orjson.dumps({"message": message, "type": "server_error", "param": None, "code": None})
+    return orjson.dumps(envelope(message, "server_error")["error"])
 
 
 async def _lines(store: Store, page: ExportPage, render: Renderer, loaded: bool) -> AsyncIterator[bytes]:

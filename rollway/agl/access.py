@@ -20,6 +20,7 @@ from fastapi import HTTPException, Request
 
 from rollway.admin.auth import require_admin
 from rollway.admin.context import context_of
+from rollway.envelope import envelope
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
@@ -30,8 +31,7 @@ VERIFIED = "rollway.path_token"
 
 def _reject(status: int, message: str) -> tuple[int, bytes]:
     kind = "authentication_error" if status == 401 else "not_found_error"
-    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
-    return status, orjson.dumps(body)
+    return status, orjson.dumps(envelope(message, kind))
 
 
 class PathToken:

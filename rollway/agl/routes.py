@@ -37,6 +37,7 @@ from rollway.agl.bodies import (
     task_of,
 )
 from rollway.agl.listing import QueryError
+from rollway.envelope import envelope
 from rollway.store import NotFoundError
 
 PREFIX = "/v1/agl"
@@ -48,8 +49,7 @@ def json(content: Any, status: int = 200) -> Response:
 
 
 def bad(message: str) -> Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
-    return json(body, 400)
+    return json(envelope(message, "invalid_request_error"), 400)
 
 
 # -- the router -----------------------------------------------------------------------------------------------
@@ -307,8 +307,7 @@ def build_traces_router() -> APIRouter:
             body = otlp.decompress(raw, request.headers.get("content-encoding", ""), limit)
             message = otlp.parse(body, kind)
         except otlp.OtlpError as exc:
-            error = {"error": {"message": str(exc), "type": "invalid_request_error", "param": None, "code": None}}
-            return json(error, exc.status)
+            return json(envelope(str(exc), "invalid_request_error"), exc.status)
         result = await otlp.ingest(context.store, message)
         return Response(otlp.response(result, kind), media_type=kind)
 

@@ -28,6 +28,8 @@ from urllib.parse import urlsplit
 import orjson
 from starlette.exceptions import HTTPException
 
+from rollway.envelope import envelope
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -38,7 +40,7 @@ DEFAULT_BODY_TIMEOUT = 60.0
 
 
 async def _refuse(send: Send, status: int, message: str, type_: str) -> None:
-    body = orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": None}})
+    body = orjson.dumps(envelope(message, type_))
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
