@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from rollway.gateway.upstream import UpstreamFailure
+from rollway.gateway.errors import UpstreamFailure
 from rollway.store import Backend
 
 CALLS = {"chat/completions": "acompletion", "completions": "atext_completion", "embeddings": "aembedding"}

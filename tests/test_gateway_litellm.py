@@ -40,8 +40,8 @@ WORDS = ["Hello", " from", " the", " stub", "!"]
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
 
 
-# LiteLLM 1.106 builds some pydantic models lazily, on the first streamed chunk, and pydantic warns about a
-# TypedDict of LiteLLM's; with warnings as errors that warning would break LiteLLM itself.
+# LiteLLM (1.106 to 1.110 at least) builds some pydantic models lazily, on the first streamed chunk, and pydantic
+# warns about a TypedDict of LiteLLM's; with warnings as errors that warning would break LiteLLM itself.
 pytestmark = pytest.mark.filterwarnings("ignore:Item .* is using the `ReadOnly` qualifier:UserWarning")
 
 
