@@ -166,14 +166,15 @@ class Settings(BaseSettings):
             )
 
 
-def settings_help() -> str:
-    """Every setting with its environment variable, description and default (``rollway --help``)."""
-    lines = ["\b", "Settings (environment variables; also keys of the --config YAML file):"]
+def settings_rows() -> list[tuple[str, str]]:
+    """Every setting as its environment variable and its description with its default (``rollway --help``,
+    which reads the same from this file's source instead: ``rollway.cli.settings_doc``)."""
+    rows = []
     for name, field in Settings.model_fields.items():
         value = field.get_default(call_default_factory=True)
         default = "unset" if value is None else repr(value)
-        lines.append(f"  ROLLWAY_{name.upper():<20} {field.description or ''} [default: {default}]")
-    return "\n".join(lines)
+        rows.append((f"ROLLWAY_{name.upper()}", f"{field.description or ''} [default: {default}]".lstrip()))
+    return rows
 
 
 def error_summary(exc: ValidationError) -> str:

@@ -3,29 +3,69 @@
 It knows nothing of HTTP. ``Store.open(url)`` creates or upgrades the schema and starts the single batched
 writer (SQLite), the watchdog and the heartbeat of calls in flight; every other public object is a pydantic
 schema from ``store.schemas``.
+
+Each name is imported on first use (PEP 562), so that ``rollway.store.schemas`` (the pydantic schemas a client
+or the ``rollway`` command needs) comes without SQLAlchemy: only ``Store`` (and ``UNSET``) pull in the engine.
 """
 
-from rollway.store.errors import ConflictError, NotFoundError, StoreError, StoreValidationError, UnavailableError
-from rollway.store.schemas import (
-    AgentServer,
-    ApiKey,
-    Attempt,
-    AttemptedRollout,
-    Backend,
-    ModelAlias,
-    Page,
-    RemoteCompletion,
-    ResourcesUpdate,
-    Rollout,
-    RolloutConfig,
-    Span,
-    SpanStatus,
-    StoreStats,
-    TaskSpec,
-    Worker,
-)
-from rollway.store.states import AttemptStatus, RolloutStatus
-from rollway.store.store import UNSET, Store
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rollway.store.errors import ConflictError, NotFoundError, StoreError, StoreValidationError, UnavailableError
+    from rollway.store.schemas import (
+        AgentServer,
+        ApiKey,
+        Attempt,
+        AttemptedRollout,
+        Backend,
+        ModelAlias,
+        Page,
+        RemoteCompletion,
+        ResourcesUpdate,
+        Rollout,
+        RolloutConfig,
+        Span,
+        SpanStatus,
+        StoreStats,
+        TaskSpec,
+        Worker,
+    )
+    from rollway.store.states import AttemptStatus, RolloutStatus
+    from rollway.store.store import UNSET, Store
+
+# name -> the module that defines it
+_PUBLIC = {
+    **dict.fromkeys(
+        ("ConflictError", "NotFoundError", "StoreError", "StoreValidationError", "UnavailableError"),
+        "rollway.store.errors",
+    ),
+    **dict.fromkeys(
+        (
+            "AgentServer",
+            "ApiKey",
+            "Attempt",
+            "AttemptedRollout",
+            "Backend",
+            "ModelAlias",
+            "Page",
+            "RemoteCompletion",
+            "ResourcesUpdate",
+            "Rollout",
+            "RolloutConfig",
+            "Span",
+            "SpanStatus",
+            "StoreStats",
+            "TaskSpec",
+            "Worker",
+        ),
+        "rollway.store.schemas",
+    ),
+    **dict.fromkeys(("AttemptStatus", "RolloutStatus"), "rollway.store.states"),
+    **dict.fromkeys(("UNSET", "Store"), "rollway.store.store"),
+}
 
 __all__ = [
     "UNSET",
@@ -54,3 +94,16 @@ __all__ = [
     "UnavailableError",
     "Worker",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:  # a submodule (``from rollway.store import ids``) is then imported by the import system
+        raise AttributeError(f"module 'rollway.store' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -17,7 +18,10 @@ from click.testing import CliRunner, Result
 from openai import OpenAI
 
 from rollway.admin.client_sync import RollwayClient
+from rollway.cli.commands import plain_http_transport
 from rollway.cli.main import main
+from rollway.cli.settings_doc import rows_from_source
+from rollway.cli.tables import FitTable, render
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
 
@@ -37,8 +41,11 @@ def admin(gateway: GatewayProcess) -> Iterator[RollwayClient]:
         yield client
 
 
-def rollway(gateway: GatewayProcess, *args: str, token: str | None = TOKEN, stdin: str | None = None) -> Result:
+def rollway(
+    gateway: GatewayProcess, *args: str, token: str | None = TOKEN, stdin: str | None = None, columns: int | None = None
+) -> Result:
     env = {"ROLLWAY_URL": gateway.url, "ROLLWAY_ADMIN_TOKEN": token} if token else {"ROLLWAY_URL": gateway.url}
+    env["COLUMNS"] = None if columns is None else str(columns)  # Rich's width (else 80 when not a terminal)
     runner = CliRunner(env={"ROLLWAY_ADMIN_TOKEN": None, **env})  # type: ignore[dict-item]
     return runner.invoke(main, list(args), input=stdin, catch_exceptions=False)
 
@@ -262,3 +269,145 @@ def test_a_file_to_write_in_a_missing_directory_is_refused_before_any_work(tmp_p
     result = runner.invoke(main, [arg.format(missing=missing) for arg in args], catch_exceptions=False)
     assert result.exit_code == 2
     assert f"the directory {missing} does not exist" in result.output
+
+
+# -- start-up: what the command imports ------------------------------------------------------------------------
+
+HEAVY = ("sqlalchemy", "alembic", "fastapi", "starlette", "uvicorn", "aiohttp", "litellm")
+# what `rollway --help` does without, besides: it reads the settings from rollway/settings.py's source
+NOT_FOR_HELP = (*HEAVY, "pydantic", "pydantic_settings", "yaml", "httpx", "rich", "rollway.store")
+
+
+def imported(code: str, *argv: str, env: dict[str, str] | None = None) -> list[str]:
+    """Which of NOT_FOR_HELP a fresh interpreter has imported after running ``code`` (its stdout's last line)."""
+    probe = (
+        f"import json, sys\nsys.argv[1:] = {list(argv)!r}\n"
+        f"try:\n    {code}\nexcept SystemExit:\n    pass\n"
+        f"print(json.dumps(sorted(m for m in {NOT_FOR_HELP!r} if m in sys.modules)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})}
+    )
+    assert done.returncode == 0, done.stderr
+    found: list[str] = json.loads(done.stdout.splitlines()[-1])
+    return found
+
+
+def test_importing_the_package_or_the_command_line_loads_nothing_heavy() -> None:
+    """``import rollway`` and ``rollway --help`` need neither the store's engine nor the server, nor even
+    pydantic: measured by bench/cli_start.py; this guards the laziness that makes them fast."""
+    assert imported("import rollway") == []
+    assert imported("import rollway.cli.main") == []
+    assert imported("from rollway.cli import main; main()", "--help") == []
+    assert imported("from rollway.cli import main; main()", "serve", "--help") == []
+
+
+def test_an_admin_command_loads_neither_the_store_engine_nor_the_server(gateway: GatewayProcess) -> None:
+    env = {"ROLLWAY_URL": gateway.url, "ROLLWAY_ADMIN_TOKEN": TOKEN}
+    loaded = imported("from rollway.cli import main; main()", "models", "list", env=env)
+    assert "httpx" in loaded and not set(loaded) & set(HEAVY)
+    assert not set(imported("import rollway.store.schemas, rollway.admin.client")) & set(HEAVY)
+
+
+def test_a_plain_http_gateway_is_reached_without_loading_the_ca_bundle(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    transport = plain_http_transport("http://127.0.0.1:8080")
+    assert transport is not None
+    assert plain_http_transport("https://rollway.example") is None  # TLS: httpx's default, CA bundle and all
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    assert plain_http_transport("http://rollway.example") is None  # httpx honours the proxy only by default
+
+
+def test_help_lists_every_setting_whole_within_80_columns() -> None:
+    from rollway.settings import Settings, settings_rows
+
+    assert rows_from_source() == settings_rows()  # the help's fast reading of the source agrees with the class
+    for args in (["--help"], ["serve", "--help"]):
+        result = CliRunner(env={"COLUMNS": "80"}).invoke(main, args)
+        assert result.exit_code == 0, result.output
+        lines = result.output.splitlines()
+        assert max(len(line) for line in lines) <= 80
+        for name in Settings.model_fields:
+            assert any(line.split()[:1] == [f"ROLLWAY_{name.upper()}"] for line in lines if line.strip()), name
+
+
+# -- at 80 columns: no word split across lines ------------------------------------------------------------------
+
+LONG_ALIAS = "qwen2.5-7b-instruct-grpo-experiment-42"
+LONG_URL = "http://vllm-qwen-7b.rl-training.svc.cluster.local:8000/v1"
+LONG_MODEL = "Qwen/Qwen2.5-7B-Instruct-step-000120"
+LONG_BACKEND_ID = "backend-with-a-rather-long-id-0001"
+
+
+def whole(output: str, *words: str, width: int = 80) -> None:
+    """Each word is whole on one line (never folded onto the next), and no line is wider than ``width``."""
+    lines = output.splitlines()
+    assert max((len(line) for line in lines), default=0) <= width, output
+    for word in words:
+        assert any(word in line for line in lines), f"{word!r} is not whole on one line:\n{output}"
+
+
+def shortened_or_whole(output: str, word: str) -> None:
+    """An id appears whole, or as a prefix of it ended with an ellipsis (and then its rest nowhere)."""
+    if word in output:
+        return
+    prefixes = [token[:-1] for token in output.split() if token.endswith("…") and word.startswith(token[:-1])]
+    assert prefixes and len(prefixes[0]) >= 6, f"{word!r} is neither whole nor shortened with an ellipsis:\n{output}"
+    assert word[len(prefixes[0]) :] not in output
+
+
+def test_models_list_at_80_columns_splits_no_name(gateway: GatewayProcess, mock: MockBackendProcess) -> None:
+    """As a table when it fits, else as one block of lines per backend: every name whole on its line."""
+    put = ("models", "put", "cli-policy", "--backend", mock.base_url, "--kind", "vllm", "--model", "mock-model")
+    assert rollway(gateway, *put, "--backend-id", "mock", "--json").exit_code == 0
+    table = rollway(gateway, "models", "list", columns=80)
+    assert table.exit_code == 0, table.output
+    whole(table.stdout, "cli-policy", mock.base_url, "vllm", "mock-model", "serving")
+
+    long = ("models", "put", LONG_ALIAS, "--backend", LONG_URL, "--kind", "sglang", "--model", LONG_MODEL)
+    assert rollway(gateway, *long, "--backend-id", LONG_BACKEND_ID, "--version", "step-000120").exit_code == 0
+    for columns in (80, 60, 120):
+        listed = rollway(gateway, "models", "list", columns=columns)
+        assert listed.exit_code == 0, listed.output
+        whole(listed.stdout, LONG_ALIAS, LONG_URL, "sglang", LONG_MODEL, "step-000120", "cli-policy", width=columns)
+        shortened_or_whole(listed.stdout, LONG_BACKEND_ID)
+    for alias in (LONG_ALIAS, "cli-policy"):
+        assert rollway(gateway, "models", "delete", alias).exit_code == 0
+
+
+def test_rollouts_and_agents_at_80_columns_split_no_name(gateway: GatewayProcess, admin: RollwayClient) -> None:
+    group = "a-group-id-given-by-the-trainer-that-is-rather-long-0042"
+    [rollout] = admin.enqueue([{"input": "x", "group_id": group, "mode": "train"}])
+    listed = rollway(gateway, "rollouts", "list", "--group-id", group, columns=80)
+    assert listed.exit_code == 0, listed.output
+    whole(listed.stdout, rollout.rollout_id, "queuing", "train")
+    shortened_or_whole(listed.stdout, group)
+
+    url = "http://agent-server.rl-training.svc.cluster.local:9000"
+    params = ("--param", "model=policy", "--param", "max_tokens=32", "--param", "temperature=0.7")
+    put = rollway(gateway, "agents", "put", "math-agent-server", url, *params, "--max-concurrent", "4", columns=80)
+    assert put.exit_code == 0, put.output
+    whole(put.stdout, "math-agent-server", url, '"max_tokens":')
+    assert rollway(gateway, "agents", "delete", "math-agent-server").exit_code == 0
+
+
+def test_a_table_shortens_ids_before_it_splits_a_name_and_wraps_text_between_words() -> None:
+    from rich.console import Console
+
+    def shown(table: FitTable, width: int) -> str:
+        console = Console(width=width, record=True, file=io.StringIO())
+        console.print(render(console, table))
+        return console.export_text()
+
+    url = "http://a-long-backend-url.example:8000/v1"
+    table = FitTable(("id", "id"), ("name", "name"), ("note", "text"))
+    table.add_row("ro-0123456789ab", url, "some words that wrap")
+    assert shown(table, 80).splitlines()[-1].split() == ["ro-0123456789ab", url, "some", "words", "that", "wrap"]
+    narrower = shown(table, 70)  # the text wraps first, then the id is shortened
+    whole(narrower, url, "words", "that", width=70)
+    shortened_or_whole(narrower, "ro-0123456789ab")
+    assert "some" in narrower and "wrap" in narrower
+    records = shown(table, 48)  # too narrow for a table: one "header  value" line per cell
+    whole(records, url, "ro-0123456789ab", "some words that wrap", width=48)
+    assert shown(table, 44).splitlines()[1:3] == ["name", url]  # a value too wide beside its header: under it

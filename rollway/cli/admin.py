@@ -1,5 +1,5 @@
 """The plumbing of ``rollway``'s admin commands: each talks to a running gateway through the admin client
-(its implementation in ``gateway/commands.py``, imported when the command runs)."""
+(its implementation in ``rollway/cli/commands.py``, imported when the command runs)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""What the admin commands of ``rollway`` do (``gateway/cli.py`` declares them and imports this lazily):
+"""What the admin commands of ``rollway`` do (``rollway/cli/main.py`` declares them and imports this lazily):
 calls through the admin client, rich tables for people, ``--json`` for scripts, progress bars on long work.
 
-Results go to stdout; progress, notes and errors to stderr.
+Results go to stdout; progress, notes and errors to stderr. Tables never split a word across lines
+(``rollway.cli.tables``); on a terminal, messages are wrapped between words at its width, and elsewhere (a pipe,
+a log file) each is one line.
 """
 
 from __future__ import annotations
@@ -14,16 +16,19 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
-from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.markup import escape
 
 from rollway.admin.client import AsyncRollwayClient, RollwayAPIError, RollwayError
 from rollway.admin.schemas import AgentView, ModelView
+from rollway.cli.tables import FitTable, Kind, render
 from rollway.store import Rollout
+
+if TYPE_CHECKING:
+    import httpx
+    from rich.progress import Progress
 
 T = TypeVar("T")
 STATUS_STYLE = {
@@ -43,11 +48,36 @@ class Connection:
     token: str | None
 
     def client(self) -> AsyncRollwayClient:
-        return AsyncRollwayClient(self.url, self.token)
+        return AsyncRollwayClient(self.url, self.token, transport=plain_http_transport(self.url))
+
+
+def plain_http_transport(url: str) -> httpx.AsyncHTTPTransport | None:
+    """For a gateway at an ``http://`` URL (and no proxy in the environment), a transport that does not load the
+    CA bundle: httpx's default one loads it for every client, some 30 ms of each command for TLS it never does.
+    Its TLS context trusts no certificate at all, so it could never talk to an ``https`` URL unverified (the
+    admin client follows no redirects anyway). Else None: httpx's default, which also honours the proxy
+    variables (httpx ignores them when given a transport)."""
+    import ssl
+    import urllib.request
+
+    import httpx
+
+    if not url.lower().startswith("http://") or urllib.request.getproxies():
+        return None
+    return httpx.AsyncHTTPTransport(verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
+
+
+def out_console() -> Console:
+    """Results (stdout). Markup is ours; ``:name:`` emoji codes are not read (an alias or a URL may hold one)."""
+    return Console(emoji=False)
 
 
 def err_console() -> Console:
-    return Console(stderr=True)
+    """Progress, notes and errors (stderr). On a terminal Rich wraps a message between words at its width; to
+    a pipe or a file each message stays one line, whatever width Rich would assume."""
+    console = Console(stderr=True, emoji=False)
+    console.soft_wrap = not console.is_terminal
+    return console
 
 
 def run(connection: Connection, work: Callable[[AsyncRollwayClient], Awaitable[T]]) -> T:
@@ -60,15 +90,18 @@ def run(connection: Connection, work: Callable[[AsyncRollwayClient], Awaitable[T
     try:
         return asyncio.run(main())
     except RollwayAPIError as exc:
-        err_console().print(f"[red]rollway: {exc.status} {exc.type or 'error'}:[/] {exc.message}", highlight=False)
+        err_console().print(
+            f"[red]rollway: {exc.status} {exc.type or 'error'}:[/] {escape(exc.message)}", highlight=False
+        )
         if exc.status == 401:
             given = "the admin token given (--token or ROLLWAY_ADMIN_TOKEN) was refused"
             err_console().print(
-                "give the admin token with --token or ROLLWAY_ADMIN_TOKEN" if connection.token is None else given,
-                soft_wrap=True,
+                "give the admin token with --token or ROLLWAY_ADMIN_TOKEN" if connection.token is None else given
             )
     except RollwayError as exc:
-        err_console().print(f"[red]rollway: cannot reach {connection.url}:[/] {exc}", highlight=False)
+        err_console().print(
+            f"[red]rollway: cannot reach {escape(connection.url)}:[/] {escape(str(exc))}", highlight=False
+        )
     sys.exit(1)
 
 
@@ -83,14 +116,6 @@ def _when(timestamp: float | None) -> str:
     moment = time.localtime(timestamp)
     today = time.localtime()[:3] == moment[:3]
     return time.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M", moment)
-
-
-def _table(*columns: str) -> Table:
-    """A compact table whose id columns (the first ones given) never wrap."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in columns:
-        table.add_column(name, no_wrap=name in ("rollout", "group", "alias"), overflow="fold")
-    return table
 
 
 # -- tasks ---------------------------------------------------------------------------------------------------
@@ -164,7 +189,7 @@ def enqueue(
         tasks = read_tasks(path, group_size, mode)
         chunks = requests(tasks, batch)
     except (OSError, ValueError) as exc:
-        err_console().print(f"[red]rollway:[/] {exc}", highlight=False)
+        err_console().print(f"[red]rollway:[/] {escape(str(exc))}", highlight=False)
         sys.exit(2)
 
     async def work(client: AsyncRollwayClient) -> list[Rollout]:
@@ -181,7 +206,7 @@ def enqueue(
         print_json({"tasks": len(tasks), "rollout_ids": [r.rollout_id for r in rollouts]})
         return
     groups = {r.group_id for r in rollouts if r.group_id}
-    Console().print(
+    out_console().print(
         f"Enqueued [bold]{len(tasks)}[/] tasks → [bold]{len(rollouts)}[/] rollouts"
         + (f" in {len(groups)} groups" if groups else "")
     )
@@ -189,6 +214,8 @@ def enqueue(
 
 def _bar(counted: bool) -> Progress:
     """A progress display on stderr: a bar with n/total when the total is known, else a running count."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     columns = [SpinnerColumn(), TextColumn("{task.description}")]
     if counted:
         columns += [BarColumn(), MofNCompleteColumn()]
@@ -200,15 +227,23 @@ def _bar(counted: bool) -> Progress:
 # -- rollouts ------------------------------------------------------------------------------------------------
 
 
-def rollouts_table(rollouts: list[Rollout]) -> Table:
-    table = _table("rollout", "status", "mode", "group", "#", "attempts", "started")
+def rollouts_table(rollouts: list[Rollout]) -> FitTable:
+    table = FitTable(
+        ("rollout", "id"),
+        ("status", "name"),
+        ("mode", "name"),
+        ("group", "id"),
+        ("#", "name"),
+        ("attempts", "name"),
+        ("started", "text"),
+    )
     for r in rollouts:
         style = STATUS_STYLE.get(r.status, "")
         table.add_row(
-            r.rollout_id,
+            escape(r.rollout_id),
             f"[{style}]{r.status}[/]" if style else str(r.status),
-            r.mode or "",
-            r.group_id or "",
+            escape(r.mode or ""),
+            escape(r.group_id or ""),
             "" if r.group_index is None else str(r.group_index),
             str(r.attempt_count),
             _when(r.start_time),
@@ -232,8 +267,8 @@ def list_rollouts(
     if as_json:
         print_json(page.model_dump(mode="json"))
         return
-    console = Console()
-    console.print(rollouts_table(page.items))
+    console = out_console()
+    console.print(render(console, rollouts_table(page.items)))
     if page.next_cursor:
         err_console().print(f"more: --cursor {page.next_cursor}", highlight=False)
 
@@ -241,21 +276,30 @@ def list_rollouts(
 # -- models --------------------------------------------------------------------------------------------------
 
 
-def models_table(models: list[ModelView]) -> Table:
-    table = _table("alias", "version", "state", "busy", "backend", "kind", "model", "url")
+def models_table(models: list[ModelView], stacked: bool = False) -> FitTable:
+    """One row per backend; ``stacked``: each backend's URL under its model name, one column fewer (for a
+    terminal too narrow for both side by side)."""
+    head: list[tuple[str, Kind]] = [("alias", "name"), ("version", "name"), ("state", "name"), ("busy", "name")]
+    head += [("backend", "id"), ("kind", "name")]
+    tail: list[tuple[str, Kind]] = [("model / url", "name")] if stacked else [("model", "name"), ("url", "name")]
+    table = FitTable(*head, *tail)
     for m in models:
         state = "[yellow]paused[/]" if m.state.paused else "[green]serving[/]"
         for i, b in enumerate(m.backends):
-            head = [m.alias, m.version, state, str(m.state.in_flight)] if i == 0 else ["", "", "", ""]
-            table.add_row(*head, b.backend_id, b.kind, b.model, b.base_url)
+            first = [escape(m.alias), escape(m.version), state, str(m.state.in_flight)] if i == 0 else ["", "", "", ""]
+            model, url = escape(b.model), escape(b.base_url)
+            where = [f"{model}\n{url}"] if stacked else [model, url]
+            end = stacked and i == len(m.backends) - 1  # a line between aliases
+            table.add_row(*first, escape(b.backend_id), escape(b.kind), *where, end_section=end)
     return table
 
 
 def show_models(models: list[ModelView], as_json: bool) -> None:
     if as_json:
         print_json([m.model_dump(mode="json") for m in models])
-    else:
-        Console().print(models_table(models))
+        return
+    console = out_console()
+    console.print(render(console, models_table(models), models_table(models, stacked=True)))
 
 
 def backend_spec(
@@ -416,11 +460,20 @@ def show_agents(agents: list[AgentView], as_json: bool) -> None:
     if as_json:
         print_json([a.model_dump(mode="json") for a in agents])
         return
-    table = _table("name", "url", "max concurrent", "api key", "completion params")
+    table = FitTable(
+        ("name", "name"),
+        ("url", "name"),
+        ("max concurrent", "text"),
+        ("api key", "text"),
+        ("completion params", "text"),
+    )
     for a in agents:
         params = json.dumps(a.completion_params) if a.completion_params else ""
-        table.add_row(a.name, a.url, str(a.max_concurrent or "∞"), "set" if a.has_api_key else "", params)
-    Console().print(table)
+        table.add_row(
+            escape(a.name), escape(a.url), str(a.max_concurrent or "∞"), "set" if a.has_api_key else "", escape(params)
+        )
+    console = out_console()
+    console.print(render(console, table))
 
 
 def agents_put(connection: Connection, name: str, as_json: bool, **fields: Any) -> None:

@@ -21,18 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich import box
+import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from rollway.admin.client import AsyncRollwayClient, Claim, RollwayError
 from rollway.cli.commands import STATUS_STYLE, export_triplets
+from rollway.cli.tables import FitTable, render
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
 from rollway.store import Rollout
 
 if TYPE_CHECKING:
+    from openai import AsyncOpenAI
     from openai.types.chat import ChatCompletionMessageParam
 
 ALIAS = "policy"
@@ -74,9 +76,21 @@ def parse_answer(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _async_openai() -> type[AsyncOpenAI]:
+    """The openai SDK's client class; the SDK is not a dependency of Rollway but of its ``demo`` extra. Called
+    before anything starts, so a missing SDK is one line of error, not a failed attempt per rollout."""
+    try:
+        from openai import AsyncOpenAI
+    except ImportError:
+        raise click.ClickException(
+            "the demo's toy agent needs the openai SDK, which is not installed: pip install 'rollway[demo]'"
+        ) from None
+    return AsyncOpenAI
+
+
 async def toy_agent(claim: Claim) -> Outcome:
     """Ask, ask again to check, and break a tie with a third call; the reward is 1.0 for the right sum."""
-    from openai import AsyncOpenAI
+    openai_client = _async_openai()
 
     task = claim.rollout.input
     seed = claim.rollout.group_index or 0  # so the samples of one group differ
@@ -84,7 +98,7 @@ async def toy_agent(claim: Claim) -> Outcome:
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": task["question"]},
     ]
-    async with AsyncOpenAI(base_url=claim.base_url, api_key=claim.api_key, max_retries=2, timeout=30) as llm:
+    async with openai_client(base_url=claim.base_url, api_key=claim.api_key, max_retries=2, timeout=30) as llm:
 
         async def ask() -> int | None:
             completion = await llm.chat.completions.create(
@@ -149,7 +163,7 @@ async def run_loop(options: DemoOptions, console: Console, mock: MockBackendProc
             await asyncio.gather(*workers)
         waited = await client.wait_for(ids, timeout=30)
         rollouts = sorted(waited.finished, key=lambda r: ids.index(r.rollout_id))
-        console.print(outcome_table(rollouts, results))
+        console.print(render(console, outcome_table(rollouts, results)))
 
         stats = await client.stats()
         rewards = [o.reward for o in results.values() if o.reward is not None]
@@ -168,9 +182,16 @@ async def run_loop(options: DemoOptions, console: Console, mock: MockBackendProc
     return 1 if waited.pending or errors or written == 0 else 0
 
 
-def outcome_table(rollouts: list[Rollout], results: dict[str, Outcome]) -> Table:
-    table = Table(
-        "rollout", "group", "#", "task", "status", "calls", "answer", "reward", box=box.SIMPLE_HEAD, pad_edge=False
+def outcome_table(rollouts: list[Rollout], results: dict[str, Outcome]) -> FitTable:
+    table = FitTable(
+        ("rollout", "id"),
+        ("group", "id"),
+        ("#", "name"),
+        ("task", "text"),
+        ("status", "name"),
+        ("calls", "name"),
+        ("answer", "name"),
+        ("reward", "name"),
     )
     for r in rollouts:
         outcome = results.get(r.rollout_id, Outcome(None, None, 0))
@@ -180,7 +201,7 @@ def outcome_table(rollouts: list[Rollout], results: dict[str, Outcome]) -> Table
             r.rollout_id,
             r.group_id or "",
             str(r.group_index),
-            r.input.get("expression", "") if isinstance(r.input, dict) else "",
+            escape(r.input.get("expression", "")) if isinstance(r.input, dict) else "",
             f"[{style}]{r.status}[/]",
             str(outcome.calls),
             "" if outcome.answer is None else str(outcome.answer),
@@ -201,6 +222,7 @@ async def write_triplets(client: AsyncRollwayClient, rollout_ids: list[str], out
 
 
 def run_demo(options: DemoOptions) -> int:
+    _async_openai()  # the demo extra is installed, or one line says how to install it
     console = Console()
     started = time.monotonic()
     console.print("[bold]Rollway demo[/]: the RL loop on loopback — mock backend, gateway, runners, rewards, triplets")
@@ -218,14 +240,14 @@ def run_demo(options: DemoOptions) -> int:
             with console.status("starting the mock backend and the gateway…"):
                 _start_both(mock, gateway)
         except RuntimeError as exc:
-            console.print(f"[red]rollway demo:[/] {exc}", highlight=False)
+            console.print(f"[red]rollway demo:[/] {escape(str(exc))}", highlight=False)
             return 1
         console.print(f" [green]✓[/] mock backend (vLLM-like) at {mock.base_url}")
         console.print(f" [green]✓[/] gateway at {gateway.url} (SQLite {db})")
         try:
             status = asyncio.run(run_loop(options, console, mock, gateway))
         except RollwayError as exc:
-            console.print(f"[red]rollway demo:[/] {exc}", highlight=False)
+            console.print(f"[red]rollway demo:[/] {escape(str(exc))}", highlight=False)
             console.print("\n".join(list(gateway.output)[-20:]), highlight=False, markup=False)
             return 1
     console.print(f" done in {time.monotonic() - started:.1f} s")

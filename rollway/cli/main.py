@@ -1,27 +1,51 @@
-"""The ``rollway`` command line."""
+"""The ``rollway`` command line.
+
+``rollway --help`` and the admin commands must start fast: at import this module needs click and nothing else
+(no pydantic, no settings, no store); each command imports what it uses when it runs.
+"""
 
 from __future__ import annotations
 
 import errno
 import json
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import click
-from pydantic import ValidationError
 
 from rollway.cli.admin import JSON_OPTION, admin_command
 from rollway.cli.models import models
-from rollway.settings import Settings, error_summary, settings_help
 
 if TYPE_CHECKING:
     from rollway.cli.commands import Connection
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 ROLLOUT_STATUSES = click.Choice(["queuing", "preparing", "running", "succeeded", "failed", "requeuing", "cancelled"])
+
+
+class SettingsHelpGroup(click.Group):
+    """A group whose help ends with every ``ROLLWAY_*`` setting, read when help is shown (not at import)."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        _settings_epilog(self, ctx, formatter)
+
+
+class SettingsHelpCommand(click.Command):
+    """A command whose help ends with every ``ROLLWAY_*`` setting, read when help is shown (not at import)."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        _settings_epilog(self, ctx, formatter)
+
+
+def _settings_epilog(command: click.Command, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    """The settings as a section like click's own (``Options:``), wrapped to the terminal's width."""
+    from rollway.cli.settings_doc import TITLE, settings_rows
+
+    click.Command.format_epilog(command, ctx, formatter)  # an epilog of its own, if it is given one
+    with formatter.section(TITLE):
+        formatter.write_dl(settings_rows())
 
 
 def tune_gc() -> None:
@@ -35,7 +59,7 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 50)
 
 
-@click.group(epilog=settings_help())
+@click.group(cls=SettingsHelpGroup)
 @click.version_option(package_name="rollway", prog_name="rollway")
 @click.option(
     "--url",
@@ -49,13 +73,17 @@ def main(url: str, token: str | None) -> None:
     """Rollway: an OpenAI-compatible LLM gateway for agent RL, with an embedded rollout store."""
 
 
-@main.command(epilog=settings_help())
+@main.command(cls=SettingsHelpCommand)
 @click.option("--host", default=None, help="Address to listen on [default: 127.0.0.1].")
 @click.option("--port", type=int, default=None, help="Port to listen on [default: 8080].")
 @click.option("--db", "database_url", default=None, help="Database URL or SQLite file [default: ./rollway.db].")
 @click.option("--config", "config_file", default=None, help="YAML file with settings.")
 def serve(host: str | None, port: int | None, database_url: str | None, config_file: str | None) -> None:
     """Start the gateway and the store on one port."""
+    from pydantic import ValidationError
+
+    from rollway.settings import Settings, error_summary
+
     overrides: dict[str, Any] = {
         k: v
         for k, v in {"host": host, "port": port, "database_url": database_url, "config_file": config_file}.items()
@@ -100,6 +128,8 @@ def port_in_use(host: str, port: int) -> str | None:
     only after start-up, when a second ``rollway serve`` has already opened (and migrated) the database of the
     first, and says so among its log lines. Bound as uvicorn binds (``SO_REUSEADDR``), so a port in TIME_WAIT
     is free."""
+    import socket
+
     if port == 0:
         return None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -161,7 +191,7 @@ def mock_backend(
     serve(config, host=host, port=port, log_level=log_level, access_log=access_log)
 
 
-# -- admin commands (implementations in gateway/commands.py, imported when a command runs) -------------------
+# -- admin commands (implementations in rollway/cli/commands.py, imported when a command runs) ---------------
 
 
 @main.group()
