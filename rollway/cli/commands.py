@@ -13,9 +13,8 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
 from rich.console import Console
@@ -194,7 +193,7 @@ def enqueue(
 
     async def work(client: AsyncRollwayClient) -> list[Rollout]:
         rollouts: list[Rollout] = []
-        with _bar(counted=True) as progress:
+        with progress_bar(counted=True) as progress:
             task_id = progress.add_task("Enqueuing", total=len(tasks))
             for chunk in chunks:
                 rollouts.extend(await client.enqueue(chunk))
@@ -212,7 +211,7 @@ def enqueue(
     )
 
 
-def _bar(counted: bool) -> Progress:
+def progress_bar(counted: bool) -> Progress:
     """A progress display on stderr: a bar with n/total when the total is known, else a running count."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -392,65 +391,6 @@ def revoke_key(connection: Connection, key_id: str) -> None:
 
 
 # -- triplets ------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _output(path: str) -> Iterator[IO[str]]:
-    if path == "-":
-        yield sys.stdout
-        return
-    target = Path(path)
-    partial = target.with_name(target.name + ".part")
-    try:
-        with open(partial, "w", encoding="utf-8") as handle:
-            yield handle
-    except BaseException:
-        partial.unlink(missing_ok=True)  # a broken export leaves no half-written file behind
-        raise
-    partial.replace(target)
-
-
-async def export_triplets(client: AsyncRollwayClient, out: IO[str], progress: Progress | None, **query: Any) -> int:
-    """Write every matching triplet as one JSON line; the number written."""
-    task_id = progress.add_task("Exporting triplets", total=None) if progress is not None else None
-    count = 0
-    async for record in client.iter_triplet_records(**query):
-        out.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
-        count += 1
-        if progress is not None and task_id is not None:
-            progress.advance(task_id)
-    return count
-
-
-def triplets_export(connection: Connection, out: str, **query: Any) -> None:
-    async def work(client: AsyncRollwayClient) -> int:
-        with _output(out) as handle, _bar(counted=False) as progress:
-            return await export_triplets(client, handle, progress, **query)
-
-    count = run(connection, work)
-    where = "stdout" if out == "-" else out
-    err_console().print(f"Wrote [bold]{count}[/] {'merged rows' if query.get('merge') else 'triplets'} to {where}")
-
-
-# -- trainer exports -----------------------------------------------------------------------------------------
-
-
-def trainer_export(connection: Connection, kind: Literal["slime", "verl"], out: str, **query: Any) -> None:
-    """Write SLIME ``Sample`` records or verl rows as JSON Lines to ``out`` ('-': stdout)."""
-
-    async def work(client: AsyncRollwayClient) -> int:
-        count = 0
-        with _output(out) as handle, _bar(counted=False) as progress:
-            task_id = progress.add_task(f"Exporting {kind} records", total=None)
-            async for record in client.iter_export(kind, **query):
-                handle.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
-                count += 1
-                progress.advance(task_id)
-        return count
-
-    count = run(connection, work)
-    where = "stdout" if out == "-" else out
-    err_console().print(f"Wrote [bold]{count}[/] {kind} records to {where}")
 
 
 # -- remote agent servers ------------------------------------------------------------------------------------

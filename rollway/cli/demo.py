@@ -27,7 +27,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from rollway.admin.client import AsyncRollwayClient, Claim, RollwayError
-from rollway.cli.commands import STATUS_STYLE, export_triplets
+from rollway.cli.commands import STATUS_STYLE
+from rollway.cli.exports import export_triplets
 from rollway.cli.tables import FitTable, render
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess

@@ -273,7 +273,7 @@ def triplets() -> None:
 @click.option("--stream", "jsonl", is_flag=True, help="Fetch pages as streamed JSON Lines.")
 def triplets_export(connection: Connection, out: str, rollout_id: tuple[str, ...], **query: Any) -> None:
     """Write triplets (per LLM call, with token ids, logprobs and rewards) as JSON Lines to OUT ('-': stdout)."""
-    from rollway.cli.commands import triplets_export as export
+    from rollway.cli.exports import triplets_export as export
 
     export(connection, out, rollout_id=list(rollout_id) or None, **query)
 
@@ -285,7 +285,7 @@ def export() -> None:
 
 def _trainer_export(kind: Literal["slime", "verl"], what: str) -> None:
     def command(connection: Connection, out: str, rollout_id: tuple[str, ...], **query: Any) -> None:
-        from rollway.cli.commands import trainer_export
+        from rollway.cli.exports import trainer_export
 
         trainer_export(connection, kind, out, rollout_id=list(rollout_id) or None, **query)
 

@@ -1,0 +1,82 @@
+"""The export commands: triplets (or merged rows), SLIME samples and verl rows as JSON Lines, to stdout or to a
+file that is written whole or not at all, with a running count on stderr."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Literal
+
+from rollway.admin.client import AsyncRollwayClient
+from rollway.cli.commands import Connection, err_console, progress_bar, run
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+
+@contextlib.contextmanager
+def _output(path: str) -> Iterator[IO[str]]:
+    if path == "-":
+        yield sys.stdout
+        return
+    target = Path(path)
+    partial = target.with_name(target.name + ".part")
+    try:
+        with open(partial, "w", encoding="utf-8") as handle:
+            yield handle
+    except BaseException:
+        partial.unlink(missing_ok=True)  # a broken export leaves no half-written file behind
+        raise
+    partial.replace(target)
+
+
+async def write_lines(
+    records: AsyncIterator[dict[str, Any]], out: IO[str], progress: Progress | None, label: str
+) -> int:
+    """Write each record as one JSON line; the number written."""
+    task_id = progress.add_task(label, total=None) if progress is not None else None
+    count = 0
+    async for record in records:
+        out.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+        count += 1
+        if progress is not None and task_id is not None:
+            progress.advance(task_id)
+    return count
+
+
+async def export_triplets(client: AsyncRollwayClient, out: IO[str], progress: Progress | None, **query: Any) -> int:
+    """Write every matching triplet as one JSON line; the number written."""
+    return await write_lines(client.iter_triplet_records(**query), out, progress, "Exporting triplets")
+
+
+def _export(
+    connection: Connection,
+    out: str,
+    label: str,
+    noun: str,
+    records: Callable[[AsyncRollwayClient], AsyncIterator[dict[str, Any]]],
+) -> None:
+    async def work(client: AsyncRollwayClient) -> int:
+        with _output(out) as handle, progress_bar(counted=False) as progress:
+            return await write_lines(records(client), handle, progress, label)
+
+    count = run(connection, work)
+    where = "stdout" if out == "-" else out
+    err_console().print(f"Wrote [bold]{count}[/] {noun} to {where}")
+
+
+def triplets_export(connection: Connection, out: str, **query: Any) -> None:
+    noun = "merged rows" if query.get("merge") else "triplets"
+    _export(connection, out, "Exporting triplets", noun, lambda client: client.iter_triplet_records(**query))
+
+
+def trainer_export(connection: Connection, kind: Literal["slime", "verl"], out: str, **query: Any) -> None:
+    """Write SLIME ``Sample`` records or verl rows as JSON Lines to ``out`` ('-': stdout)."""
+
+    def records(client: AsyncRollwayClient) -> AsyncIterator[dict[str, Any]]:
+        return client.iter_export(kind, **query)
+
+    _export(connection, out, f"Exporting {kind} records", f"{kind} records", records)
