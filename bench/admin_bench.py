@@ -130,7 +130,7 @@ async def fill(store: Store, rollouts: int, rng: random.Random) -> None:
     while len(claimed) < rollouts:
         try:
             claimed.extend(await store.claim("filler", limit=1000))
-        except ConflictError as exc:  # attempt ids are 32 random bits: ~1 % of 10,000 claims collide once
+        except ConflictError as exc:  # not expected (ids are redrawn on collision), but a fill must not stop
             print(f"claim batch refused, retried: {exc}")
     for start in range(0, len(claimed), 100):
         batch = claimed[start : start + 100]
