@@ -18,7 +18,6 @@ from click.testing import CliRunner, Result
 from openai import OpenAI
 
 from rollway.admin.client_sync import RollwayClient
-from rollway.cli.commands import plain_http_transport
 from rollway.cli.main import main
 from rollway.cli.settings_doc import rows_from_source
 from rollway.cli.tables import FitTable, render
@@ -307,16 +306,6 @@ def test_an_admin_command_loads_neither_the_store_engine_nor_the_server(gateway:
     loaded = imported("from rollway.cli import main; main()", "models", "list", env=env)
     assert "httpx" in loaded and not set(loaded) & set(HEAVY)
     assert not set(imported("import rollway.store.schemas, rollway.admin.client")) & set(HEAVY)
-
-
-def test_a_plain_http_gateway_is_reached_without_loading_the_ca_bundle(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    transport = plain_http_transport("http://127.0.0.1:8080")
-    assert transport is not None
-    assert plain_http_transport("https://rollway.example") is None  # TLS: httpx's default, CA bundle and all
-    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
-    assert plain_http_transport("http://rollway.example") is None  # httpx honours the proxy only by default
 
 
 def test_help_lists_every_setting_whole_within_80_columns() -> None:

@@ -26,7 +26,6 @@ from rollway.cli.tables import FitTable, Kind, render
 from rollway.store import Rollout
 
 if TYPE_CHECKING:
-    import httpx
     from rich.progress import Progress
 
 T = TypeVar("T")
@@ -47,23 +46,7 @@ class Connection:
     token: str | None
 
     def client(self) -> AsyncRollwayClient:
-        return AsyncRollwayClient(self.url, self.token, transport=plain_http_transport(self.url))
-
-
-def plain_http_transport(url: str) -> httpx.AsyncHTTPTransport | None:
-    """For a gateway at an ``http://`` URL (and no proxy in the environment), a transport that does not load the
-    CA bundle: httpx's default one loads it for every client, some 30 ms of each command for TLS it never does.
-    Its TLS context trusts no certificate at all, so it could never talk to an ``https`` URL unverified (the
-    admin client follows no redirects anyway). Else None: httpx's default, which also honours the proxy
-    variables (httpx ignores them when given a transport)."""
-    import ssl
-    import urllib.request
-
-    import httpx
-
-    if not url.lower().startswith("http://") or urllib.request.getproxies():
-        return None
-    return httpx.AsyncHTTPTransport(verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
+        return AsyncRollwayClient(self.url, self.token)
 
 
 def out_console() -> Console:
@@ -427,4 +410,4 @@ def agents_list(connection: Connection, as_json: bool) -> None:
 
 def agents_delete(connection: Connection, name: str) -> None:
     run(connection, lambda client: client.delete_agent(name))
-    err_console().print(f"Removed agent server [bold]{name}[/]")
+    err_console().print(f"Removed agent server [bold]{escape(name)}[/]")

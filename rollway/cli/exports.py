@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
+from rich.markup import escape
+
 from rollway.admin.client import AsyncRollwayClient
 from rollway.cli.commands import Connection, err_console, progress_bar, run
 
@@ -64,7 +66,7 @@ def _export(
             return await write_lines(records(client), handle, progress, label)
 
     count = run(connection, work)
-    where = "stdout" if out == "-" else out
+    where = "stdout" if out == "-" else escape(out)
     err_console().print(f"Wrote [bold]{count}[/] {noun} to {where}")
 
 
