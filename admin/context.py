@@ -33,6 +33,23 @@ class ModelControl(Protocol):
 
     def invalidate(self, alias: str | None = None) -> None: ...
 
+    async def detect(self, model: ModelAlias) -> None:
+        """Ask each ``auto`` backend of ``model`` what engine it is."""
+        ...
+
+    def detected_kinds(self) -> dict[str, str]:
+        """Backend id → the kind detected for it, for the ``auto`` backends this process has asked."""
+        ...
+
+    def capture(self, alias: str) -> CaptureCounts:
+        """The alias's completions in this process, and how many of them had no token ids."""
+        ...
+
+
+class CaptureCounts(Protocol):
+    completions: int
+    untrainable: int
+
 
 class KeyCacheControl(Protocol):
     def forget(self, key_id: str | None = None) -> None: ...

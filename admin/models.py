@@ -11,7 +11,7 @@ from fastapi import APIRouter, HTTPException, Response
 
 from rollway.admin.context import AdminContext, Context
 from rollway.admin.route import AdminRoute
-from rollway.admin.schemas import DrainRequest, ModelPage, ModelPut, ModelView, SwapRequest
+from rollway.admin.schemas import CaptureView, DrainRequest, ModelPage, ModelPut, ModelView, SwapRequest
 from rollway.store import Backend, ModelAlias
 from rollway.store.catalog import action_path
 
@@ -31,14 +31,22 @@ def _kind_kept(backend: Backend, current: ModelAlias) -> Backend:
 
 async def view(context: AdminContext, model: ModelAlias, drained: bool | None = None) -> ModelView:
     counts = await context.models.in_flight_everywhere([model])
-    return ModelView.of(model, counts[model.alias], drained)
+    return _view(context, model, counts[model.alias], drained)
+
+
+def _view(
+    context: AdminContext, model: ModelAlias, in_flight: tuple[int, int], drained: bool | None = None
+) -> ModelView:
+    capture = context.models.capture(model.alias)
+    seen = CaptureView(completions=capture.completions, untrainable=capture.untrainable)
+    return ModelView.of(model, in_flight, drained, detected=context.models.detected_kinds(), capture=seen)
 
 
 @router.get("/models", response_model=ModelPage)
 async def list_models(context: Context) -> ModelPage:
     models = await context.store.list_models()
     counts = await context.models.in_flight_everywhere(models)
-    return ModelPage(items=[ModelView.of(m, counts[m.alias]) for m in models])
+    return ModelPage(items=[_view(context, m, counts[m.alias]) for m in models])
 
 
 @router.post("/models/{alias:path}/pause", response_model=ModelView)
@@ -61,6 +69,7 @@ async def swap(alias: str, body: SwapRequest, context: Context) -> ModelView:
     backends = current.backends if body.backends is None else [_kind_kept(b, current) for b in body.backends]
     model = await context.store.put_model(alias, backends, version=body.version, sampling=current.sampling)
     await context.models.swap(alias, model)
+    await context.models.detect(model)
     drained = None
     if body.drain_timeout_seconds is not None:
         drained = await context.models.drain(alias, body.drain_timeout_seconds, old_only=True)
@@ -96,6 +105,7 @@ async def put_model(alias: str, body: ModelPut, context: Context) -> ModelView:
     _not_an_action("PUT", alias)
     model = await context.store.put_model(alias, body.backends, version=body.version, sampling=body.sampling)
     await context.models.swap(alias, model)
+    await context.models.detect(model)  # the answer shows each ``auto`` backend's engine
     return await view(context, model)
 
 

@@ -161,9 +161,12 @@ class BackendView(BaseModel):
     max_concurrency: int | None
     version: str | None
     has_api_key: bool
+    #: For an ``auto`` backend: the engine this server found it to be (``vllm``, ``sglang``, ``openai``); null until
+    #: it has been asked. For another kind: that kind.
+    detected_kind: str | None = None
 
     @classmethod
-    def of(cls, backend: Backend) -> BackendView:
+    def of(cls, backend: Backend, detected: dict[str, str] | None = None) -> BackendView:
         return cls(
             backend_id=backend.backend_id,
             base_url=backend.base_url,
@@ -173,6 +176,7 @@ class BackendView(BaseModel):
             max_concurrency=backend.max_concurrency,
             version=backend.version,
             has_api_key=backend.api_key is not None,
+            detected_kind=(detected or {}).get(backend.backend_id) if backend.kind == "auto" else backend.kind,
         )
 
 
@@ -182,19 +186,37 @@ class ModelState(BaseModel):
     in_flight_old: int = 0  # of those, calls still on an earlier configuration (what a swap's drain waits for)
 
 
+class CaptureView(BaseModel):
+    """The alias's completions answered by this server since it started, and how many came back without token
+    ids (not trainable: an ``openai``-kind backend, or an engine that did not return them)."""
+
+    completions: int = 0
+    untrainable: int = 0
+
+
 class ModelView(BaseModel):
     alias: str
     backends: list[BackendView]
     version: str
     sampling: dict[str, Any] | None
     state: ModelState
+    capture: CaptureView = CaptureView()
     drained: bool | None = None  # drain, swap with a drain: whether the calls it waited for all ended in time
 
     @classmethod
-    def of(cls, model: ModelAlias, in_flight: tuple[int, int], drained: bool | None = None) -> ModelView:
+    def of(
+        cls,
+        model: ModelAlias,
+        in_flight: tuple[int, int],
+        drained: bool | None = None,
+        *,
+        detected: dict[str, str] | None = None,
+        capture: CaptureView | None = None,
+    ) -> ModelView:
         return cls(
             alias=model.alias,
-            backends=[BackendView.of(b) for b in model.backends],
+            capture=capture or CaptureView(),
+            backends=[BackendView.of(b, detected) for b in model.backends],
             version=model.version,
             sampling=model.sampling,
             state=ModelState(paused=model.paused, in_flight=in_flight[0], in_flight_old=in_flight[1]),

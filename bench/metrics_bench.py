@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rollway import logs  # noqa: E402
-from rollway.gateway.capture import CallRecord  # noqa: E402
 from rollway.gateway.metrics import Metrics  # noqa: E402
+from rollway.gateway.record import CallRecord  # noqa: E402
 from rollway.store import Backend  # noqa: E402
 
 HEADERS = [

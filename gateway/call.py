@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rollway.gateway.capture import CallRecord
+from rollway.gateway.record import CallRecord
 from rollway.gateway.registry import Lease
 
 

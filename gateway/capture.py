@@ -1,17 +1,18 @@
-"""What the gateway asks the backend for beyond the client's request, what it strips from the answer, and
-the span it records for each call (its attributes are listed in docs/gateway.md)."""
+"""What the gateway asks the backend for beyond the client's request (token ids, logprobs, usage), and what it
+strips from the answer so that the client gets what a direct call would answer (``gateway.record`` reads the
+span's token ids from the backend's full answer)."""
 
 from __future__ import annotations
 
 import logging
-import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from rollway.gateway.litellm_backend import ALLOWED_FIELDS
-from rollway.store import Backend, Span, SpanStatus
+from rollway.gateway.record import choice_token_ids, response_logprobs
+from rollway.store import Backend
 
 OPERATIONS = {
     "chat/completions": "chat",
@@ -20,6 +21,12 @@ OPERATIONS = {
     "responses": "responses",
 }
 TOKEN_ID_KINDS = frozenset({"vllm", "sglang"})
+#: Kinds whose streams are not asked for their usage chunk: vLLM moves ``system_fingerprint`` from each choice's
+#: last chunk onto it, so a client that did not ask for usage would lose it. The span's usage is counted from the
+#: stream's token ids instead (``StreamAccumulator``).
+NO_USAGE_ASKED = frozenset({"vllm"})
+#: What the Responses API is asked for to include the output's logprobs.
+RESPONSE_LOGPROBS = "message.output_text.logprobs"
 
 
 @dataclass
@@ -29,13 +36,20 @@ class Injected:
     token_ids: bool = False
     logprobs: bool = False
     usage: bool = False
-    #: The backend writes ``"usage": null`` into stream chunks whatever was asked (vLLM's text completions):
+    #: The backend writes ``"usage": null`` into stream chunks whatever was asked (SGLang's text completions):
     #: a null usage is then its own, not the gateway's, and stays.
     null_usage_is_native: bool = False
+    #: Responses API: ``enable_response_messages`` (the prompt's and output's token ids) and ``top_logprobs``.
+    messages: bool = False
+    top_logprobs: bool = False
+    #: SGLang: fields not asked for are left out of its answers (not ``null``); a streamed chat's token ids come
+    #: in one extra chunk (``sglext``) after the last choice's.
+    absent: bool = False
+    sglext: bool = False
 
     @property
     def any(self) -> bool:
-        return self.token_ids or self.logprobs or self.usage
+        return self.token_ids or self.logprobs or self.usage or self.messages
 
 
 log = logging.getLogger("rollway.gateway")
@@ -81,10 +95,18 @@ def prepare(
         if backend.kind != "litellm" or key in ALLOWED_FIELDS:
             upstream.setdefault(key, value)
     injected = Injected()
+    if operation == "responses" and backend.kind == "vllm":
+        _ask_response_tokens(upstream, injected)
+        return upstream, injected
     if operation not in ("chat", "text_completion") or backend.kind == "litellm":
         return upstream, injected
+    # vLLM leaves the prompt's text out of an echo that asked for token ids, and logprobs make it compute (and
+    # answer) the prompt's: the client's echo gets neither, and its span no token ids (not trainable).
+    echo = operation == "text_completion" and upstream.get("echo") and not upstream.get("return_token_ids")
+    token_ids = backend.kind in TOKEN_ID_KINDS and not echo
     options = upstream.get("stream_options") or {}
     usage = usage and backend.backend_id not in NO_STREAM_OPTIONS
+    usage = usage and backend.kind not in NO_USAGE_ASKED
     if upstream.get("stream") and isinstance(options, dict) and usage:
         # Usage (tokens, cached tokens) for the span, from every OpenAI-compatible kind; a ``stream_options``
         # that is not an object goes as it came (the backend refuses it, as it would a direct call).
@@ -93,14 +115,16 @@ def prepare(
             options["include_usage"] = True
             upstream["stream_options"] = options
             injected.usage = True
-            injected.null_usage_is_native = backend.kind in TOKEN_ID_KINDS
-    if backend.kind not in TOKEN_ID_KINDS:
+            injected.null_usage_is_native = backend.kind == "sglang"
+    if not token_ids:
         return upstream, injected
-    if operation == "text_completion" and upstream.get("echo") and not upstream.get("return_token_ids"):
-        # vLLM leaves the prompt's text out of an echo that asked for token ids, and logprobs make it compute
-        # (and answer) the prompt's: the client's echo gets neither, and its span no token ids (not trainable).
-        return upstream, injected
-    if not upstream.get("return_token_ids"):
+    injected.absent = backend.kind == "sglang"
+    if injected.absent and operation == "chat" and upstream.get("stream"):
+        # SGLang refuses ``return_token_ids`` on a streamed chat (400); its ids come in an ``sglext`` chunk.
+        if not upstream.get("return_output_ids_in_sglext") and not upstream.get("return_token_ids"):
+            upstream["return_input_ids_in_sglext"] = upstream["return_output_ids_in_sglext"] = True
+            injected.token_ids = injected.sglext = True
+    elif not upstream.get("return_token_ids"):
         upstream["return_token_ids"] = True
         injected.token_ids = True
     if operation == "chat":
@@ -116,13 +140,30 @@ def prepare(
     return upstream, injected
 
 
+def _ask_response_tokens(upstream: dict[str, Any], injected: Injected) -> None:
+    """A Responses API call to vLLM: ask for the prompt's and output's token ids (``enable_response_messages``,
+    which vLLM does not give to a ``background`` response) and the output's logprobs (``include``)."""
+    if upstream.get("background"):
+        return
+    if not upstream.get("enable_response_messages"):
+        upstream["enable_response_messages"] = True
+        injected.messages = True
+    include = upstream.get("include")
+    if include is None or (isinstance(include, list) and RESPONSE_LOGPROBS not in include):
+        upstream["include"] = [*(include or []), RESPONSE_LOGPROBS]
+        injected.logprobs = True
+        if upstream.get("top_logprobs") is None:
+            upstream["top_logprobs"] = 0
+            injected.top_logprobs = True
+
+
 def stripped(body: dict[str, Any], injected: Injected) -> dict[str, Any]:
     """A copy of a response (or one stream chunk) without what the client did not ask for.
 
     Fields are reset to ``null``, the way vLLM answers a request that did not ask for them."""
     out = dict(body)
     if injected.token_ids and "prompt_token_ids" in out:
-        out["prompt_token_ids"] = None
+        _reset(out, "prompt_token_ids", injected.absent)
     if injected.usage and (out.get("usage") is not None or not injected.null_usage_is_native):
         out.pop("usage", None)
     choices = out.get("choices")
@@ -130,10 +171,9 @@ def stripped(body: dict[str, Any], injected: Injected) -> dict[str, Any]:
         new_choices = []
         for choice in choices:
             choice = dict(choice)
-            if injected.token_ids and "token_ids" in choice:
-                choice["token_ids"] = None
-            if injected.token_ids and "prompt_token_ids" in choice:
-                choice["prompt_token_ids"] = None
+            if injected.token_ids:
+                for key in _CHOICE_ID_KEYS.intersection(choice):
+                    _reset(choice, key, injected.absent)
             if injected.logprobs and "logprobs" in choice:
                 choice["logprobs"] = None
             new_choices.append(choice)
@@ -141,21 +181,88 @@ def stripped(body: dict[str, Any], injected: Injected) -> dict[str, Any]:
     return out
 
 
+#: Where a choice carries token ids: vLLM's ``token_ids`` (and a completion's ``prompt_token_ids``), SGLang's
+#: chat ``response_token_ids`` and ``prompt_token_ids``.
+_CHOICE_ID_KEYS = frozenset({"token_ids", "prompt_token_ids", "response_token_ids"})
+
+
+def _reset(data: dict[str, Any], key: str, absent: bool) -> None:
+    """A field the client did not ask for, as the backend answers without it: left out, or ``null``."""
+    if absent:
+        del data[key]
+    else:
+        data[key] = None
+
+
+def stripped_response(response: dict[str, Any], injected: Injected) -> dict[str, Any]:
+    """A Responses API response object without what the gateway asked for and the client did not: its token
+    messages and top_logprobs reset to ``null``, and its output text's logprobs too (as vLLM answers a request
+    that did not include them)."""
+    out = dict(response)
+    if injected.messages:
+        for key in ("input_messages", "output_messages"):
+            if key in out:
+                out[key] = None
+    if injected.top_logprobs and "top_logprobs" in out:
+        out["top_logprobs"] = None
+    if injected.logprobs and isinstance(out.get("output"), list):
+        out["output"] = [_item_without_logprobs(item) for item in out["output"]]
+    return out
+
+
+def _item_without_logprobs(item: Any) -> Any:
+    if not isinstance(item, dict) or not isinstance(item.get("content"), list):
+        return item
+    return item | {"content": [_part_without_logprobs(part, None) for part in item["content"]]}
+
+
+def _part_without_logprobs(part: Any, empty: list[Any] | None) -> Any:
+    if not isinstance(part, dict) or part.get("type") != "output_text" or "logprobs" not in part:
+        return part
+    return part | {"logprobs": empty}
+
+
+def shown_event(event: dict[str, Any], injected: Injected) -> dict[str, Any]:
+    """A Responses API stream event as the client gets it: text deltas' logprobs empty (``[]``), finished parts'
+    and items' logprobs ``null``, and the response objects stripped (``stripped_response``)."""
+    response = event.get("response")
+    if isinstance(response, dict):
+        return event | {"response": stripped_response(response, injected)}
+    if not injected.logprobs:
+        return event
+    kind = event.get("type")
+    if kind == "response.output_text.delta" and "logprobs" in event:
+        return event | {"logprobs": []}
+    if kind == "response.content_part.done" and "part" in event:
+        return event | {"part": _part_without_logprobs(event["part"], None)}
+    if kind == "response.output_item.done" and "item" in event:
+        return event | {"item": _item_without_logprobs(event["item"])}
+    return event
+
+
+def answer(body: dict[str, Any], injected: Injected, operation: str) -> dict[str, Any]:
+    """A whole answer as the client gets it: without what the gateway asked for and the client did not."""
+    return stripped_response(body, injected) if operation == "responses" else stripped(body, injected)
+
+
 def shown(chunk: dict[str, Any], injected: Injected) -> dict[str, Any] | None:
     """A stream chunk as the client gets it (``stripped``), or None when the backend sent it only for what the
-    gateway asked: the usage chunk, and a chat chunk for tokens its parser holds back (a tool call's markup):
-    vLLM sends those, as ``delta: {}``, only to a request with ``return_token_ids`` -- with or without
-    ``logprobs`` -- and skips them otherwise, so a client that did not ask for token ids gets none of them."""
+    gateway asked: the usage chunk, and a chat chunk for a token whose delta says nothing (a tool call's markup
+    its parser holds back, part of a UTF-8 character): vLLM sends those, as ``delta: {}``, only to a request that
+    asked for token ids or logprobs, so a client that asked for neither gets none of them."""
     if injected.usage and is_usage_only_chunk(chunk):
         return None
-    if injected.token_ids and _held_back(chunk):
+    if injected.sglext and "sglext" in chunk and not chunk.get("choices"):
+        return None
+    if injected.token_ids and injected.logprobs and _held_back(chunk):
         return None
     return stripped(chunk, injected)
 
 
 def _held_back(chunk: dict[str, Any]) -> bool:
     """A chat chunk whose every choice has an empty delta and no finish reason (what else it carries -- token ids,
-    logprobs, continuous usage -- a request without ``return_token_ids`` would not have been sent)."""
+    logprobs, continuous usage -- a request that asked for neither token ids nor logprobs would not have been
+    sent)."""
     choices = chunk.get("choices")
     if not isinstance(choices, list) or not choices:
         return False
@@ -172,7 +279,7 @@ def with_traingate_fields(out: dict[str, Any], full: dict[str, Any], operation: 
     if prompt_ids is None:
         prompt_ids = first.get("prompt_token_ids")
     return out | {
-        "token_ids": first.get("token_ids"),
+        "token_ids": choice_token_ids(first),
         "logprobs": response_logprobs(operation, first),
         "prompt_token_ids": prompt_ids,
     }
@@ -180,209 +287,3 @@ def with_traingate_fields(out: dict[str, Any], full: dict[str, Any], operation: 
 
 def is_usage_only_chunk(chunk: dict[str, Any]) -> bool:
     return not chunk.get("choices") and chunk.get("usage") is not None
-
-
-def response_logprobs(operation: str, choice: dict[str, Any]) -> list[float] | None:
-    logprobs = choice.get("logprobs")
-    if not logprobs:
-        return None
-    if operation == "chat":
-        content = logprobs.get("content")
-        return None if content is None else [float(item.get("logprob", 0.0)) for item in content]
-    values = logprobs.get("token_logprobs")
-    if values is None:
-        return None
-    token_ids = choice.get("token_ids")
-    if isinstance(token_ids, list) and len(values) > len(token_ids):
-        # ``echo``: vLLM puts the prompt's logprobs (the first one null) before the generated tokens' while
-        # ``token_ids`` holds only the generated ones: the response's logprobs are the last of them.
-        values = values[len(values) - len(token_ids) :]
-    return [float(v) if v is not None else 0.0 for v in values]
-
-
-@dataclass
-class CallRecord:
-    """Everything known about one call, filled in as it goes; ``span()`` turns it into the stored span."""
-
-    operation: str
-    alias: str | None
-    request: Any
-    stream: bool
-    start_time: float
-    rollout_id: str | None = None
-    attempt_id: str | None = None
-    sequence_id: int | None = None
-    trace_id: str = field(default_factory=lambda: secrets.token_hex(16))
-    parent_id: str | None = None
-    trace_flags: str = "01"  # the caller's, when it sent a trace context (sampled by default)
-    trace_state: str | None = None  # the caller's ``tracestate``, passed on
-    span_id: str = field(default_factory=lambda: secrets.token_hex(8))
-    backend: Backend | None = None
-    model_version: str | None = None
-    response: dict[str, Any] | None = None
-    status_code: int | None = None
-    error: str | None = None
-    error_type: str | None = None
-    retry_count: int = 0
-    failovers: int = 0  # retries that went to another backend than the try before
-    ttft_seconds: float | None = None
-    end_time: float | None = None
-    cancelled: bool = False
-    deadline: float | None = None
-    osmosis: bool = False  # the body named its rollout (Osmosis): answer with TrainGate's token fields
-    accumulator: Any = None  # the stream accumulator while streaming (partial response on abort)
-
-    def span(self) -> Span:
-        attributes: dict[str, Any] = {
-            "gen_ai.operation.name": self.operation,
-            "gen_ai.request.model": self.alias,
-            "http.response.status_code": self.status_code,
-            "rollway.request": self.request,
-            "rollway.stream": self.stream,
-            "rollway.retry_count": self.retry_count,
-            "rollway.ttft_seconds": self.ttft_seconds,
-            "rollway.latency_seconds": None if self.end_time is None else self.end_time - self.start_time,
-            "rollway.backend_id": self.backend.backend_id if self.backend else None,
-            "rollway.model_version": self.model_version,
-        }
-        if self.backend is not None:
-            attributes["gen_ai.system"] = self.backend.kind
-            attributes["server.address"] = _host(self.backend.base_url)
-        trainable = False
-        response = self.response
-        if response is not None:
-            attributes["rollway.response"] = response
-            trainable = self._response_attributes(attributes, response)
-        attributes["rollway.trainable"] = trainable
-        if self.cancelled:
-            attributes["rollway.cancelled"] = True
-        if self.error is not None or self.error_type is not None:  # a cancelled call has a type, no message
-            attributes["error.type"] = self.error_type or "error"
-        if self.error is not None:
-            attributes["rollway.error"] = self.error
-        ok = self.error is None and not self.cancelled and (self.status_code or 0) < 400
-        description = None if ok else (self.error or ("cancelled by client" if self.cancelled else "error"))
-        return Span(
-            rollout_id=self.rollout_id,
-            attempt_id=self.attempt_id,
-            sequence_id=self.sequence_id,
-            trace_id=self.trace_id,
-            span_id=self.span_id,
-            parent_id=self.parent_id,
-            name=f"{self.operation} {self.alias}" if self.alias else self.operation,
-            status=SpanStatus(status_code="OK" if ok else "ERROR", description=description),
-            start_time=self.start_time,
-            end_time=self.end_time,
-            attributes=attributes,
-            resource={"attributes": {"service.name": "rollway"}, "schema_url": ""},
-        )
-
-    def _response_attributes(self, attributes: dict[str, Any], response: dict[str, Any]) -> bool:
-        attributes["gen_ai.response.model"] = response.get("model")
-        attributes["gen_ai.response.id"] = response.get("id")
-        usage = response.get("usage") or {}
-        input_tokens = usage.get("prompt_tokens", usage.get("input_tokens"))
-        output_tokens = usage.get("completion_tokens", usage.get("output_tokens"))
-        if input_tokens is not None:
-            attributes["gen_ai.usage.input_tokens"] = input_tokens
-        if output_tokens is not None:
-            attributes["gen_ai.usage.output_tokens"] = output_tokens
-        details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
-        if details.get("cached_tokens") is not None:
-            attributes["rollway.usage.cached_tokens"] = details["cached_tokens"]
-        if self.operation == "responses":
-            attributes["gen_ai.response.finish_reasons"] = [_responses_finish_reason(response)]
-            return False  # the Responses API returns no token ids
-        choices = response.get("choices") or []
-        if not choices:
-            return False
-        attributes["gen_ai.response.finish_reasons"] = [c.get("finish_reason") for c in choices]
-        first = choices[0]
-        prompt_ids = response.get("prompt_token_ids")
-        if prompt_ids is None:  # vLLM's completions carry them per choice
-            prompt_ids = first.get("prompt_token_ids")
-        attributes["rollway.prompt_token_ids"] = prompt_ids
-        attributes["rollway.response_token_ids"] = first.get("token_ids")
-        attributes["rollway.response_logprobs"] = response_logprobs(self.operation, first)
-        if len(choices) > 1:
-            attributes["rollway.choices"] = [_choice_record(self.operation, c, i) for i, c in enumerate(choices)]
-        return prompt_ids is not None and first.get("token_ids") is not None
-
-
-def _choice_record(operation: str, choice: dict[str, Any], position: int) -> dict[str, Any]:
-    """One choice of a call with several, for ``rollway.choices``; a text completion's choice keeps its own
-    prompt's token ids (vLLM gives them per choice: a request may hold several prompts)."""
-    record = {
-        "index": choice.get("index", position),
-        "token_ids": choice.get("token_ids"),
-        "logprobs": response_logprobs(operation, choice),
-        "finish_reason": choice.get("finish_reason"),
-    }
-    if choice.get("prompt_token_ids") is not None:
-        record["prompt_token_ids"] = choice["prompt_token_ids"]
-    return record
-
-
-#: The Responses API's ends in the chat API's words (``incomplete_details.reason``, when it is one of these).
-_INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
-
-
-def _responses_finish_reason(response: dict[str, Any]) -> str | None:
-    """Why a Responses API answer ended, as chat's ``finish_reason``: ``stop``, ``tool_calls`` (it ends with
-    a function call), ``length``, ``content_filter``, ``error`` (failed); None when it did not end (no end
-    status, or cut off without a reason), as a chat stream that broke off records it."""
-    status = response.get("status")
-    if status == "completed":
-        output = response.get("output") or []
-        calls = any(isinstance(item, dict) and item.get("type") == "function_call" for item in output)
-        return "tool_calls" if calls else "stop"
-    if status == "incomplete":  # without a reason: a stream that broke off (the gateway's partial response)
-        reason = (response.get("incomplete_details") or {}).get("reason")
-        return _INCOMPLETE.get(reason, reason) if isinstance(reason, str) else None
-    if status == "failed":
-        return "error"
-    return None
-
-
-def _host(url: str) -> str:
-    rest = url.split("://", 1)[-1]
-    return rest.split("/", 1)[0]
-
-
-@dataclass(frozen=True)
-class Trace:
-    """The caller's W3C trace context: the call's span continues its trace under its span, with its flags
-    (sampled or not) and its ``tracestate``, both passed on to the backend unchanged."""
-
-    trace_id: str
-    parent_id: str
-    flags: str = "01"
-    state: str | None = None
-
-
-def parse_traceparent(value: str | None, state: str | None = None) -> Trace | None:
-    """The trace context of a W3C ``traceparent`` header (and ``tracestate``), or None when absent or invalid."""
-    if not value:
-        return None
-    parts = value.strip().split("-")
-    if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff":
-        return None
-    trace_id, span_id, flags = parts[1].lower(), parts[2].lower(), parts[3][:2].lower()
-    if len(trace_id) != 32 or len(span_id) != 16 or len(flags) != 2 or not _hex(trace_id + span_id + flags):
-        return None
-    if trace_id == "0" * 32 or span_id == "0" * 16:
-        return None
-    state = state.strip() if state else None
-    return Trace(trace_id, span_id, flags, state if state and len(state) <= 512 else None)
-
-
-_HEX_DIGITS = frozenset("0123456789abcdef")
-
-
-def _hex(text: str) -> bool:
-    """Lower-case hex digits only (``int(text, 16)`` also takes ``_`` between digits, a sign, spaces)."""
-    return _HEX_DIGITS.issuperset(text)
-
-
-def traceparent(trace_id: str, span_id: str, flags: str = "01") -> str:
-    return f"00-{trace_id}-{span_id}-{flags}"

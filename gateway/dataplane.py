@@ -24,6 +24,7 @@ from rollway.gateway.attribution import KeyCache, attribute, check_key
 from rollway.gateway.bounds import Bound
 from rollway.gateway.errors import AuthError, CallError, ClientStalled, UnknownAlias
 from rollway.gateway.proxy import Gateway
+from rollway.gateway.record import CallRecord, parse_traceparent
 from rollway.store import ModelAlias, NotFoundError, StoreError
 
 log = logging.getLogger("rollway.gateway")
@@ -172,7 +173,7 @@ class DataPlane:
                 op_path,
                 parsed,
                 who,
-                capture.parse_traceparent(headers.get("traceparent"), headers.get("tracestate")),
+                parse_traceparent(headers.get("traceparent"), headers.get("tracestate")),
             )
         except (AuthError, UnknownAlias) as exc:
             raise exc.refusal() from None
@@ -269,7 +270,7 @@ class DataPlane:
 
 
 async def _shut_down(
-    gateway: Gateway, record: capture.CallRecord, reply: AsgiReply, headers: list[tuple[bytes, bytes]]
+    gateway: Gateway, record: CallRecord, reply: AsgiReply, headers: list[tuple[bytes, bytes]]
 ) -> None:
     """A call uvicorn cancelled as it stops (``ROLLWAY_SHUTDOWN_TIMEOUT`` passed): its span says so (with the
     tokens that went by), and its client is told, as for any error — an envelope, or for a stream that started a

@@ -27,7 +27,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from rollway.gateway.capture import OPERATIONS, CallRecord
+from rollway.gateway.capture import OPERATIONS
+from rollway.gateway.record import CallRecord
 from rollway.gateway.routing import Router
 from rollway.store import ModelAlias, Store
 
@@ -54,6 +55,7 @@ class _ModelSeries:
     output_tokens: Any
     retries: Any
     failovers: Any
+    untrainable: Any
 
 
 @dataclass
@@ -96,6 +98,13 @@ class Metrics:
         self.retries = Counter("rollway_upstream_retries", "Retries of calls to backends.", model, registry=r)
         self.failovers = Counter(
             "rollway_upstream_failovers", "Retries that moved to another backend.", model, registry=r
+        )
+        self.untrainable = Counter(
+            "rollway_untrainable_calls",
+            "Completions whose answer had no token ids (not trainable): an openai-kind backend, or an engine that "
+            "did not return them.",
+            model,
+            registry=r,
         )
         self.errors = Counter(
             "rollway_request_errors",
@@ -193,7 +202,8 @@ class Metrics:
         # Only an answer passed on as a stream has a first token: a streamed request answered with one body (an
         # error, an embedding) has none, though its span tells when that body came.
         streamed = record.accumulator is not None and record.ttft_seconds is not None
-        if not (usage or record.retry_count or streamed):
+        untrainable = record.completed and not record.trainable
+        if not (usage or record.retry_count or streamed or untrainable):
             return
         model_key = (record.alias, backend, record.operation)
         model = self._models.get(model_key)
@@ -208,6 +218,8 @@ class Metrics:
                 model.input_tokens.inc(tokens_in)
             if isinstance(tokens_out, int) and tokens_out > 0:
                 model.output_tokens.inc(tokens_out)
+        if untrainable:
+            model.untrainable.inc()
         if record.retry_count:
             model.retries.inc(record.retry_count)
             if record.failovers:
@@ -237,6 +249,7 @@ class Metrics:
             output_tokens=self.output_tokens.labels(*labels),
             retries=self.retries.labels(*labels),
             failovers=self.failovers.labels(*labels),
+            untrainable=self.untrainable.labels(*labels),
         )
         return series
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import orjson
 
-from rollway.gateway.capture import CallRecord
 from rollway.gateway.errors import CallError
+from rollway.gateway.record import CallRecord
 from rollway.gateway.streaming import ResponsesAccumulator, StreamAccumulator
 
 

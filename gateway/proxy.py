@@ -20,10 +20,11 @@ from rollway.gateway import capture, outcome, relay
 from rollway.gateway.attribution import Attribution
 from rollway.gateway.bounds import Sweeper
 from rollway.gateway.call import Prepared, Reply, Running
-from rollway.gateway.capture import CallRecord, Injected, Trace, traceparent
+from rollway.gateway.capture import Injected
 from rollway.gateway.errors import AliasPaused, CallError, UnknownAlias, UpstreamFailure
 from rollway.gateway.failover import Tries
 from rollway.gateway.metrics import Metrics
+from rollway.gateway.record import CallRecord, Trace, traceparent
 from rollway.gateway.registry import Arrival, ModelRegistry
 from rollway.gateway.routing import Router
 from rollway.gateway.streaming import json_answer, json_object
@@ -169,6 +170,8 @@ class Gateway:
 
     def _observe(self, record: CallRecord, span: Span, written: bool) -> None:
         self.metrics.observe_call(record, written)
+        if record.completed and record.alias is not None:
+            self.registry.watch.observe(record.alias, record.backend, record.trainable)
         if self.exporter is not None and int(record.trace_flags, 16) & 1:  # not when the caller did not sample it
             self.exporter.offer(span)
 
@@ -193,6 +196,8 @@ class Gateway:
                 backend = await self._slot(record, tries, last_error)
             if record.backend is not None and backend.backend_id != record.backend.backend_id:
                 record.failovers += 1
+            if backend.kind == "auto":
+                backend = await self._resolved(backend)
             usage = refused != backend.backend_id
             upstream_body, injected = capture.prepare(record.operation, body, backend, config.sampling, usage)
             record.backend = backend
@@ -214,6 +219,8 @@ class Gateway:
             except UpstreamFailure as exc:
                 retried = exc.kind in RETRIED_FAILURES
                 self.router.finished(backend.backend_id, ok=False, counts_as_failure=retried)
+                if exc.kind == "connect":
+                    self.registry.kinds.forget(backend)
                 if exc.kind == "response_too_large":  # (not retried: the backend would say it again)
                     raise CallError.of(502, str(exc), "upstream_error", code=exc.kind) from exc
                 if not retried:
@@ -224,6 +231,8 @@ class Gateway:
                 raise
             else:
                 self.router.finished(backend.backend_id, ok=False, counts_as_failure=response.status >= 500)
+                if response.status >= 500:
+                    self.registry.kinds.forget(backend)
                 last_error = CallError(response.status, error_body, passthrough_headers(response))
                 if response.status == 429:
                     retry_wait = retry_after(response.headers.get("Retry-After"), self.settings.retry_max_wait)
@@ -238,6 +247,15 @@ class Gateway:
             attempt += 1
             record.retry_count = attempt
             await wait(pause)
+
+    async def _resolved(self, backend: Backend) -> Backend:
+        """An ``auto`` backend as the engine it is (asked of it on its first call); its slot is given back if the
+        call is cancelled meanwhile."""
+        try:
+            return await self.registry.kinds.resolve(backend)
+        except BaseException:
+            self.router.finished(backend.backend_id, ok=False, counts_as_failure=False)
+            raise
 
     async def _send(self, prepared: Prepared, backend: Backend, upstream_body: dict[str, Any]) -> Any:
         """One try: the backend's response (aiohttp's, or LiteLLM's look-alike), unread."""
@@ -320,10 +338,10 @@ class Gateway:
                     502, "the backend's answer is not a JSON object", "upstream_error", code="bad_response"
                 )
             if record.osmosis:
-                answer = capture.stripped(parsed, injected) if injected.any else parsed
+                answer = capture.answer(parsed, injected, record.operation) if injected.any else parsed
                 out = orjson.dumps(capture.with_traingate_fields(answer, parsed, record.operation))
             elif injected.any:
-                out = orjson.dumps(capture.stripped(parsed, injected))
+                out = orjson.dumps(capture.answer(parsed, injected, record.operation))
         outcome.answered(record, response.status, raw, parsed)
         if not await self.finish(record) and response.status < 400:
             raise outcome.not_recorded()

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollway.gateway.errors import AliasPaused, UnknownAlias
+from rollway.gateway.kinds import BackendKinds, Capture, TrainableWatch
 from rollway.store import ModelAlias, NotFoundError, Store, StoreError
 from rollway.store.replicas import ReplicaReport
 
@@ -164,6 +165,8 @@ class ModelRegistry:
         self._generation = 0
         self._poll_lock = asyncio.Lock()
         self._polled_at = float("-inf")
+        self.kinds = BackendKinds()  # what engine each ``auto`` backend is
+        self.watch = TrainableWatch()  # completions without token ids, per alias
 
     def listen(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` whenever ``observe`` sees the catalog change (the key cache forgets its keys)."""
@@ -370,6 +373,16 @@ class ModelRegistry:
         for (alias, revision), n in self._arriving.items():
             counts.setdefault(alias, {})[f"{ARRIVING}{revision}"] = n
         return counts
+
+    async def detect(self, model: ModelAlias) -> None:
+        """Ask each ``auto`` backend of ``model`` what engine it is (when the alias is put or swapped)."""
+        await asyncio.gather(*(self.kinds.resolve(b) for b in model.backends if b.kind == "auto"))
+
+    def detected_kinds(self) -> dict[str, str]:
+        return dict(self.kinds.detected())
+
+    def capture(self, alias: str) -> Capture:
+        return self.watch.counts(alias)
 
     async def swap(self, alias: str, config: ModelAlias) -> None:
         """Install a new configuration: later calls use it, calls in flight keep theirs."""

@@ -12,8 +12,9 @@ import aiohttp
 from rollway.envelope import envelope
 from rollway.gateway import capture, outcome
 from rollway.gateway.call import Reply
-from rollway.gateway.capture import CallRecord, Injected
+from rollway.gateway.capture import Injected
 from rollway.gateway.errors import ResponseTooLarge
+from rollway.gateway.record import CallRecord
 from rollway.gateway.streaming import (
     DONE,
     RESPONSE_ENDS,
@@ -24,6 +25,7 @@ from rollway.gateway.streaming import (
     encode_event,
     json_object,
     stream_error,
+    with_data,
 )
 from rollway.gateway.upstream import key_bytes
 
@@ -48,7 +50,10 @@ async def stream(
     await reply.start(200, [(b"content-type", content_type.encode()), (b"cache-control", b"no-cache"), *headers])
     decoder = SSEDecoder()
     responses = record.operation == "responses"
-    acc = record.accumulator = ResponsesAccumulator() if responses else StreamAccumulator(record.operation)
+    n = record.request.get("n") if isinstance(record.request, dict) else None
+    acc = record.accumulator = (
+        ResponsesAccumulator() if responses else StreamAccumulator(record.operation, n if isinstance(n, int) else 1)
+    )
     done_event: bytes | None = None
     first_output_sent = False
     secret = key_bytes(record.backend)
@@ -75,10 +80,14 @@ async def stream(
                 if record.ttft_seconds is None:
                     record.ttft_seconds = time.time() - record.start_time
                 acc.feed(chunk)
-                if responses and chunk.get("type") in RESPONSE_ENDS:
-                    done_event = raw  # the Responses API's [DONE]: the whole response, sent once recorded
-                    continue
-                if not injected.any:
+                if responses:
+                    if injected.any:
+                        raw = with_data(raw, capture.shown_event(chunk, injected))
+                    if chunk.get("type") in RESPONSE_ENDS:
+                        done_event = raw  # the Responses API's [DONE]: the whole response, sent once recorded
+                        continue
+                    out.append(raw)
+                elif not injected.any:
                     out.append(raw)
                 elif (shown := capture.shown(chunk, injected)) is not None:
                     out.append(encode_event(shown))

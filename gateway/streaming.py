@@ -108,8 +108,9 @@ _DELTA_KEYS = frozenset({"role", "content", "tool_calls"})
 class StreamAccumulator:
     """Rebuilds a chat or text completion from its chunks: text, tool calls, token ids, logprobs, usage."""
 
-    def __init__(self, operation: str) -> None:
+    def __init__(self, operation: str, n: int = 1) -> None:
         self.operation = operation
+        self.n = n  # choices per prompt (the request's ``n``): how the usage counted from token ids groups them
         self.head: dict[str, Any] = {}
         self.choices: dict[int, ChoiceAccumulator] = {}
         self.prompt_token_ids: list[int] | None = None
@@ -125,11 +126,25 @@ class StreamAccumulator:
             self.prompt_token_ids = list(chunk["prompt_token_ids"])
         if chunk.get("usage"):
             self.usage = chunk["usage"]
+        if isinstance(chunk.get("sglext"), dict):
+            self._feed_sglext(chunk["sglext"])
         for choice in chunk.get("choices") or ():
             acc = self.choices.get(choice.get("index", 0))
             if acc is None:
                 acc = self.choices[choice.get("index", 0)] = ChoiceAccumulator(choice.get("index", 0))
             self._feed_choice(acc, choice)
+
+    def _feed_sglext(self, ext: dict[str, Any]) -> None:
+        """SGLang's streamed chat ids, in one chunk after the choices' last: the prompt's, and each choice's."""
+        if isinstance(ext.get("input_ids"), list) and self.prompt_token_ids is None:
+            self.prompt_token_ids = list(ext["input_ids"])
+        for index, ids in enumerate(ext.get("output_ids") or ()):
+            if not isinstance(ids, list):
+                continue
+            acc = self.choices.get(index)
+            if acc is None:
+                acc = self.choices[index] = ChoiceAccumulator(index)
+            acc.token_ids, acc.saw_token_ids = list(ids), True
 
     def _feed_choice(self, acc: ChoiceAccumulator, choice: dict[str, Any]) -> None:
         if choice.get("prompt_token_ids") is not None and acc.prompt_token_ids is None:
@@ -200,9 +215,30 @@ class StreamAccumulator:
         body: dict[str, Any] = dict(self.head)
         body["object"] = "chat.completion" if self.operation == "chat" else "text_completion"
         body["choices"] = choices
-        body["usage"] = self.usage
+        body["usage"] = self.usage if self.usage is not None else self._counted_usage()
         body["prompt_token_ids"] = self.prompt_token_ids
         return body
+
+    def _counted_usage(self) -> dict[str, int] | None:
+        """The usage the token ids add up to (a stream whose usage chunk was not asked for: vLLM's); None unless
+        every choice carried its token ids and the prompt's are known. Counted as vLLM counts: each prompt once,
+        however many choices it has."""
+        if not self.choices or not all(acc.saw_token_ids for acc in self.choices.values()):
+            return None
+        if self.operation == "chat":
+            if self.prompt_token_ids is None:
+                return None
+            prompt = len(self.prompt_token_ids)
+        else:
+            prompts: dict[int, int] = {}
+            for index, acc in self.choices.items():
+                if acc.prompt_token_ids is not None:
+                    prompts.setdefault(index // max(1, self.n), len(acc.prompt_token_ids))
+            if len(prompts) * max(1, self.n) < len(self.choices):
+                return None
+            prompt = sum(prompts.values())
+        completion = sum(len(acc.token_ids) for acc in self.choices.values())
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _feed_other(acc: ChoiceAccumulator, delta: dict[str, Any]) -> None:
@@ -257,6 +293,15 @@ class ResponsesAccumulator:
 
 def encode_event(data: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def with_data(event: bytes, data: dict[str, Any]) -> bytes:
+    """``event`` (one server-sent event, its separator included) with ``data`` as its data, its other lines (the
+    Responses API's ``event:``) kept."""
+    if event.startswith(b"data:"):
+        return encode_event(data)
+    start = event.find(b"\ndata:")
+    return encode_event(data) if start < 0 else event[: start + 1] + encode_event(data)
 
 
 def json_object(data: bytes) -> dict[str, Any] | None:

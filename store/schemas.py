@@ -10,7 +10,7 @@ from rollway.store import ids
 from rollway.store.states import RETRYABLE, AttemptStatus, RolloutStatus
 
 Mode = Literal["train", "val", "test"]
-BackendKind = Literal["openai", "vllm", "sglang", "litellm"]
+BackendKind = Literal["auto", "openai", "vllm", "sglang", "litellm"]
 KeyScope = Literal["gateway", "rollout", "admin"]
 WorkerStatus = Literal["idle", "busy", "unknown"]
 StatusCode = Literal["UNSET", "OK", "ERROR"]
@@ -160,7 +160,7 @@ class Backend(BaseModel):
 
     backend_id: str = Field(default_factory=ids.backend_id, min_length=1, max_length=128)
     base_url: str = Field(min_length=1)
-    kind: BackendKind = "openai"
+    kind: BackendKind = "auto"  # detected by the gateway: vllm, sglang or openai
     model: str = Field(min_length=1)
     api_key: SecretStr | None = None
     weight: float = Field(default=1.0, gt=0)

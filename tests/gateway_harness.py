@@ -80,6 +80,23 @@ async def running_gateway(tmp_path: Path, **settings: Any) -> AsyncIterator[Runn
         sock.close()
 
 
+@asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[str]:
+    """A test's own little server (an ASGI ``app``: a stand-in backend or agent server) on a loopback port, served
+    by uvicorn in this event loop: its URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    server = _QuietServer(uvicorn.Config(app, log_level="critical", lifespan="off"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
 async def register(store: Store, alias: str, *backends: dict[str, Any], version: str | None = None) -> None:
     await store.put_model(alias, list(backends), version=version)
 

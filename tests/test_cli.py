@@ -365,6 +365,17 @@ def test_models_list_at_80_columns_splits_no_name(gateway: GatewayProcess, mock:
         assert rollway(gateway, "models", "delete", alias).exit_code == 0
 
 
+def test_models_put_without_a_kind_shows_the_detected_one(gateway: GatewayProcess, mock: MockBackendProcess) -> None:
+    """The default kind is ``auto``: the server is asked, and the table says what it found (the mock is vLLM)."""
+    put = rollway(gateway, "models", "put", "auto-policy", "--backend", mock.base_url, "--model", "mock-model")
+    assert put.exit_code == 0, put.output
+    assert "vllm (auto)" in put.stdout
+    [model] = [m for m in as_json(rollway(gateway, "models", "list", "--json")) if m["alias"] == "auto-policy"]
+    [backend] = model["backends"]
+    assert (backend["kind"], backend["detected_kind"]) == ("auto", "vllm")
+    assert rollway(gateway, "models", "delete", "auto-policy").exit_code == 0
+
+
 def test_rollouts_and_agents_at_80_columns_split_no_name(gateway: GatewayProcess, admin: RollwayClient) -> None:
     group = "a-group-id-given-by-the-trainer-that-is-rather-long-0042"
     [rollout] = admin.enqueue([{"input": "x", "group_id": group, "mode": "train"}])

@@ -3,9 +3,7 @@ the server they belong to echoes them back in an error, and not as part of a URL
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,8 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from gateway_harness import register, running_gateway, vllm
+from gateway_harness import register, running_gateway, serving, vllm
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -79,11 +76,6 @@ async def test_a_url_holding_credentials_is_refused_without_showing_them(tmp_pat
         assert (await admin.get("/admin/v1/models")).json()["items"] == []
 
 
-class _QuietServer(uvicorn.Server):
-    def install_signal_handlers(self) -> None:
-        return None
-
-
 @asynccontextmanager
 async def echoing_agent_server() -> AsyncIterator[str]:
     """An agent server that refuses every init with a 401 repeating the headers it got."""
@@ -91,18 +83,8 @@ async def echoing_agent_server() -> AsyncIterator[str]:
     async def init(request: Request) -> Response:
         return JSONResponse({"detail": f"refused, headers were {dict(request.headers)}"}, status_code=401)
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    app = Starlette(routes=[Route("/v1/rollout/init", init, methods=["POST"])])
-    server = _QuietServer(uvicorn.Config(app, log_level="critical", lifespan="off"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
+    async with serving(Starlette(routes=[Route("/v1/rollout/init", init, methods=["POST"])])) as url:
+        yield url
 
 
 async def test_an_agent_server_that_echoes_its_key_gets_it_neither_stored_nor_logged(

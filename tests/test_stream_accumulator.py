@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollway.gateway.capture import response_logprobs
+from rollway.gateway.record import response_logprobs
 from rollway.gateway.streaming import StreamAccumulator
 
 

@@ -50,7 +50,8 @@ import orjson
 from rollway.store.exports import RawJson
 from rollway.store.exports import reward_value as stored_reward_value
 
-CALL_OPERATIONS = frozenset({"chat", "text_completion"})
+#: The operations whose spans are LLM calls (a Responses API call is one when the engine gave its token ids).
+CALL_OPERATIONS = frozenset({"chat", "text_completion", "responses"})
 
 
 class StatusLike(Protocol):
@@ -255,8 +256,22 @@ def request_prompt(call: LlmCall) -> tuple[list[Any] | None, Any]:
         n = request.get("n")
         at = call.choice_index // (n if isinstance(n, int) and n > 0 else 1)
         return None, prompts[at] if at < len(prompts) else None
+    if call.span.attributes.get("gen_ai.operation.name") == "responses":
+        return _response_messages(request), None
     messages = request.get("messages")
     return (messages if isinstance(messages, list) else None), None
+
+
+def _response_messages(request: Mapping[str, Any]) -> list[Any] | None:
+    """A Responses API request as chat messages: its ``instructions`` as the system message, then its ``input``
+    (a text is the user's message; a list of input items is kept as it is)."""
+    given = request.get("input")
+    items = [{"role": "user", "content": given}] if isinstance(given, str) else given
+    if not isinstance(items, list):
+        return None
+    instructions = request.get("instructions")
+    system = [{"role": "system", "content": instructions}] if isinstance(instructions, str) else []
+    return system + items
 
 
 def _triplet(call: LlmCall, rollout_id: str, attempt_id: str, group_id: str | None) -> Triplet:

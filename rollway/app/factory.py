@@ -149,6 +149,7 @@ def create_app(settings: Settings) -> FastAPI:
             await reporter.close()  # logs, never raises
             await dispatcher.close()
             await gateway.close()
+            await registry.kinds.close()
             if exporter is not None:
                 await exporter.close()
             await store.close()

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rollway.admin.client import AsyncRollwayClient, RollwayAPIError, RollwayError
-from rollway.admin.schemas import AgentView, ModelView
+from rollway.admin.schemas import AgentView, BackendView, ModelView
 from rollway.cli.tables import FitTable, Kind, render
 from rollway.store import Rollout
 
@@ -267,13 +267,22 @@ def models_table(models: list[ModelView], stacked: bool = False) -> FitTable:
     table = FitTable(*head, *tail)
     for m in models:
         state = "[yellow]paused[/]" if m.state.paused else "[green]serving[/]"
+        if m.capture.untrainable:  # completions that came back without token ids
+            state += f"\n[red]{m.capture.untrainable} untrainable[/]"
         for i, b in enumerate(m.backends):
             first = [escape(m.alias), escape(m.version), state, str(m.state.in_flight)] if i == 0 else ["", "", "", ""]
             model, url = escape(b.model), escape(b.base_url)
             where = [f"{model}\n{url}"] if stacked else [model, url]
             end = stacked and i == len(m.backends) - 1  # a line between aliases
-            table.add_row(*first, escape(b.backend_id), escape(b.kind), *where, end_section=end)
+            table.add_row(*first, escape(b.backend_id), _kind(b), *where, end_section=end)
     return table
+
+
+def _kind(backend: BackendView) -> str:
+    """The backend's kind; an ``auto`` one's as detected ("vllm (auto)"), or "auto (?)" until it is."""
+    if backend.kind != "auto":
+        return escape(backend.kind)
+    return f"{escape(backend.detected_kind)} (auto)" if backend.detected_kind else "auto (?)"
 
 
 def show_models(models: list[ModelView], as_json: bool) -> None:

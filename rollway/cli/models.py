@@ -12,7 +12,7 @@ from rollway.cli.admin import JSON_OPTION, admin_command
 if TYPE_CHECKING:
     from rollway.cli.commands import Connection
 
-BACKEND_KINDS = click.Choice(["openai", "vllm", "sglang", "litellm"])
+BACKEND_KINDS = click.Choice(["auto", "vllm", "sglang", "openai", "litellm"])
 
 
 @click.group()
@@ -24,7 +24,13 @@ def backend_options(required: bool) -> Callable[[Callable[..., None]], Callable[
     """The options of one backend; ``required`` for ``put`` (``swap`` may change the version only, and its
     ``--kind`` defaults to the alias's own: a swap to the next weights must not stop the token-id capture)."""
     kind = (
-        click.option("--kind", type=BACKEND_KINDS, default="openai", show_default=True, help="Backend kind.")
+        click.option(
+            "--kind",
+            type=BACKEND_KINDS,
+            default="auto",
+            show_default=True,
+            help="Backend kind: auto asks the server (vLLM and SGLang get their token ids recorded).",
+        )
         if required
         else click.option("--kind", type=BACKEND_KINDS, default=None, help="Backend kind [default: the alias's].")
     )

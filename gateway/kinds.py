@@ -1,0 +1,157 @@
+"""What engine serves a backend, and whether its calls come back trainable.
+
+A backend put without a kind is ``auto``: the gateway asks the server what it is, once, and serves its calls as
+that kind (vLLM and SGLang get the token-id capture; anything else is OpenAI-compatible):
+
+- SGLang answers ``GET /get_model_info`` (and ``/model_info`` in later releases) with its ``model_path``;
+- vLLM answers ``GET /version`` with ``{"version": ...}``;
+- anything else (OpenAI, a proxy, a server that answers neither) is ``openai``.
+
+A backend that cannot be reached is not decided: its calls go as ``openai`` (they fail on the same connection
+anyway) and the next call asks again. A detection is forgotten after a try on the backend fails (refused
+connection, 5xx), so a server replaced by another engine at the same address is asked again.
+
+``TrainableWatch`` counts, per alias, the completions whose span has no token ids (not trainable), logs the first
+of each alias once, and keeps the counts for ``GET /admin/v1/models``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from rollway.store import Backend
+
+log = logging.getLogger("rollway.gateway")
+
+#: The routes that tell SGLang (tried first: a server that answers them is not vLLM).
+SGLANG_ROUTES = ("get_model_info", "model_info")
+DETECT_TIMEOUT = 5.0
+
+
+def server_root(base_url: str) -> str:
+    """The server's root, where its own routes live: the base URL without a trailing ``/v1``."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+class BackendKinds:
+    """The detected kind of each ``auto`` backend (by id and address), asked of the server once."""
+
+    def __init__(self, timeout: float = DETECT_TIMEOUT) -> None:
+        self.timeout = timeout
+        self._known: dict[tuple[str, str], Backend] = {}  # (backend id, base URL) → the backend as its kind
+        self._asking: dict[tuple[str, str], asyncio.Future[str | None]] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def detected(self) -> Mapping[str, str]:
+        """Backend id → the kind detected for it (``auto`` backends this process has asked)."""
+        return {backend_id: backend.kind for (backend_id, _), backend in self._known.items()}
+
+    async def resolve(self, backend: Backend) -> Backend:
+        """``backend`` as the kind it serves: itself unless it is ``auto``; then a copy with the detected kind
+        (``openai`` while it cannot be asked)."""
+        if backend.kind != "auto":
+            return backend
+        key = (backend.backend_id, backend.base_url)
+        known = self._known.get(key)
+        if known is not None:
+            return known
+        kind = await self.detect(backend)
+        resolved = backend.model_copy(update={"kind": kind or "openai"})
+        if kind is not None:
+            self._known[key] = resolved
+        return resolved
+
+    async def detect(self, backend: Backend) -> str | None:
+        """Ask the server what it is: ``sglang``, ``vllm`` or ``openai``; None when it cannot be reached. One
+        question at a time per backend: calls arriving meanwhile wait for its answer."""
+        key = (backend.backend_id, backend.base_url)
+        asking = self._asking.get(key)
+        if asking is None:
+            asking = self._asking[key] = asyncio.ensure_future(self._ask(backend))
+            asking.add_done_callback(lambda _: self._asking.pop(key, None))
+        return await asyncio.shield(asking)
+
+    def forget(self, backend: Backend) -> None:
+        """A try on ``backend`` failed: its kind is asked again on its next call."""
+        if self._known.pop((backend.backend_id, backend.base_url), None) is not None:
+            log.info("backend '%s' failed: its kind will be detected again", backend.backend_id)
+
+    async def _ask(self, backend: Backend) -> str | None:
+        root = server_root(backend.base_url)
+        headers = {}
+        if backend.api_key is not None:
+            headers["Authorization"] = f"Bearer {backend.api_key.get_secret_value()}"
+        try:
+            for route in SGLANG_ROUTES:
+                body = await self._get(f"{root}/{route}", headers)
+                if isinstance(body, dict) and "model_path" in body:
+                    kind = "sglang"
+                    break
+            else:
+                body = await self._get(f"{root}/version", headers)
+                kind = "vllm" if isinstance(body, dict) and isinstance(body.get("version"), str) else "openai"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.warning("backend '%s': cannot detect its kind (%s)", backend.backend_id, type(exc).__name__)
+            return None
+        log.info("backend '%s' at %s is %s", backend.backend_id, root, kind)
+        return kind
+
+    async def _get(self, url: str, headers: dict[str, str]) -> object:
+        """The JSON a GET answers with 200, else None (a connection failure raises)."""
+        if self._session is None:
+            timeout = aiohttp.ClientTimeout(total=self.timeout)
+            self._session = aiohttp.ClientSession(timeout=timeout, skip_auto_headers=("User-Agent",))
+        async with self._session.get(url, headers=headers, allow_redirects=False) as response:
+            if response.status != 200:
+                return None
+            try:
+                return orjson.loads(await response.read())
+            except orjson.JSONDecodeError:
+                return None
+
+
+@dataclass
+class Capture:
+    """What one alias's completions in this process gave: how many, and how many had no token ids."""
+
+    completions: int = 0
+    untrainable: int = 0
+
+
+class TrainableWatch:
+    """Counts completions without token ids per alias, and says so in the log once per alias."""
+
+    def __init__(self) -> None:
+        self.by_alias: dict[str, Capture] = {}
+
+    def observe(self, alias: str, backend: Backend | None, trainable: bool) -> None:
+        capture = self.by_alias.get(alias)
+        if capture is None:
+            capture = self.by_alias[alias] = Capture()
+        capture.completions += 1
+        if trainable:
+            return
+        capture.untrainable += 1
+        if capture.untrainable == 1:
+            where = f"backend '{backend.backend_id}' (kind {backend.kind})" if backend is not None else "its backend"
+            log.warning(
+                "model '%s': completions from %s come back without token ids, so they are not trainable; "
+                "put the model with --kind vllm or sglang if that engine serves it (see docs/backends.md)",
+                alias,
+                where,
+            )
+
+    def counts(self, alias: str) -> Capture:
+        return self.by_alias.get(alias) or Capture()
