@@ -25,6 +25,8 @@ TOKEN_ID_KINDS = frozenset({"vllm", "sglang"})
 #: last chunk onto it, so a client that did not ask for usage would lose it. The span's usage is counted from the
 #: stream's token ids instead (``StreamAccumulator``).
 NO_USAGE_ASKED = frozenset({"vllm"})
+#: The parts of SGLang's ``sglext`` stream chunk: the prompt's token ids and each choice's.
+SGLEXT_PARTS = ("input_ids", "output_ids")
 #: What the Responses API is asked for to include the output's logprobs.
 RESPONSE_LOGPROBS = "message.output_text.logprobs"
 
@@ -45,7 +47,8 @@ class Injected:
     #: SGLang: fields not asked for are left out of its answers (not ``null``); a streamed chat's token ids come
     #: in one extra chunk (``sglext``) after the last choice's.
     absent: bool = False
-    sglext: bool = False
+    #: The parts of SGLang's ``sglext`` chunk the gateway asked for (``input_ids``, ``output_ids``).
+    sglext: tuple[str, ...] = ()
 
     @property
     def any(self) -> bool:
@@ -120,10 +123,14 @@ def prepare(
         return upstream, injected
     injected.absent = backend.kind == "sglang"
     if injected.absent and operation == "chat" and upstream.get("stream"):
-        # SGLang refuses ``return_token_ids`` on a streamed chat (400); its ids come in an ``sglext`` chunk.
-        if not upstream.get("return_output_ids_in_sglext") and not upstream.get("return_token_ids"):
-            upstream["return_input_ids_in_sglext"] = upstream["return_output_ids_in_sglext"] = True
-            injected.token_ids = injected.sglext = True
+        # SGLang refuses ``return_token_ids`` on a streamed chat (400, as a direct call); its ids come in an
+        # ``sglext`` chunk, whose parts the client did not ask for are taken out again.
+        if not upstream.get("return_token_ids"):
+            for part in SGLEXT_PARTS:
+                if not upstream.get(f"return_{part}_in_sglext"):
+                    upstream[f"return_{part}_in_sglext"] = True
+                    injected.sglext += (part,)
+            injected.token_ids = bool(injected.sglext)
     elif not upstream.get("return_token_ids"):
         upstream["return_token_ids"] = True
         injected.token_ids = True
@@ -252,21 +259,28 @@ def shown(chunk: dict[str, Any], injected: Injected) -> dict[str, Any] | None:
     asked for token ids or logprobs, so a client that asked for neither gets none of them."""
     if injected.usage and is_usage_only_chunk(chunk):
         return None
-    if injected.sglext and "sglext" in chunk and not chunk.get("choices"):
-        return None
+    if injected.sglext and isinstance(chunk.get("sglext"), dict) and not chunk.get("choices"):
+        ext = {k: v for k, v in chunk["sglext"].items() if k not in injected.sglext}
+        return (chunk | {"sglext": ext}) if ext else None
     if injected.token_ids and injected.logprobs and _held_back(chunk):
         return None
     return stripped(chunk, injected)
 
 
 def _held_back(chunk: dict[str, Any]) -> bool:
-    """A chat chunk whose every choice has an empty delta and no finish reason (what else it carries -- token ids,
-    logprobs, continuous usage -- a request that asked for neither token ids nor logprobs would not have been
-    sent)."""
+    """A chat chunk whose every choice has a delta that says nothing (``{}``, or only nulls: SGLang's
+    ``{"reasoning_content": null}``) and no finish reason: what else it carries -- token ids, logprobs,
+    continuous usage -- a request that asked for neither token ids nor logprobs would not have been sent."""
     choices = chunk.get("choices")
     if not isinstance(choices, list) or not choices:
         return False
-    return all(isinstance(c, dict) and c.get("delta") == {} and c.get("finish_reason") is None for c in choices)
+    return all(
+        isinstance(c, dict)
+        and isinstance(delta := c.get("delta"), dict)
+        and not any(v is not None for v in delta.values())
+        and c.get("finish_reason") is None
+        for c in choices
+    )
 
 
 def with_traingate_fields(out: dict[str, Any], full: dict[str, Any], operation: str) -> dict[str, Any]:

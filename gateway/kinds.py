@@ -146,11 +146,18 @@ class TrainableWatch:
         capture.untrainable += 1
         if capture.untrainable == 1:
             where = f"backend '{backend.backend_id}' (kind {backend.kind})" if backend is not None else "its backend"
+            engine = backend is not None and backend.kind in ("vllm", "sglang")
+            advice = (
+                "the engine did not return them: check its version and flags"
+                if engine
+                else "put the model with --kind vllm or sglang if that engine serves it"
+            )
             log.warning(
-                "model '%s': completions from %s come back without token ids, so they are not trainable; "
-                "put the model with --kind vllm or sglang if that engine serves it (see docs/backends.md)",
+                "model '%s': completions from %s come back without token ids, so they are not trainable; %s "
+                "(see docs/backends.md)",
                 alias,
                 where,
+                advice,
             )
 
     def counts(self, alias: str) -> Capture:

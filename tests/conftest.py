@@ -118,3 +118,16 @@ def mock_process() -> Iterator[MockBackendProcess]:
 def mock(mock_process: MockBackendProcess) -> MockBackendProcess:
     mock_process.reset()
     return mock_process
+
+
+@pytest.fixture(scope="session")
+def sglang_mock_process() -> Iterator[MockBackendProcess]:
+    """One SGLang-like mock backend process for the session (``sglang_mock`` resets it per test)."""
+    with MockBackendProcess(flavor="sglang") as process:
+        yield process
+
+
+@pytest.fixture
+def sglang_mock(sglang_mock_process: MockBackendProcess) -> MockBackendProcess:
+    sglang_mock_process.reset()
+    return sglang_mock_process

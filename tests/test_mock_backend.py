@@ -75,10 +75,12 @@ def test_chat_non_streaming_parses_and_echoes_request_id(client: OpenAI) -> None
     assert choice.message.role == "assistant"
     assert isinstance(choice.message.content, str) and choice.message.content.endswith(".")
     assert choice.finish_reason == "stop"
+    assert response.id == "chatcmpl-req-123"  # vLLM names the answer after the client's request id
+    assert response.system_fingerprint is not None and response.system_fingerprint.startswith("vllm-0.32.0-")
     usage = response.usage
     assert usage is not None and usage.completion_tokens > 0
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
-    assert usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens == 0
+    assert usage.prompt_tokens_details is None  # vLLM's default: no --enable-prompt-tokens-details
     # without return_token_ids vLLM leaves the extension fields null
     assert response.model_dump()["prompt_token_ids"] is None
 
@@ -182,7 +184,8 @@ def test_math_answers_are_right_about_seventy_percent_of_the_time(client: OpenAI
     assert 18 <= right <= 38
 
 
-def test_prefix_cache_reports_cached_tokens(client: OpenAI) -> None:
+def test_prefix_cache_reports_cached_tokens(client: OpenAI, mock: MockBackendProcess) -> None:
+    mock.configure(prompt_tokens_details=True)  # as vLLM started with --enable-prompt-tokens-details
     messages = _user("A long shared prefix " * 20)
     first = client.chat.completions.create(model=MODEL, messages=messages)
     second = client.chat.completions.create(model=MODEL, messages=[*messages, {"role": "user", "content": "more"}])
@@ -204,7 +207,7 @@ def test_tool_call_then_text_after_the_tool_answers(client: OpenAI) -> None:
     assert choice.finish_reason == "tool_calls"
     assert choice.message.tool_calls is not None and len(choice.message.tool_calls) == 1
     call = choice.message.tool_calls[0]
-    assert call.id.startswith("call_") and call.type == "function"
+    assert call.id.startswith("chatcmpl-tool-") and call.type == "function"
     assert call.function.name == "get_weather"
     arguments = json.loads(call.function.arguments)
     assert isinstance(arguments["location"], str) and arguments["location"]
@@ -267,7 +270,8 @@ def test_completions_token_ids_and_logprobs(client: OpenAI) -> None:
     assert choice.logprobs is not None and choice.logprobs.tokens is not None
     assert len(choice.logprobs.tokens) == len(data["token_ids"])
     assert choice.logprobs.text_offset is not None and choice.logprobs.text_offset[0] == 0
-    assert choice.logprobs.top_logprobs is not None and all(len(t) == 3 for t in choice.logprobs.top_logprobs)
+    # the two likeliest tokens, the sampled one among them (the fake model samples its likeliest token)
+    assert choice.logprobs.top_logprobs is not None and all(len(t) == 2 for t in choice.logprobs.top_logprobs)
 
     streamed_ids: list[int] = []
     text = ""
@@ -302,9 +306,17 @@ def test_embeddings_base64_and_float(client: OpenAI, mock: MockBackendProcess) -
     assert response.usage.prompt_tokens == 2
 
 
-def test_models_and_health(client: OpenAI, mock: MockBackendProcess) -> None:
+def test_models_health_and_version(client: OpenAI, mock: MockBackendProcess) -> None:
     assert [m.id for m in client.models.list()] == [MODEL]
-    assert httpx.get(f"{mock.url}/health").status_code == 200
+    health = httpx.get(f"{mock.url}/health")
+    assert health.status_code == 200 and health.content == b""
+    assert httpx.get(f"{mock.url}/version").json() == {"version": "0.32.0"}
+
+
+def test_the_flavor_is_chosen_at_start(mock: MockBackendProcess) -> None:
+    assert httpx.get(f"{mock.url}/mock/config").json()["flavor"] == "vllm"
+    refused = httpx.post(f"{mock.url}/mock/config", json={"flavor": "sglang"})
+    assert refused.status_code == 400 and "fixed" in refused.json()["error"]["message"]
 
 
 def test_responses_api(client: OpenAI) -> None:
@@ -348,17 +360,20 @@ def test_responses_api_streams_named_events_ending_with_the_whole_response(
     assert json.loads(arguments)["unit"] == "celsius" == json.loads(called[-1].response.output[0].arguments)["unit"]  # type: ignore[union-attr]
 
 
-def test_errors_use_the_openai_envelope(client: OpenAI, mock: MockBackendProcess) -> None:
+def test_errors_are_vllms(client: OpenAI, mock: MockBackendProcess) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=MODEL, messages=[])
     assert caught.value.status_code == 400
-    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "messages"
-    missing_model = httpx.post(f"{mock.base_url}/chat/completions", json={"messages": _user("hi")})
-    assert missing_model.status_code == 400 and missing_model.json()["error"]["param"] == "model"
+    assert isinstance(caught.value.body, dict) and caught.value.body["type"] == "BadRequestError"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=_user("hi"), max_tokens=10**6)
+    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "max_tokens"
+    no_model = httpx.post(f"{mock.base_url}/chat/completions", json={"messages": _user("hi")})
+    assert no_model.status_code == 200 and no_model.json()["model"] == MODEL  # vLLM serves its first model
     malformed = httpx.post(f"{mock.base_url}/chat/completions", content=b"{not json")
     assert malformed.status_code == 400 and set(malformed.json()["error"]) == {"message", "type", "param", "code"}
     unknown = httpx.get(f"{mock.url}/v1/nothing")
-    assert unknown.status_code == 404 and "error" in unknown.json()
+    assert unknown.status_code == 404 and unknown.json() == {"detail": "Not Found"}  # FastAPI's, as vLLM's
     bad_rule = httpx.post(f"{mock.url}/mock/faults", json={"kind": "explode"})
     assert bad_rule.status_code == 400
 

@@ -158,6 +158,13 @@ def parent_exists(ctx: click.Context, param: click.Parameter, value: str | None)
 
 
 @main.command("mock-backend")
+@click.option(
+    "--flavor",
+    type=click.Choice(["vllm", "sglang"]),
+    default="vllm",
+    show_default=True,
+    help="The engine to play: vLLM 0.32 or SGLang 0.5.23 (routes, answer shapes, token-id fields).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=int, default=8001, show_default=True, help="Port to listen on (0: any free port).")
 @click.option("--latency-ms", type=float, default=0.0, show_default=True, help="Wait before answering.")
@@ -168,6 +175,7 @@ def parent_exists(ctx: click.Context, param: click.Parameter, value: str | None)
 @click.option("--access-log/--no-access-log", default=False, show_default=True, help="Log every request.")
 @click.option("--log-level", default="info", show_default=True, help="uvicorn's log level.")
 def mock_backend(
+    flavor: Literal["vllm", "sglang"],
     host: str,
     port: int,
     latency_ms: float,
@@ -178,10 +186,12 @@ def mock_backend(
     access_log: bool,
     log_level: str,
 ) -> None:
-    """Run a mock inference backend (vLLM-like, deterministic, no GPU); script faults over HTTP at /mock/*."""
+    """Run a mock inference backend (vLLM- or SGLang-like, deterministic, no GPU); script faults over HTTP at
+    /mock/*."""
     from rollway.mock import MockConfig, serve
 
     config = MockConfig(
+        flavor=flavor,
         models=models or ("mock-model",),
         strict_models=strict_models,
         latency_ms=latency_ms,

@@ -1,8 +1,17 @@
 """``create_mock_app(config)``: the mock backend as a Starlette app.
 
-Data plane (vLLM-like): ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/responses``,
-``GET /v1/models``, ``GET /health``. Control plane for tests: ``/mock/faults``, ``/mock/reset``, ``/mock/stats``,
-``/mock/requests``, ``/mock/config`` (see ``rollway.mock.faults`` for the rule schema).
+Data plane of the ``vllm`` flavour: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
+``/v1/responses``, ``GET /v1/models``, ``GET /health`` (200, empty), ``GET /version``. The ``sglang`` flavour has
+no embeddings and no ``/version``, and adds SGLang's own routes: ``GET /v1/models/{model}``, ``/model_info`` and
+``/get_model_info``, ``/server_info`` and ``/get_server_info``, ``/health_generate``, ``/ready``, ``/ping`` (200,
+empty) and ``/`` (``"SGLang is running"``). Other paths answer FastAPI's ``{"detail": "Not Found"}`` (404) or
+``{"detail": "Method Not Allowed"}`` (405), as both servers do. Control plane for tests: ``/mock/faults``,
+``/mock/reset``, ``/mock/stats``, ``/mock/requests``, ``/mock/config`` (see ``rollway.mock.faults`` for the rule
+schema).
+
+The ``vllm`` flavour's answers carry ``x-request-id`` (the client's, or a new one), as vLLM's do with
+``--enable-request-id-headers``; the client's also names chat and completion answers (``chatcmpl-<id>``). The
+``sglang`` flavour's carry ``vary: Origin`` (SGLang's CORS middleware) instead.
 
 Per-request latency overrides: headers ``x-mock-latency-ms``, ``x-mock-ttft-ms``, ``x-mock-token-delay-ms``, or a
 body field ``"mock": {"latency_ms": .., "ttft_ms": .., "token_delay_ms": ..}``.
@@ -28,85 +37,22 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rollway.envelope import envelope
 from rollway.mock.config import MockConfig
-from rollway.mock.faults import FaultBook, FaultError, FaultRule, RequestRecord, Stats, with_garbage
-from rollway.mock.model import FakeModel, PrefixCache
-from rollway.mock.plans import BadRequest, Planner
+from rollway.mock.control import control_routes
+from rollway.mock.faults import FaultRule, RequestRecord, with_garbage
+from rollway.mock.plans import Plan, Planner
+from rollway.mock.sglang_plans import SGLangPlanner
+from rollway.mock.state import MockState, Watch
+from rollway.mock.validation import BadRequest, schema_error
 
 RECORD_KEY = "rollway.mock.record"
+#: The client's ``x-request-id``, when it sent a usable one.
+CLIENT_ID_KEY = "rollway.mock.client_request_id"
 logger = logging.getLogger("rollway.mock")
 _REQUEST_ID_RE = re.compile(r"^[\x21-\x7e]{1,200}$")
 
 
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
-
-class MockState:
-    """Everything the app holds, reachable as ``app.state.mock``."""
-
-    def __init__(self, config: MockConfig) -> None:
-        self.initial_config = config
-        self.config = config
-        self.model = FakeModel(math_accuracy=config.math_accuracy)
-        self.prefix_cache = PrefixCache(config.prefix_block_size)
-        self.faults = FaultBook()
-        self.stats = Stats(config.request_log_size)
-        self.watches: set[_Watch] = set()
-        self.shutting_down = False
-
-    def set_config(self, config: MockConfig) -> None:
-        self.config = config
-        self.model = FakeModel(math_accuracy=config.math_accuracy)
-        if config.prefix_block_size != self.prefix_cache.block_size:
-            self.prefix_cache = PrefixCache(config.prefix_block_size)
-
-    def reset(self) -> None:
-        self.set_config(self.initial_config)
-        self.faults.clear()
-        self.stats.reset()
-        self.prefix_cache.clear()
-
-    def begin_shutdown(self) -> None:
-        """Wake every hanging or stalled request so the server can stop."""
-        self.shutting_down = True
-        for watch in list(self.watches):
-            watch.stop.set()
-
-
-class _Watch:
-    """Watches ``receive`` for ``http.disconnect``; records a cancellation unless the response was complete."""
-
-    def __init__(self, state: MockState, record: RequestRecord, receive: Receive) -> None:
-        self.state, self.record = state, record
-        self.stop = asyncio.Event()
-        self.done = False
-        self._task = asyncio.get_running_loop().create_task(self._run(receive))
-        state.watches.add(self)
-
-    async def _run(self, receive: Receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        if not self.done:
-            self.state.stats.cancel(self.record, time.monotonic())
-        self.stop.set()
-
-    async def sleep(self, seconds: float) -> bool:
-        """Wait ``seconds``; True when the client left (or the server stops) meanwhile."""
-        if self.stop.is_set():
-            return True
-        if seconds <= 0:
-            return False
-        try:
-            async with asyncio.timeout(seconds):
-                await self.stop.wait()
-        except TimeoutError:
-            return False
-        return True
-
-    def close(self) -> None:
-        self.done = True
-        self._task.cancel()
-        self.state.watches.discard(self)
 
 
 class _Tracker:
@@ -124,10 +70,14 @@ class _Tracker:
             if name == b"x-request-id":
                 request_id = value.decode("latin-1")
         if not _REQUEST_ID_RE.match(request_id):
-            request_id = f"mock-{uuid.uuid4().hex}"
+            request_id = uuid.uuid4().hex
+        else:
+            scope[CLIENT_ID_KEY] = request_id
         record = RequestRecord(request_id, scope["method"], scope["path"], time.monotonic())
         scope[RECORD_KEY] = record
         header = (b"x-request-id", request_id.encode("latin-1"))
+        if self.state.config.flavor == "sglang":
+            header = (b"vary", b"Origin")
 
         async def tracked_send(message: Any) -> None:
             if message["type"] == "http.response.start":
@@ -153,6 +103,20 @@ async def _read_body(receive: Receive) -> bytes | None:
             return b"".join(chunks)
 
 
+def _parse(raw: bytes) -> dict[str, Any] | BadRequest:
+    """The request body, or the 400 vLLM answers for one that is not a JSON object."""
+    try:
+        parsed = json.loads(raw) if raw else None
+    except json.JSONDecodeError as exc:
+        return schema_error(f"body.{exc.pos}", "json_invalid", "JSON decode error", {}, {"error": exc.msg})
+    except UnicodeDecodeError as exc:
+        return schema_error("body", "json_invalid", "JSON decode error", {}, {"error": str(exc)})
+    if not isinstance(parsed, dict):
+        msg = "Input should be a valid dictionary or object to extract fields from"
+        return schema_error("body", "model_attributes_type", msg, parsed)
+    return parsed
+
+
 async def _send_json(send: Send, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
     body = obj if isinstance(obj, bytes) else _dumps(obj) if not isinstance(obj, str) else obj.encode("utf-8")
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -166,7 +130,7 @@ class _Endpoint:
 
     def __init__(self, state: MockState, kind: str) -> None:
         self.state = state
-        self.planner = Planner(state, kind)
+        self.planner = SGLangPlanner(state, kind) if state.config.flavor == "sglang" else Planner(state, kind)
 
     # -- serving ---------------------------------------------------------------------------------------
 
@@ -179,13 +143,9 @@ class _Endpoint:
             if raw is None:
                 state.stats.cancel(record, time.monotonic())
                 return
-            try:
-                parsed = json.loads(raw) if raw else None
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                await _send_json(send, 400, envelope(f"malformed JSON body: {exc}", "invalid_request_error"))
-                return
-            if not isinstance(parsed, dict):
-                await _send_json(send, 400, envelope("the body must be a JSON object", "invalid_request_error"))
+            parsed = _parse(raw)
+            if isinstance(parsed, BadRequest):
+                await _send_json(send, parsed.status, self.planner.error(parsed))
                 return
             body = parsed
             record.model = body.get("model") if isinstance(body.get("model"), str) else None
@@ -202,9 +162,9 @@ class _Endpoint:
                 "at": record.started_at,
             }
         )
-        watch = _Watch(state, record, receive)
+        watch = Watch(state, record, receive)
         try:
-            await self._serve(send, record, body, headers, watch)
+            await self._serve(send, record, body, headers, watch, scope)
         finally:
             watch.close()
 
@@ -227,14 +187,20 @@ class _Endpoint:
         return values["latency_ms"] / 1000, values["ttft_ms"] / 1000, values["token_delay_ms"] / 1000
 
     async def _serve(
-        self, send: Send, record: RequestRecord, body: dict[str, Any], headers: dict[str, str], watch: _Watch
+        self,
+        send: Send,
+        record: RequestRecord,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        watch: Watch,
+        scope: Scope,
     ) -> None:
         state = self.state
         try:
-            plan = self.planner.plan(body)
+            plan = self.planner.plan(body, scope.get(CLIENT_ID_KEY), headers, scope.get("path_params"))
             latency, ttft, token_delay = self._delays(body, headers)
         except BadRequest as exc:
-            await _send_json(send, exc.status, envelope(exc.message, exc.type, param=exc.param, code=exc.status))
+            await _send_json(send, exc.status, self.planner.error(exc))
             return
         rule = state.faults.take(path=record.path, model=record.model, stream=plan.stream)
         if rule is not None:
@@ -255,13 +221,19 @@ class _Endpoint:
                 await watch.stop.wait()
                 return
         if plan.steps is not None:
-            await self._stream(send, record, _sse(plan.steps(), plan.named_events), rule, watch, ttft, token_delay)
+            await self._stream(send, record, _sse(plan.steps(), plan), rule, watch, ttft, token_delay)
             return
         record.stage = "generating"
         if await watch.sleep(ttft + token_delay * max(plan.decode_steps - 1, 0)):
             return
         assert plan.body is not None
-        payload = _dumps(plan.body())
+        answer = plan.body()
+        if answer is None:  # vLLM's /health: 200, no body
+            watch.done = True
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        payload = _dumps(answer)
         if rule is not None and rule.kind in ("drop_mid_stream", "stall_mid_stream"):
             start_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
             await send({"type": "http.response.start", "status": 200, "headers": start_headers})
@@ -272,7 +244,7 @@ class _Endpoint:
             _log_abort(rule, record)
             return  # returning mid-body makes the server abort the connection
         watch.done = True
-        await _send_json(send, 200, payload)
+        await _send_json(send, plan.status, payload)
 
     async def _send_fault(self, send: Send, rule: FaultRule) -> None:
         headers = dict(rule.headers)
@@ -291,7 +263,7 @@ class _Endpoint:
         record: RequestRecord,
         events: list[list[bytes]],
         rule: FaultRule | None,
-        watch: _Watch,
+        watch: Watch,
         ttft: float,
         token_delay: float,
     ) -> None:
@@ -325,14 +297,20 @@ class _Endpoint:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _sse(steps: list[list[dict[str, Any]]], named: bool) -> list[list[bytes]]:
-    """The stream's events by decode step: ``data:`` lines and a final ``[DONE]`` (chat, completions), or
-    ``event: <type>`` + ``data:`` and no ``[DONE]`` (``named``: the Responses API)."""
-    if named:
-        return [[b"event: " + c["type"].encode() + b"\ndata: " + _dumps(c) + b"\n\n" for c in step] for step in steps]
-    events = [[b"data: " + _dumps(chunk) + b"\n\n" for chunk in step] for step in steps]
+def _sse(steps: list[list[dict[str, Any]]], plan: Plan) -> list[list[bytes]]:
+    """The stream's events by decode step: ``data:`` lines (some named by ``plan.event_name``) and a final
+    ``[DONE]`` (chat, completions), or ``event: <type>`` + ``data:`` and no ``[DONE]`` (the Responses API)."""
+    if plan.named_events:
+        return [[_event(c["type"], c) for c in step] for step in steps]
+    name = plan.event_name or (lambda _: None)
+    events = [[_event(name(chunk), chunk) for chunk in step] for step in steps]
     events[-1].append(b"data: [DONE]\n\n")
     return events
+
+
+def _event(name: str | None, data: dict[str, Any]) -> bytes:
+    head = b"event: " + name.encode() + b"\n" if name is not None else b""
+    return head + b"data: " + _dumps(data) + b"\n\n"
 
 
 def _log_abort(rule: FaultRule, record: RequestRecord) -> None:
@@ -340,81 +318,10 @@ def _log_abort(rule: FaultRule, record: RequestRecord) -> None:
         logger.warning("fault rule %d (%s): aborting request %s mid-body", rule.id, rule.kind, record.request_id)
 
 
-# ------------------------------------------------------------------------------------------- control plane
-
-
-def _control_routes(state: MockState) -> list[Route]:
-    async def faults(request: Request) -> Response:
-        if request.method == "DELETE":
-            state.faults.clear()
-        elif request.method == "POST":
-            try:
-                added = state.faults.add(await request.json())
-            except (FaultError, json.JSONDecodeError) as exc:
-                return JSONResponse(envelope(str(exc), "invalid_request_error"), status_code=400)
-            return JSONResponse(
-                {"added": [r.as_dict() for r in added], "rules": [r.as_dict() for r in state.faults.rules]}
-            )
-        return JSONResponse({"rules": [r.as_dict() for r in state.faults.rules]})
-
-    async def reset(_: Request) -> Response:
-        state.reset()
-        return JSONResponse({"status": "reset"})
-
-    async def stats(request: Request) -> Response:
-        query = request.query_params
-        try:
-            timeout = min(float(query.get("timeout", "5")), 60.0)
-            want_cancelled = int(query.get("wait_cancelled", "0"))
-            want_requests = int(query.get("wait_requests", "0"))
-            want_idle = query.get("wait_idle", "0") not in ("0", "", "false")
-        except ValueError:
-            return JSONResponse(envelope("bad query parameter", "invalid_request_error"), status_code=400)
-        s = state.stats
-        if want_cancelled or want_requests or want_idle:
-            await s.wait_until(
-                lambda: (
-                    len(s.cancelled) >= want_cancelled
-                    and sum(s.requests.values()) >= want_requests
-                    and (not want_idle or not s.in_flight)
-                ),
-                timeout,
-            )
-        return JSONResponse(s.snapshot())
-
-    async def requests(request: Request) -> Response:
-        try:
-            limit = int(request.query_params.get("limit", "100"))
-        except ValueError:
-            return JSONResponse(envelope("limit must be an integer", "invalid_request_error"), status_code=400)
-        path = request.query_params.get("path")
-        items = [r for r in state.stats.log if path is None or r["path"] == path]
-        return JSONResponse({"requests": items[-limit:] if limit > 0 else []})
-
-    async def config(request: Request) -> Response:
-        if request.method == "POST":
-            try:
-                changes = await request.json()
-                if not isinstance(changes, dict):
-                    raise ValueError("send an object of config keys")
-                state.set_config(state.config.updated(changes))
-            except ValueError as exc:
-                return JSONResponse(envelope(str(exc), "invalid_request_error"), status_code=400)
-        return JSONResponse(state.config.as_dict())
-
-    return [
-        Route("/mock/faults", faults, methods=["GET", "POST", "DELETE"]),
-        Route("/mock/reset", reset, methods=["POST"]),
-        Route("/mock/stats", stats, methods=["GET"]),
-        Route("/mock/requests", requests, methods=["GET"]),
-        Route("/mock/config", config, methods=["GET", "POST"]),
-    ]
-
-
 async def _http_error(_: Request, exc: Exception) -> Response:
+    """FastAPI's answer to a path or method the server does not route (vLLM's server is a FastAPI app)."""
     assert isinstance(exc, HTTPException)
-    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return JSONResponse(envelope(str(exc.detail), kind, code=exc.status_code), status_code=exc.status_code)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
 
 def create_mock_app(config: MockConfig | None = None) -> Starlette:
@@ -427,12 +334,19 @@ def create_mock_app(config: MockConfig | None = None) -> Starlette:
     routes = [
         Route("/v1/chat/completions", endpoint("chat"), methods=["POST"]),
         Route("/v1/completions", endpoint("completions"), methods=["POST"]),
-        Route("/v1/embeddings", endpoint("embeddings"), methods=["POST"]),
         Route("/v1/responses", endpoint("responses"), methods=["POST"]),
         Route("/v1/models", endpoint("models"), methods=["GET"]),
         Route("/health", endpoint("health"), methods=["GET"]),
-        *_control_routes(state),
     ]
+    if state.config.flavor == "sglang":
+        names = ("model_info", "get_model_info", "server_info", "get_server_info", "health_generate", "ready", "ping")
+        routes += [Route(f"/{name}", endpoint(name), methods=["GET"]) for name in names]
+        routes += [Route("/", endpoint("root"), methods=["GET"])]
+        routes += [Route("/v1/models/{model:path}", endpoint("model_card"), methods=["GET"])]
+    else:
+        routes += [Route("/v1/embeddings", endpoint("embeddings"), methods=["POST"])]
+        routes += [Route("/version", endpoint("version"), methods=["GET"])]
+    routes += control_routes(state)
     app = Starlette(
         routes=routes,
         middleware=[Middleware(_Tracker, state=state)],

@@ -1,16 +1,23 @@
-"""``MockConfig``: the knobs of the mock backend (all changeable at runtime through ``POST /mock/config``)."""
+"""``MockConfig``: the knobs of the mock backend (all but ``flavor`` changeable at runtime through ``POST
+/mock/config``)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+#: The engine the mock plays: vLLM 0.32 or SGLang 0.5.23 (its Python frontend).
+Flavor = Literal["vllm", "sglang"]
+FLAVORS: tuple[Flavor, ...] = ("vllm", "sglang")
 
 
 @dataclass(frozen=True, slots=True)
 class MockConfig:
     """How the mock backend behaves. Times are milliseconds."""
 
+    #: The engine whose routes and answer shapes the mock reproduces; fixed when the mock starts.
+    flavor: Flavor = "vllm"
     #: Model names listed by ``GET /v1/models``; with ``strict_models`` any other name is a 404 (like vLLM).
     models: tuple[str, ...] = ("mock-model",)
     strict_models: bool = False
@@ -29,8 +36,20 @@ class MockConfig:
     embedding_dim: int = 32
     #: Prefix-cache block size for ``cached_tokens`` (0 turns the simulated prefix cache off).
     prefix_block_size: int = 16
+    #: Report ``usage.prompt_tokens_details`` (cached tokens) in chat and completions, as vLLM does when started
+    #: with ``--enable-prompt-tokens-details`` (SGLang: ``--enable-cache-report``); off, they are null (both
+    #: engines' default). The Responses API reports cached tokens either way.
+    prompt_tokens_details: bool = False
     #: How many recent requests ``GET /mock/requests`` keeps.
     request_log_size: int = 1000
+    #: SGLang's ``--tool-call-parser`` (``""``: none, SGLang's default and the captured server's). With one, the
+    #: ``sglang`` flavour parses the fake model's ``<tool_call>`` markup into tool calls, whatever the name, and
+    #: sends the logprobs of a streamed token that adds no text in a chunk of their own.
+    tool_call_parser: str = ""
+
+    def __post_init__(self) -> None:
+        if self.flavor not in FLAVORS:
+            raise ValueError(f"flavor must be one of {', '.join(FLAVORS)}")
 
     def updated(self, changes: dict[str, Any]) -> MockConfig:
         """A copy with ``changes`` applied; unknown keys or wrong types raise ``ValueError``."""
@@ -40,6 +59,10 @@ class MockConfig:
             if key not in known:
                 raise ValueError(f"unknown config key {key!r}")
             current = getattr(self, key)
+            if key == "flavor" and value != current:
+                raise ValueError("flavor is fixed when the mock starts")
+            if isinstance(current, str) and not isinstance(value, str):
+                raise ValueError(f"{key} must be a string")
             if isinstance(current, bool):
                 if not isinstance(value, bool):
                     raise ValueError(f"{key} must be a boolean")

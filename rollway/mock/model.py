@@ -79,6 +79,24 @@ class Choice:
     def has_tool_call(self) -> bool:
         return any(t.opens_tool_call for t in self.tokens)
 
+    @property
+    def raw_text(self) -> str:
+        """The output as the engine decodes it: every token but the end-of-sequence one (tool-call markup too)."""
+        return "".join(t.text for t in self.tokens if t.id != tok.EOS_ID)
+
+    @property
+    def parsed_call(self) -> ToolCall | None:
+        """The tool call a parser finds in the whole output: none when ``max_tokens`` cut it before its end."""
+        if self.tool_call is None or tok.TOOL_CALL_END_ID not in self.token_ids:
+            return None
+        return self.tool_call
+
+    @property
+    def unparsed(self) -> bool:
+        """The output holds the markup of a tool call the parser cannot read (``max_tokens`` cut it): the whole
+        output is then the message's text."""
+        return tok.TOOL_CALL_START_ID in self.token_ids and self.parsed_call is None
+
     def logprob(self, position: int, top: int) -> tuple[float, list[tuple[str, float]]]:
         """The sampled token's logprob and the ``top`` most likely tokens at ``position`` (best first)."""
         token = self.tokens[position]
@@ -214,12 +232,12 @@ class FakeModel:
         want = sampling.max_tokens if sampling.ignore_eos else sampling.min_tokens
         while len(tokens) < want:
             tokens.extend(_text_tokens(" " + _sentence(rng, rng.randint(4, 12))))
-        return self._finish(Choice(index, tokens, "stop", salt), sampling, eos_content="")
+        return self._finish(Choice(index, tokens, "stop", salt), sampling)
 
     def _tool_choice(
         self, index: int, salt: str, rng: random.Random, sampling: Sampling, tool: ToolSpec, user_text: str
     ) -> Choice:
-        call_id = "call_" + hashlib.blake2b(salt.encode(), digest_size=12).hexdigest()
+        call_id = "chatcmpl-tool-" + hashlib.blake2b(salt.encode(), digest_size=8).hexdigest()  # vLLM's form
         arguments = json.dumps(_fill_arguments(tool.parameters, rng, user_text), ensure_ascii=False)
         name_pieces = tok.pieces(tool.name) or [tool.name]
         tokens = [Token(id=tok.TOOL_CALL_START_ID, text="<tool_call>")]
@@ -227,18 +245,19 @@ class FakeModel:
             tokens.append(Token(id=tok.piece_id(piece), text=piece, opens_tool_call=i == len(name_pieces) - 1))
         tokens.extend(Token(id=tok.piece_id(p), text=p, arguments=p) for p in tok.pieces(arguments))
         tokens.append(Token(id=tok.TOOL_CALL_END_ID, text="</tool_call>"))
-        choice = self._finish(Choice(index, tokens, "tool_calls", salt), sampling, eos_content=None)
+        choice = self._finish(Choice(index, tokens, "tool_calls", salt), sampling)
         if choice.has_tool_call:
             choice.tool_call = ToolCall(id=call_id, name=tool.name, arguments=choice.arguments)
         return choice
 
     @staticmethod
-    def _finish(choice: Choice, sampling: Sampling, *, eos_content: str | None) -> Choice:
+    def _finish(choice: Choice, sampling: Sampling) -> Choice:
+        """Cut the choice at ``max_tokens``, or end it with the end-of-sequence token (which adds nothing)."""
         if sampling.ignore_eos or len(choice.tokens) + 1 > sampling.max_tokens:
             del choice.tokens[sampling.max_tokens :]
             choice.finish_reason = "length"
         else:
-            choice.tokens.append(Token(id=tok.EOS_ID, text=tok.EOS, content=eos_content))
+            choice.tokens.append(Token(id=tok.EOS_ID, text=tok.EOS))
         return choice
 
 
@@ -250,10 +269,11 @@ class PrefixCache:
         self.capacity = capacity
         self._seen: OrderedDict[bytes, None] = OrderedDict()
 
-    def lookup_and_insert(self, namespace: str, ids: list[int]) -> int:
+    def lookup_and_insert(self, namespace: str, ids: list[int]) -> tuple[int, int]:
+        """``(cached, written)``: the prompt tokens found in the cache, and those this prompt added to it."""
         size = self.block_size
         if size <= 0:
-            return 0
+            return 0, 0
         chained = namespace.encode("utf-8")
         cached = 0
         hit = True
@@ -268,7 +288,7 @@ class PrefixCache:
                 self._seen[chained] = None
         while len(self._seen) > self.capacity:
             self._seen.popitem(last=False)
-        return cached
+        return cached, len(ids) // size * size - cached
 
     def clear(self) -> None:
         self._seen.clear()

@@ -1,5 +1,5 @@
-"""Turning a request body into a ``Plan``: validation (400s in OpenAI's envelope), the prompt's token ids, the fake
-model's choices and the renderer of the answer (a JSON body, or stream chunks grouped by decode step)."""
+"""Turning a request body into a ``Plan``: vLLM's checks (``rollway.mock.validation``), the prompt's token ids, the
+fake model's choices and the renderer of the answer (a JSON body, or stream chunks grouped by decode step)."""
 
 from __future__ import annotations
 
@@ -7,23 +7,17 @@ import base64
 import random
 import struct
 import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rollway.mock import shapes
+from rollway.mock import asks, completions, responses, shapes
 from rollway.mock import tokenizer as tok
+from rollway.mock import validation as check
 from rollway.mock.config import MockConfig
-from rollway.mock.model import Choice, FakeModel, PrefixCache, Sampling, ToolSpec, prompt_digest
-
-
-class BadRequest(Exception):
-    def __init__(
-        self, message: str, param: str | None = None, *, status: int = 400, type_: str = "invalid_request_error"
-    ):
-        super().__init__(message)
-        self.message, self.param, self.status, self.type = message, param, status, type_
+from rollway.mock.identity import VLLM_VERSION, random_id, system_fingerprint
+from rollway.mock.model import Choice, FakeModel, PrefixCache, prompt_digest
+from rollway.mock.validation import BadRequest, rejected, schema_error
 
 
 class Backend(Protocol):
@@ -34,45 +28,6 @@ class Backend(Protocol):
     prefix_cache: PrefixCache
 
 
-# ---------------------------------------------------------------------------------------------- validation
-
-
-def _int(body: dict[str, Any], key: str, default: int | None, lo: int, hi: int) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise BadRequest(f"{key} must be an integer between {lo} and {hi}", key)
-    return value
-
-
-def _bool(body: dict[str, Any], key: str) -> bool:
-    value = body.get(key)
-    if value is not None and not isinstance(value, bool):
-        raise BadRequest(f"{key} must be a boolean", key)
-    return bool(value)
-
-
-def _float(body: dict[str, Any], key: str, lo: float, hi: float) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
-        raise BadRequest(f"{key} must be a number between {lo} and {hi}", key)
-    return float(value)
-
-
-def _sampling(body: dict[str, Any], max_tokens: int) -> Sampling:
-    return Sampling(
-        max_tokens=max_tokens,
-        n=_int(body, "n", 1, 1, 128) or 1,
-        seed=_int(body, "seed", None, -(2**63), 2**64),
-        temperature=_float(body, "temperature", 0.0, 2.0),
-        min_tokens=_int(body, "min_tokens", 0, 0, 1_000_000) or 0,
-        ignore_eos=_bool(body, "ignore_eos"),
-    )
-
-
 @dataclass
 class Plan:
     """What to answer: a JSON body, or stream steps (lists of chunks per decode step)."""
@@ -80,190 +35,235 @@ class Plan:
     model: str
     stream: bool
     decode_steps: int
-    body: Callable[[], dict[str, Any]] | None = None
+    #: The JSON body (None: an empty one).
+    body: Callable[[], dict[str, Any] | str | None] | None = None
     steps: Callable[[], list[list[dict[str, Any]]]] | None = None
     #: Stream events named by an ``event:`` line (each chunk's ``type``) and no ``[DONE]`` (the Responses API).
     named_events: bool = False
-
-
-def _tool_spec(tools: Any, tool_choice: Any, *, flat: bool) -> ToolSpec | None:
-    """The tool to call (first one, or the named one), or None when the model should answer with text."""
-    if not tools or tool_choice == "none":
-        return None
-    specs: list[ToolSpec] = []
-    for i, tool in enumerate(tools):
-        fn = tool if flat else (tool.get("function") if isinstance(tool, dict) else None)
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise BadRequest(f"tools[{i}] must be a function tool with a name", "tools")
-        params = fn.get("parameters")
-        specs.append(ToolSpec(fn["name"], params if isinstance(params, dict) else {}))
-    if isinstance(tool_choice, dict):
-        named = tool_choice.get("name") if flat else (tool_choice.get("function") or {}).get("name")
-        for spec in specs:
-            if spec.name == named:
-                return spec
-        raise BadRequest(f"tool_choice names an unknown tool {named!r}", "tool_choice")
-    return specs[0]
+    #: The ``event:`` name of a chunk of a stream that ends with ``[DONE]`` (None: a plain ``data:`` event).
+    event_name: Callable[[dict[str, Any]], str | None] | None = None
+    #: The status of the body (an answer that is an error).
+    status: int = 200
 
 
 class Planner:
-    """Plans the answers of one route (``kind``: chat, completions, embeddings, responses, models, health)."""
+    """Plans the answers of one route (``kind``: chat, completions, embeddings, responses, models, version,
+    health)."""
 
     def __init__(self, state: Backend, kind: str) -> None:
         self.state, self.kind = state, kind
 
-    def plan(self, body: dict[str, Any]) -> Plan:
+    def plan(
+        self,
+        body: dict[str, Any],
+        request_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> Plan:
+        """The plan of ``body``; ``request_id`` (the client's ``X-Request-Id``) names chat and completion answers,
+        as vLLM's do. ``headers`` and the route's path ``params`` are for other engines' routes."""
+        if self.kind == "chat":
+            return self._plan_chat(body, request_id)
+        if self.kind == "completions":
+            return self._plan_completions(body, request_id)
+        if self.kind == "embeddings":
+            return self._plan_embeddings(body)
+        if self.kind == "responses":
+            return self._plan_responses(body)
         if self.kind == "models":
             return Plan("", False, 0, body=self._models)
-        if self.kind == "health":
-            return Plan("", False, 0, body=lambda: {"status": "ok"})
-        planner = {
-            "chat": self._plan_chat,
-            "completions": self._plan_completions,
-            "embeddings": self._plan_embeddings,
-            "responses": self._plan_responses,
-        }[self.kind]
-        return planner(body)
+        if self.kind == "version":
+            return Plan("", False, 0, body=lambda: {"version": VLLM_VERSION})
+        return Plan("", False, 0, body=lambda: None)  # /health: 200 with no body
 
-    def _model_name(self, body: dict[str, Any]) -> str:
+    def error(self, exc: BadRequest) -> dict[str, Any]:
+        """The body of a refused request."""
+        return exc.body()
+
+    # -- shared -------------------------------------------------------------------------------------------
+
+    def _model_name(self, body: dict[str, Any], *, aliases: bool = True) -> str:
+        """The model asked for; vLLM serves its first model to a request that names none."""
+        config = self.state.config
         model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise BadRequest("model is required", "model")
-        if self.state.config.strict_models and model not in self.state.config.models:
-            raise BadRequest(f"The model `{model}` does not exist.", "model", status=404, type_="NotFoundError")
+        if model is None or model == "":
+            return config.models[0]
+        if not isinstance(model, str):
+            raise schema_error("body.model", "string_type", "Input should be a valid string", model)
+        if config.strict_models and model not in config.models:
+            raise check.unknown_model(model, config.models, aliases=aliases)
         return model
 
     def _models(self) -> dict[str, Any]:
-        config = self.state.config
+        config, created = self.state.config, int(time.time())
+        permission = {
+            "object": "model_permission",
+            "created": created,
+            "allow_create_engine": False,
+            "allow_sampling": True,
+            "allow_logprobs": True,
+            "allow_search_indices": False,
+            "allow_view": True,
+            "allow_fine_tuning": False,
+            "organization": "*",
+            "group": None,
+            "is_blocking": False,
+        }
         return {
             "object": "list",
             "data": [
                 {
                     "id": name,
                     "object": "model",
-                    "created": 0,
-                    "owned_by": "rollway-mock",
+                    "created": created,
+                    "owned_by": "vllm",
                     "root": name,
                     "parent": None,
                     "max_model_len": config.max_model_len,
-                    "permission": [],
+                    "permission": [{"id": f"modelperm-{random_id()}", **permission}],
                 }
                 for name in config.models
             ],
         }
 
-    def _messages(self, raw: Any) -> list[dict[str, Any]]:
-        if not isinstance(raw, list) or not raw:
-            raise BadRequest("messages must be a non-empty list", "messages")
+    def _options(self, **asked: Any) -> shapes.Options:
+        config = self.state.config
+        fingerprint = system_fingerprint(config.models, config.max_model_len)
+        return shapes.Options(fingerprint=fingerprint, prompt_details=config.prompt_tokens_details, **asked)
+
+    def _messages(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        raw = check.sequence(body, "messages")
+        if raw is None:
+            raise check.missing(body, "messages")
+        if not raw:
+            raise BadRequest("Cannot apply chat template to an empty conversation. Provide at least one message.")
         for i, message in enumerate(raw):
-            if not isinstance(message, dict) or message.get("role") not in tok.ROLES:
-                raise BadRequest(f"messages[{i}] must be an object with a valid role", "messages")
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise schema_error(f"body.messages.{i}.role", "missing", "Field required", message)
             try:
                 tok.content_text(message.get("content"))
             except ValueError as exc:
-                raise BadRequest(f"messages[{i}].{exc}", "messages") from exc
+                raise schema_error(f"body.messages.{i}.content", "list_type", str(exc), message) from exc
         return raw
 
-    def _cached(self, model: str, prompt_ids: list[int]) -> int:
+    def _cache(self, model: str, prompt_ids: list[int]) -> tuple[int, int]:
         return self.state.prefix_cache.lookup_and_insert(model, prompt_ids)
 
-    def _plan_chat(self, body: dict[str, Any]) -> Plan:
+    def _limit(self, body: dict[str, Any], keys: tuple[str, ...], default: int) -> int:
+        """The output limit: the first of ``keys`` the body gives (each one checked), else ``default``."""
+        limit = self.state.config.max_model_len
+        given = [check.max_tokens(body, key, 0, limit) for key in keys]
+        return next((value for value in given if value), default)
+
+    # -- chat ---------------------------------------------------------------------------------------------
+
+    def _plan_chat(self, body: dict[str, Any], request_id: str | None) -> Plan:
         model = self._model_name(body)
-        messages = self._messages(body.get("messages"))
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise BadRequest("tools must be a list", "tools")
-        max_tokens = _int(body, "max_completion_tokens", None, 1, 10_000_000) or _int(
-            body, "max_tokens", self.state.config.default_max_tokens, 1, 10_000_000
-        )
-        sampling = _sampling(body, max_tokens or 1)
-        logprobs = _bool(body, "logprobs")
-        top = _int(body, "top_logprobs", 0, 0, 20) or 0
+        messages = self._messages(body)
+        max_tokens = self._limit(body, ("max_completion_tokens", "max_tokens"), self.state.config.default_max_tokens)
+        logprobs = check.boolean(body, "logprobs")
+        top = check.integer(body, "top_logprobs") or 0
+        if top < -1:
+            raise rejected("`top_logprobs` must be a positive value or -1.", "top_logprobs", top)
         if top and not logprobs:
-            raise BadRequest("top_logprobs requires logprobs to be true", "top_logprobs")
-        stream = _bool(body, "stream")
-        stream_options = body.get("stream_options") or {}
-        if not isinstance(stream_options, dict):
-            raise BadRequest("stream_options must be an object", "stream_options")
-        opts = shapes.Options(
-            return_token_ids=_bool(body, "return_token_ids"),
+            raise rejected("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+        stream = check.boolean(body, "stream")
+        stream_options = asks.stream_options(body, stream)
+        tool, mode = asks.tool_spec(body, flat=False)
+        if mode == "auto" and messages[-1]["role"] != "user":
+            tool = None  # the fake model calls a tool on its own only to answer the user
+        opts = self._options(
+            return_token_ids=check.boolean(body, "return_token_ids"),
             logprobs=logprobs,
-            top_logprobs=top,
+            top_logprobs=check.logprobs_count(top),
             include_usage=stream_options.get("include_usage") is True,
             continuous_usage=stream_options.get("continuous_usage_stats") is True,
+            tool_mode=mode,
         )
-        tool = None
-        if messages[-1]["role"] == "user":
-            tool = _tool_spec(tools, body.get("tool_choice", "auto"), flat=False)
-        prompt_ids, _ = tok.render_chat(messages, tools)
+        prompt_ids, _ = tok.render_chat(messages, body.get("tools"))
+        sampling = asks.sampling(body, max_tokens, len(prompt_ids), self.state.config.max_model_len)
         user = next((m for m in reversed(messages) if m["role"] == "user"), None)
         user_text = tok.content_text(user.get("content")) if user else ""
         choices = self.state.model.generate(prompt_ids, sampling, user_text=user_text, tool=tool)
-        cached = self._cached(model, prompt_ids)
-        answer = shapes.Answer(
-            f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model, [(prompt_ids, choices)], cached, opts
-        )
+        cached, written = self._cache(model, prompt_ids)
+        answer_id = "chatcmpl-" + (request_id or random_id())
+        batches = [(prompt_ids, choices)]
+        answer = shapes.Answer(answer_id, int(time.time()), model, batches, cached, opts, created_cache=written)
         steps = max(len(c.tokens) for c in choices)
         if stream:
             return Plan(model, True, steps, steps=lambda: shapes.chat_stream_steps(answer))
         return Plan(model, False, steps, body=lambda: shapes.chat_response(answer))
 
-    def _prompts(self, raw: Any) -> list[tuple[list[int], str]]:
+    # -- completions ----------------------------------------------------------------------------------------
+
+    def _prompts(self, body: dict[str, Any], key: str) -> list[tuple[list[int], str]]:
         def ids_ok(x: Any) -> bool:
             return isinstance(x, list) and bool(x) and all(isinstance(i, int) and not isinstance(i, bool) for i in x)
 
+        raw: Any = body.get(key)
+        if raw == []:
+            raise BadRequest("You must pass at least one prompt")
         if isinstance(raw, str):
             return [(tok.encode(raw), raw)]
         if ids_ok(raw):
             return [(list(raw), tok.decode(raw))]
-        if isinstance(raw, list) and raw and all(isinstance(p, str) for p in raw):
+        if isinstance(raw, list) and all(isinstance(p, str) for p in raw):
             return [(tok.encode(p), p) for p in raw]
-        if isinstance(raw, list) and raw and all(ids_ok(p) for p in raw):
+        if isinstance(raw, list) and all(ids_ok(p) for p in raw):
             return [(list(p), tok.decode(p)) for p in raw]
-        raise BadRequest("prompt must be a string, a list of strings, or token ids", "prompt")
+        raise schema_error(f"body.{key}", "string_type", "Input should be a valid string", raw)
 
-    def _plan_completions(self, body: dict[str, Any]) -> Plan:
+    def _plan_completions(self, body: dict[str, Any], request_id: str | None) -> Plan:
         model = self._model_name(body)
-        prompts = self._prompts(body.get("prompt"))
-        sampling = _sampling(body, _int(body, "max_tokens", 16, 1, 10_000_000) or 16)
-        top = _int(body, "logprobs", None, 0, 20)
-        stream = _bool(body, "stream")
-        stream_options = body.get("stream_options") or {}
-        if not isinstance(stream_options, dict):
-            raise BadRequest("stream_options must be an object", "stream_options")
-        opts = shapes.Options(
-            return_token_ids=_bool(body, "return_token_ids"),
+        if body.get("prompt") in (None, ""):
+            raise rejected("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+        prompts = self._prompts(body, "prompt")
+        max_tokens = self._limit(body, ("max_tokens",), 16)
+        top = check.integer(body, "logprobs")
+        stream = check.boolean(body, "stream")
+        stream_options = asks.stream_options(body, stream)
+        opts = self._options(
+            return_token_ids=check.boolean(body, "return_token_ids"),
             logprobs=top is not None,
-            top_logprobs=top or 0,
+            top_logprobs=check.logprobs_count(top) if top is not None else 0,
             include_usage=stream_options.get("include_usage") is True,
             continuous_usage=stream_options.get("continuous_usage_stats") is True,
-            echo=_bool(body, "echo"),
+            echo=check.boolean(body, "echo"),
         )
         batches: list[tuple[list[int], list[Choice]]] = []
-        cached = 0
+        cached = written = 0
         for ids, text in prompts:
+            sampling = asks.sampling(body, max_tokens, len(ids), self.state.config.max_model_len)
             batches.append((ids, self.state.model.generate(ids, sampling, user_text=text)))
-            cached += self._cached(model, ids)
+            cached, written = self._cache(model, ids)  # vLLM reports the last prompt's
         texts = tuple(text for _, text in prompts)
-        answer = shapes.Answer(f"cmpl-{uuid.uuid4().hex}", int(time.time()), model, batches, cached, opts, texts)
+        answer_id = "cmpl-" + (request_id or random_id())
+        answer = shapes.Answer(answer_id, int(time.time()), model, batches, cached, opts, texts, written)
         steps = max(len(c.tokens) for _, cs in batches for c in cs)
         if stream:
-            return Plan(model, True, steps, steps=lambda: shapes.completion_stream_steps(answer))
-        return Plan(model, False, steps, body=lambda: shapes.completion_response(answer))
+            return Plan(model, True, steps, steps=lambda: completions.completion_stream_steps(answer))
+        return Plan(model, False, steps, body=lambda: completions.completion_response(answer))
+
+    # -- embeddings -----------------------------------------------------------------------------------------
 
     def _plan_embeddings(self, body: dict[str, Any]) -> Plan:
-        model = self._model_name(body)
-        raw = body.get("input")
-        if raw is None:
-            raise BadRequest("input is required", "input")
-        try:
-            inputs = self._prompts(raw)
-        except BadRequest as exc:
-            raise BadRequest("input must be a string, a list of strings, or token ids", "input") from exc
-        dims = _int(body, "dimensions", self.state.config.embedding_dim, 1, 65_536) or 1
+        model = self._model_name(body, aliases=False)
+        if body.get("input") is None:
+            raise check.missing(body, "input")
+        if body["input"] == "":
+            raise BadRequest("The decoder prompt cannot be empty")
+        inputs = self._prompts(body, "input")
+        for ids, _ in inputs:
+            check.prompt_length(len(ids), self.state.config.max_model_len)
+        dims = check.integer(body, "dimensions") or self.state.config.embedding_dim
+        if dims < 1:
+            raise rejected(f"dimensions must be at least 1, got {dims}.", "dimensions", dims)
         fmt = body.get("encoding_format") or "float"
         if fmt not in ("float", "base64"):
-            raise BadRequest("encoding_format must be float or base64", "encoding_format")
+            expected = "'float', 'base64', 'bytes' or 'bytes_only'"
+            msg = f"Input should be {expected}"
+            raise schema_error("body.encoding_format", "literal_error", msg, fmt, {"expected": expected})
+        answer_id, created = f"embd-{random_id()}", int(time.time())
 
         def build() -> dict[str, Any]:
             data = []
@@ -272,72 +272,82 @@ class Planner:
                 value: Any = vector
                 if fmt == "base64":
                     value = base64.b64encode(struct.pack(f"<{dims}f", *vector)).decode("ascii")
-                data.append({"object": "embedding", "index": index, "embedding": value})
+                data.append({"index": index, "object": "embedding", "embedding": value})
             n = sum(len(ids) for ids, _ in inputs)
-            return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": n, "total_tokens": n}}
+            return {
+                "id": answer_id,
+                "object": "list",
+                "created": created,
+                "model": model,
+                "data": data,
+                "usage": shapes.usage(n, 0),
+            }
 
         return Plan(model, False, 1, body=build)
 
-    def _plan_responses(self, body: dict[str, Any]) -> Plan:
-        model = self._model_name(body)
-        stream = _bool(body, "stream")
+    # -- responses ------------------------------------------------------------------------------------------
+
+    def _response_messages(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []
         if isinstance(body.get("instructions"), str):
             messages.append({"role": "system", "content": body["instructions"]})
         raw = body.get("input")
+        if raw is None:
+            raise check.missing(body, "input")
         if isinstance(raw, str):
-            messages.append({"role": "user", "content": raw})
-        elif isinstance(raw, list) and raw:
-            for i, item in enumerate(raw):
-                if not isinstance(item, dict):
-                    raise BadRequest(f"input[{i}] must be an object", "input")
-                kind = item.get("type", "message")
-                if kind == "message" and item.get("role") in tok.ROLES:
-                    messages.append({"role": item["role"], "content": item.get("content")})
-                elif kind == "function_call":
-                    call = {"id": item.get("call_id"), "type": "function", "function": item}
-                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-                elif kind == "function_call_output":
-                    messages.append({"role": "tool", "content": str(item.get("output", ""))})
-        else:
-            raise BadRequest("input must be a string or a non-empty list of items", "input")
-        messages = self._messages(messages)
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise BadRequest("tools must be a list", "tools")
-        max_output = _int(body, "max_output_tokens", None, 1, 10_000_000)
-        sampling = _sampling({**body, "n": 1}, max_output or self.state.config.default_max_tokens)
-        tool = None
-        if messages[-1]["role"] == "user":
-            tool = _tool_spec(tools, body.get("tool_choice", "auto"), flat=True)
-        prompt_ids, _ = tok.render_chat(messages, tools)
+            return [*messages, {"role": "user", "content": raw}]
+        if not isinstance(raw, list):
+            raise schema_error("body.input", "string_type", "Input should be a valid string", raw)
+        for i, item in enumerate(raw):
+            if not isinstance(item, dict):
+                raise schema_error(f"body.input.{i}", "model_type", "Input should be a valid dictionary", item)
+            kind = item.get("type", "message")
+            if kind == "message" and isinstance(item.get("role"), str):
+                messages.append({"role": item["role"], "content": item.get("content")})
+            elif kind == "function_call":
+                call = {"id": item.get("call_id"), "type": "function", "function": item}
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            elif kind == "function_call_output":
+                messages.append({"role": "tool", "content": str(item.get("output", ""))})
+        return self._messages({"messages": messages})
+
+    def _plan_responses(self, body: dict[str, Any]) -> Plan:
+        model = self._model_name(body)
+        stream = check.boolean(body, "stream")
+        messages = self._response_messages(body)
+        config = self.state.config
+        max_output = self._limit(body, ("max_output_tokens",), config.default_max_tokens)
+        include = check.sequence(body, "include") or []
+        logprobs = responses.LOGPROBS_INCLUDE in include
+        top = check.logprobs_count(check.integer(body, "top_logprobs") or 0)
+        tool, mode = asks.tool_spec(body, flat=True)
+        if mode == "auto" and messages[-1]["role"] != "user":
+            tool = None
+        prompt_ids, prompt_text = tok.render_chat(messages, body.get("tools"))
+        sampling = asks.sampling({**body, "n": 1}, max_output, len(prompt_ids), config.max_model_len)
         user = next((m for m in reversed(messages) if m["role"] == "user"), None)
         user_text = tok.content_text(user.get("content")) if user else ""
         choice = self.state.model.generate(prompt_ids, sampling, user_text=user_text, tool=tool)[0]
-        cached = self._cached(model, prompt_ids)
-        response_id = f"resp_{uuid.uuid4().hex}"
-
-        def final() -> dict[str, Any]:
-            return shapes.responses_object(
-                id=response_id,
-                created=int(time.time()),
-                model=model,
-                choice=choice,
-                prompt_ids=prompt_ids,
-                cached=cached,
-                request=body,
-                max_output_tokens=max_output,
-            )
-
+        cached, written = self._cache(model, prompt_ids)
+        answer = responses.ResponseAnswer(
+            id=f"resp_{random_id()}",
+            created=int(time.time()),
+            model=model,
+            choice=choice,
+            prompt_ids=prompt_ids,
+            prompt_text=prompt_text,
+            cached=cached,
+            created_cache=written,
+            request=body,
+            max_output_tokens=sampling.max_tokens,
+            item_key=random_id(),
+            opts=self._options(logprobs=logprobs, top_logprobs=top, tool_mode=mode),
+            messages=check.boolean(body, "enable_response_messages"),
+        )
+        steps = len(choice.tokens)
         if stream:
-            return Plan(
-                model,
-                True,
-                len(choice.tokens),
-                steps=lambda: shapes.responses_stream_steps(final(), choice),
-                named_events=True,
-            )
-        return Plan(model, False, len(choice.tokens), body=final)
+            return Plan(model, True, steps, steps=lambda: responses.response_stream_steps(answer), named_events=True)
+        return Plan(model, False, steps, body=lambda: responses.response_body(answer))
 
 
 def _embedding(ids: list[int], dims: int) -> list[float]:

@@ -14,8 +14,9 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
-from rollway.mock.app import MockState, create_mock_app
-from rollway.mock.config import MockConfig
+from rollway.mock.app import create_mock_app
+from rollway.mock.config import Flavor, MockConfig
+from rollway.mock.state import MockState
 from rollway.process import ServerProcess
 
 
@@ -158,6 +159,7 @@ def run_in_thread(
 
 class MockBackendProcess(ServerProcess, _Control):
     """``rollway mock-backend`` in a subprocess on a free loopback port; ready once uvicorn says it runs.
+    ``flavor`` is the engine it plays (``vllm`` or ``sglang``).
 
     Use as a context manager (or ``start()`` / ``stop()``); ``output`` holds the server's recent log lines.
     """
@@ -173,12 +175,15 @@ class MockBackendProcess(ServerProcess, _Control):
         ttft_ms: float = 0.0,
         token_delay_ms: float = 0.0,
         models: Sequence[str] = (),
+        flavor: Flavor = "vllm",
         extra_args: Sequence[str] = (),
         startup_timeout: float = 30.0,
         env: dict[str, str] | None = None,
     ) -> None:
         args = [
             "mock-backend",
+            "--flavor",
+            flavor,
             "--host",
             host,
             "--port",

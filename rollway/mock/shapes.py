@@ -1,39 +1,36 @@
-"""Response bodies and stream chunks in OpenAI's shapes, with vLLM's extensions.
+"""Chat bodies and stream chunks as vLLM 0.32 serialises them, and what chat and completions share (usage,
+logprob entries, the rendered answer).
 
-vLLM (>= 0.10.2) with ``return_token_ids: true``:
+Non-streamed bodies carry every field of vLLM's models, unset ones as ``null``; stream chunks carry only the fields
+vLLM sets (it serialises them with ``exclude_unset``), and the usage chunk drops its nulls (``exclude_none``).
+vLLM's extensions with ``return_token_ids: true``:
 
 * chat, non-streamed: top-level ``prompt_token_ids``; ``choices[i].token_ids``.
-* chat, streamed: the first chunk of each choice (``delta.role``) carries top-level ``prompt_token_ids``; every
-  later chunk carries ``choices[0].token_ids`` for its delta.
-* completions, non-streamed: ``choices[i].prompt_token_ids`` and ``choices[i].token_ids`` (per choice).
-* completions, streamed: each choice's first chunk carries ``choices[0].prompt_token_ids``, every chunk
-  ``choices[0].token_ids``.
-* completions with ``echo``: the text starts with the prompt's (each choice's first chunk, streamed) -- but not
-  with ``return_token_ids``, which leaves the prompt's text out; with ``logprobs``, the logprobs cover the prompt
-  (the first token's null) and then the generated tokens, while ``token_ids`` holds the generated ones only, and
-  the choice's ``prompt_logprobs`` are set (vLLM computes the prompt's logprobs for an echo with logprobs).
-* chat, streamed: a token whose delta says nothing (a tool call's markup, its name before it is whole) sends no
-  chunk, unless the request asked for token ids (``return_token_ids``; ``logprobs`` alone do not), which that
-  chunk carries then (with ``delta: {}``, and its logprobs when asked).
+* chat, streamed: the role chunk of each choice carries top-level ``prompt_token_ids``; every later chunk
+  carries ``choices[0].token_ids`` for its delta.
 
-Without it those keys are ``null`` (non-streamed bodies, chat role chunks, completion chunks) as vLLM's
-serialisation leaves them. The last token chunk of a choice carries ``finish_reason`` (and ``stop_reason``); a
-choice that stopped ends with the end-of-sequence token, whose delta adds nothing.
+Streamed chat sends a chunk per generated token. A token whose delta says nothing (tool-call markup the parser
+holds back, the end-of-sequence token) still sends one, with ``delta: {}``, when the request asked for
+``logprobs`` or ``return_token_ids`` (the chunk carries them), and always when it is the choice's last (it
+carries ``finish_reason`` and ``stop_reason``); otherwise it sends none. ``system_fingerprint`` is on
+non-streamed bodies and, in streams, on each choice's last chunk -- or only on the usage chunk when
+``stream_options.include_usage`` asks for one. ``usage.prompt_tokens_details`` is null unless the mock plays a
+vLLM started with ``--enable-prompt-tokens-details`` (``MockConfig.prompt_tokens_details``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from rollway.mock import tokenizer as tok
-from rollway.mock.model import Choice, Token, prompt_digest
-from rollway.mock.tokenizer import SPECIAL_BY_ID
+from rollway.mock.model import Choice, Token
+
+ToolMode = Literal["auto", "named", "required"]
 
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    """What the request asked to see."""
+    """What the request asked to see, and how the mock's vLLM is set up."""
 
     return_token_ids: bool = False
     #: Chat: ``logprobs: true``; completions: ``logprobs`` is an integer.
@@ -42,6 +39,11 @@ class Options:
     include_usage: bool = False
     continuous_usage: bool = False
     echo: bool = False
+    #: How a tool call was asked for: ``auto`` (the parser finds it), ``named`` or ``required``.
+    tool_mode: ToolMode = "auto"
+    fingerprint: str = ""
+    #: The server reports ``usage.prompt_tokens_details`` (vLLM's ``--enable-prompt-tokens-details``).
+    prompt_details: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +54,12 @@ class Answer:
     created: int
     model: str
     batches: list[tuple[list[int], list[Choice]]]
+    #: Prompt tokens found in the prefix cache, and those this request wrote to it.
     cached: int
     opts: Options
     #: Each prompt's text (completions), what ``echo`` repeats.
     prompt_texts: tuple[str, ...] = ()
+    created_cache: int = 0
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -66,13 +70,53 @@ class Answer:
         return self.batches[0][1]
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+# ---------------------------------------------------------------------------------------------------- usage
+
+
+def usage(prompt_tokens: int, completion_tokens: int, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A non-streamed body's ``usage``."""
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "prompt_tokens_details": details,
+        "completion_tokens_details": None,
     }
+
+
+def final_usage(prompt_tokens: int, completion_tokens: int, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The usage chunk's ``usage``: nulls left out."""
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+    if details is not None:
+        out["prompt_tokens_details"] = {k: v for k, v in details.items() if v is not None}
+    return out
+
+
+def running_usage(prompt_tokens: int, completion_tokens: int, *, chat: bool) -> dict[str, Any]:
+    """A chunk's ``usage`` with ``continuous_usage_stats`` (chat's names ``completion_tokens_details``, null)."""
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+    if chat:
+        out["completion_tokens_details"] = None
+    return out
+
+
+def prompt_details(answer: Answer, *, chat: bool) -> dict[str, Any] | None:
+    """``usage.prompt_tokens_details`` (chat also counts the prompt tokens written to the cache)."""
+    if not answer.opts.prompt_details:
+        return None
+    created = answer.created_cache if chat else None
+    return {"cached_tokens": answer.cached, "created_cache_tokens": created, "multimodal_tokens": None}
+
+
+# ------------------------------------------------------------------------------------------------- logprobs
 
 
 def _entry(text: str, logprob: float) -> dict[str, Any]:
@@ -87,12 +131,14 @@ def chat_logprob(choice: Choice, position: int, top: int) -> dict[str, Any]:
 
 
 def completion_logprobs(choice: Choice, start: int, stop: int, top: int, offset: int) -> dict[str, Any]:
+    """Completions' logprobs of tokens ``start:stop``. Each ``top_logprobs`` dict holds the ``top`` likeliest
+    tokens, the sampled one always among them (the fake model's sampled token is its likeliest)."""
     tokens: list[str] = []
     token_logprobs: list[float] = []
     top_logprobs: list[dict[str, float]] = []
     text_offset: list[int] = []
     for position in range(start, stop):
-        value, alternatives = choice.logprob(position, top + 1)
+        value, alternatives = choice.logprob(position, max(top, 1))
         text = choice.tokens[position].text
         tokens.append(text)
         token_logprobs.append(value)
@@ -107,36 +153,42 @@ def completion_logprobs(choice: Choice, start: int, stop: int, top: int, offset:
     }
 
 
-def _delta(token: Token, call_id: str, name: str) -> dict[str, Any]:
-    if token.content is not None:
-        return {"content": token.content}
-    if token.opens_tool_call:
-        return {
-            "tool_calls": [{"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}]
-        }
-    if token.arguments is not None:
-        return {"tool_calls": [{"index": 0, "function": {"arguments": token.arguments}}]}
-    return {}
-
-
 # ---------------------------------------------------------------------------------------------------- chat
 
 
-def chat_message(choice: Choice) -> dict[str, Any]:
-    call = choice.tool_call
-    content = choice.content
-    return {
+def finish_reason(choice: Choice, opts: Options) -> str:
+    """vLLM's: ``tool_calls`` for a call found by the parser or asked as ``required``, ``stop`` for a named one."""
+    if choice.finish_reason == "tool_calls" and opts.tool_mode == "named":
+        return "stop"
+    return choice.finish_reason
+
+
+def chat_message(choice: Choice, opts: Options) -> dict[str, Any]:
+    """The whole message: a cut tool call parses as none, and the content is then the raw output."""
+    call = choice.parsed_call
+    content: str | None = choice.content
+    if call is not None and not content:
+        content = None if opts.tool_mode == "auto" else ""
+    elif choice.unparsed:
+        content = choice.raw_text
+    message: dict[str, Any] = {
         "role": "assistant",
-        "content": None if call is not None and not content else content,
-        "tool_calls": []
-        if call is None
-        else [{"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}],
-        "reasoning_content": None,
+        "content": content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
     }
+    if call is not None:  # vLLM leaves an empty ``tool_calls`` out
+        message["tool_calls"] = [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+        ]
+    message["reasoning"] = None
+    return message
 
 
 def chat_response(answer: Answer) -> dict[str, Any]:
-    choices, prompt_ids, cached, opts = answer.choices, answer.prompt_ids, answer.cached, answer.opts
+    choices, prompt_ids, opts = answer.choices, answer.prompt_ids, answer.opts
     out = []
     for choice in choices:
         logprobs = None
@@ -145,11 +197,12 @@ def chat_response(answer: Answer) -> dict[str, Any]:
         out.append(
             {
                 "index": choice.index,
-                "message": chat_message(choice),
+                "message": chat_message(choice, opts),
                 "logprobs": logprobs,
-                "finish_reason": choice.finish_reason,
+                "finish_reason": finish_reason(choice, opts),
                 "stop_reason": None,
                 "token_ids": choice.token_ids if opts.return_token_ids else None,
+                "routed_experts": None,
             }
         )
     return {
@@ -158,34 +211,42 @@ def chat_response(answer: Answer) -> dict[str, Any]:
         "created": answer.created,
         "model": answer.model,
         "choices": out,
-        "usage": usage(len(prompt_ids), sum(len(c.tokens) for c in choices), cached),
+        "service_tier": None,
+        "system_fingerprint": opts.fingerprint,
+        "usage": usage(len(prompt_ids), sum(len(c.tokens) for c in choices), prompt_details(answer, chat=True)),
         "prompt_logprobs": None,
         "prompt_token_ids": prompt_ids if opts.return_token_ids else None,
+        "prompt_text": None,
         "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
     }
+
+
+def _delta(token: Token, call_id: str, name: str) -> dict[str, Any]:
+    if token.content:
+        return {"content": token.content}
+    if token.opens_tool_call:
+        call = {"id": call_id, "type": "function", "index": 0, "function": {"name": name}}
+        return {"content": None, "tool_calls": [call]}
+    if token.arguments:
+        return {"content": None, "tool_calls": [{"index": 0, "function": {"arguments": token.arguments}}]}
+    return {}
 
 
 def chat_stream_steps(answer: Answer) -> list[list[dict[str, Any]]]:
     """Chunks grouped by decode step: step 0 has each choice's role chunk and first token; step k token k."""
-    choices, prompt_ids, cached, opts = answer.choices, answer.prompt_ids, answer.cached, answer.opts
+    choices, prompt_ids, opts = answer.choices, answer.prompt_ids, answer.opts
     head = {"id": answer.id, "object": "chat.completion.chunk", "created": answer.created, "model": answer.model}
     steps: list[list[dict[str, Any]]] = [[]]
     n_prompt = len(prompt_ids)
     for choice in choices:
-        first = {
-            **head,
-            "choices": [
-                {
-                    "index": choice.index,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-            ],
-            "prompt_token_ids": prompt_ids if opts.return_token_ids else None,
-        }
+        role = {"index": choice.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
+        first: dict[str, Any] = {**head, "choices": [{**role, "finish_reason": None}]}
         if opts.continuous_usage:
-            first["usage"] = usage(n_prompt, 0, cached)
+            first["usage"] = running_usage(n_prompt, 0, chat=True)
+        first["prompt_token_ids"] = prompt_ids if opts.return_token_ids else None
+        first["prompt_text"] = None
         steps[0].append(first)
     longest = max((len(c.tokens) for c in choices), default=0)
     for position in range(longest):
@@ -197,252 +258,28 @@ def chat_stream_steps(answer: Answer) -> list[list[dict[str, Any]]]:
             token = choice.tokens[position]
             last = position == len(choice.tokens) - 1
             call = choice.tool_call
+            delta = _delta(token, call.id if call else "", call.name if call else "")
+            if not last and not delta and not (opts.logprobs or opts.return_token_ids):
+                continue  # nothing to say and nothing asked for that the chunk would carry: no chunk
             entry: dict[str, Any] = {
                 "index": choice.index,
-                "delta": _delta(token, call.id if call else "", call.name if call else ""),
+                "delta": delta,
                 "logprobs": {"content": [chat_logprob(choice, position, opts.top_logprobs)]} if opts.logprobs else None,
-                "finish_reason": choice.finish_reason if last else None,
+                "finish_reason": finish_reason(choice, opts) if last else None,
             }
-            if not last and not entry["delta"] and not opts.return_token_ids:
-                continue  # nothing to say, no token ids asked for: no chunk (logprobs alone do not send it)
             if last:
                 entry["stop_reason"] = None
             entry["token_ids"] = [token.id] if opts.return_token_ids else None
-            chunk = {**head, "choices": [entry]}
+            chunk: dict[str, Any] = {**head, "choices": [entry]}
             if opts.continuous_usage:
-                chunk["usage"] = usage(n_prompt, position + 1, cached)
+                chunk["usage"] = running_usage(n_prompt, position + 1, chat=True)
+            if last and not opts.include_usage:
+                chunk["system_fingerprint"] = opts.fingerprint
             steps[position].append(chunk)
     if opts.include_usage:
-        steps[-1].append({**head, "choices": [], "usage": usage(n_prompt, sum(len(c.tokens) for c in choices), cached)})
-    return steps
-
-
-# ----------------------------------------------------------------------------------------------- completions
-
-
-def completion_response(answer: Answer) -> dict[str, Any]:
-    batches, cached, opts = answer.batches, answer.cached, answer.opts
-    out: list[dict[str, Any]] = []
-    n_prompt = n_completion = 0
-    for number, (prompt_ids, choices) in enumerate(batches):
-        n_prompt += len(prompt_ids)
-        echoed, prompt_logprobs = _echo(answer, number)
-        for choice in choices:
-            n_completion += len(choice.tokens)
-            logprobs = None
-            if opts.logprobs:
-                logprobs = _echoed_logprobs(answer, number, choice, len(choice.tokens))
-            out.append(
-                {
-                    "index": len(out),
-                    "text": echoed + choice.text,
-                    "logprobs": logprobs,
-                    "finish_reason": choice.finish_reason,
-                    "stop_reason": None,
-                    "prompt_logprobs": prompt_logprobs,
-                    "prompt_token_ids": prompt_ids if opts.return_token_ids else None,
-                    "token_ids": choice.token_ids if opts.return_token_ids else None,
-                }
-            )
-    return {
-        "id": answer.id,
-        "object": "text_completion",
-        "created": answer.created,
-        "model": answer.model,
-        "choices": out,
-        "usage": usage(n_prompt, n_completion, cached),
-        "kv_transfer_params": None,
-    }
-
-
-def completion_stream_steps(answer: Answer) -> list[list[dict[str, Any]]]:
-    batches, cached, opts = answer.batches, answer.cached, answer.opts
-    head = {"id": answer.id, "object": "text_completion", "created": answer.created, "model": answer.model}
-    flat = [(number, prompt_ids, choice) for number, (prompt_ids, choices) in enumerate(batches) for choice in choices]
-    steps: list[list[dict[str, Any]]] = [[]]
-    offsets = [0] * len(flat)
-    longest = max((len(c.tokens) for _, _, c in flat), default=0)
-    n_prompt = sum(len(p) for p, _ in batches)
-    for position in range(longest):
-        if position >= len(steps):
-            steps.append([])
-        for index, (number, prompt_ids, choice) in enumerate(flat):
-            if position >= len(choice.tokens):
-                continue
-            token = choice.tokens[position]
-            last = position == len(choice.tokens) - 1
-            echoed = _echo(answer, number)[0] if position == 0 else ""
-            logprobs = None
-            if opts.logprobs and position == 0:
-                logprobs = _echoed_logprobs(answer, number, choice, 1)
-            elif opts.logprobs:
-                logprobs = completion_logprobs(choice, position, position + 1, opts.top_logprobs, offsets[index])
-            text = echoed + ("" if token.id in SPECIAL_BY_ID else token.text)
-            offsets[index] += len(echoed) + len(token.text)
-            chunk = {
-                **head,
-                "choices": [
-                    {
-                        "index": index,
-                        "text": text,
-                        "logprobs": logprobs,
-                        "finish_reason": choice.finish_reason if last else None,
-                        "stop_reason": None,
-                        "prompt_token_ids": prompt_ids if opts.return_token_ids and position == 0 else None,
-                        "token_ids": [token.id] if opts.return_token_ids else None,
-                    }
-                ],
-                "usage": usage(n_prompt, position + 1, cached) if opts.continuous_usage else None,
-            }
-            steps[position].append(chunk)
-    if opts.include_usage:
-        total = sum(len(c.tokens) for _, _, c in flat)
-        steps[-1].append({**head, "choices": [], "usage": usage(n_prompt, total, cached)})
-    return steps
-
-
-def _echo(answer: Answer, number: int) -> tuple[str, list[dict[str, Any] | None] | None]:
-    """What an ``echo`` puts before prompt ``number``'s completions (nothing with ``return_token_ids``), and the
-    choices' ``prompt_logprobs`` (set when it asked for logprobs too)."""
-    opts = answer.opts
-    if not opts.echo:
-        return "", None
-    text = "" if opts.return_token_ids else answer.prompt_texts[number]
-    if not opts.logprobs:
-        return text, None
-    prompt = _prompt_logprobs(answer.batches[number][0], 0)
-    entries = zip(prompt["tokens"], prompt["token_logprobs"], answer.batches[number][0], strict=True)
-    scored = [{str(i): {"logprob": lp, "rank": 1, "decoded_token": t}} for t, lp, i in entries]
-    return text, [None, *scored[1:]]
-
-
-def _prompt_logprobs(prompt_ids: list[int], top: int) -> dict[str, Any]:
-    """The prompt's tokens as completion logprobs (the first token has no logprob: nothing came before it)."""
-    tokens = [Token(id=i, text=tok.decode([i])) for i in prompt_ids]
-    out = completion_logprobs(Choice(0, tokens, "", prompt_digest(prompt_ids)), 0, len(tokens), top, 0)
-    out["token_logprobs"][0] = out["top_logprobs"][0] = None
-    return out
-
-
-def _echoed_logprobs(answer: Answer, number: int, choice: Choice, stop: int) -> dict[str, Any]:
-    """The logprobs of ``choice``'s first ``stop`` tokens, after the prompt's when the request has ``echo``."""
-    top = answer.opts.top_logprobs
-    if not answer.opts.echo:
-        return completion_logprobs(choice, 0, stop, top, 0)
-    prompt = _prompt_logprobs(answer.batches[number][0], top)
-    generated = completion_logprobs(choice, 0, stop, top, sum(len(t) for t in prompt["tokens"]))
-    return {key: prompt[key] + generated[key] for key in prompt}
-
-
-# ------------------------------------------------------------------------------------------------- responses
-
-
-def responses_object(
-    *,
-    id: str,
-    created: int,
-    model: str,
-    choice: Choice,
-    prompt_ids: list[int],
-    cached: int,
-    request: dict[str, Any],
-    max_output_tokens: int | None,
-) -> dict[str, Any]:
-    output: list[dict[str, Any]] = []
-    call = choice.tool_call
-    if call is not None:
-        output.append(
-            {
-                "type": "function_call",
-                "id": "fc_" + call.id.removeprefix("call_"),
-                "call_id": call.id,
-                "name": call.name,
-                "arguments": call.arguments,
-                "status": "completed",
-            }
-        )
-    else:
-        output.append(
-            {
-                "type": "message",
-                "id": "msg_" + id.removeprefix("resp_"),
-                "status": "completed" if choice.finish_reason != "length" else "incomplete",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": choice.content, "annotations": [], "logprobs": []}],
-            }
-        )
-    incomplete = choice.finish_reason == "length"
-    return {
-        "id": id,
-        "object": "response",
-        "created_at": created,
-        "status": "incomplete" if incomplete else "completed",
-        "model": model,
-        "output": output,
-        "usage": {
-            "input_tokens": len(prompt_ids),
-            "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens": len(choice.tokens),
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": len(prompt_ids) + len(choice.tokens),
-        },
-        "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "instructions": request.get("instructions"),
-        "max_output_tokens": max_output_tokens,
-        "metadata": request.get("metadata") or {},
-        "parallel_tool_calls": request.get("parallel_tool_calls", True),
-        "previous_response_id": request.get("previous_response_id"),
-        "temperature": request.get("temperature"),
-        "top_p": request.get("top_p"),
-        "tool_choice": request.get("tool_choice", "auto"),
-        "tools": request.get("tools") or [],
-        "text": {"format": {"type": "text"}},
-        "truncation": "disabled",
-        "store": False,
-        "user": request.get("user"),
-    }
-
-
-def responses_stream_steps(final: dict[str, Any], choice: Choice) -> list[list[dict[str, Any]]]:
-    """The Responses API's stream of ``final`` (``responses_object``), by decode step: ``response.created``,
-    ``response.in_progress``, the output item (and its text part) opened, then one delta per token, then the
-    item closed and ``response.completed`` (``response.incomplete`` at the token limit) carrying ``final``.
-    Each event has its ``type`` and a rising ``sequence_number``; the stream has no ``[DONE]``."""
-    numbers = iter(range(1 << 30))
-
-    def event(type_: str, **fields: Any) -> dict[str, Any]:
-        return {"type": type_, "sequence_number": next(numbers), **fields}
-
-    pending = {**final, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
-    head = [event("response.created", response=pending), event("response.in_progress", response=pending)]
-    item = final["output"][0]
-    where = {"item_id": item["id"], "output_index": 0}
-    if item["type"] == "function_call":
-        head.append(event("response.output_item.added", output_index=0, item={**item, "arguments": ""}))
-        deltas = [
-            event("response.function_call_arguments.delta", **where, delta=t.arguments)
-            for t in choice.tokens
-            if t.arguments
-        ]
-        tail = [event("response.function_call_arguments.done", **where, arguments=item["arguments"])]
-    else:
-        part = item["content"][0]
-        opened = {**item, "status": "in_progress", "content": []}
-        head.append(event("response.output_item.added", output_index=0, item=opened))
-        head.append(event("response.content_part.added", **where, content_index=0, part={**part, "text": ""}))
-        deltas = [
-            event("response.output_text.delta", **where, content_index=0, delta=t.content, logprobs=[])
-            for t in choice.tokens
-            if t.content
-        ]
-        tail = [
-            event("response.output_text.done", **where, content_index=0, text=part["text"], logprobs=[]),
-            event("response.content_part.done", **where, content_index=0, part=part),
-        ]
-    tail.append(event("response.output_item.done", output_index=0, item=item))
-    ended = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-    tail.append(event(ended, response=final))
-    steps = [[*head, *deltas[:1]], *([d] for d in deltas[1:])]
-    steps[-1].extend(tail)
+        total = sum(len(c.tokens) for c in choices)
+        details = prompt_details(answer, chat=True)
+        chunk = {**head, "choices": [], "usage": final_usage(n_prompt, total, details)}
+        chunk["system_fingerprint"] = opts.fingerprint
+        steps[-1].append(chunk)
     return steps

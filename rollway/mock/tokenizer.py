@@ -34,8 +34,6 @@ EOS_ID = SPECIAL_TOKENS[EOS]
 TOOL_CALL_START_ID = SPECIAL_TOKENS["<tool_call>"]
 TOOL_CALL_END_ID = SPECIAL_TOKENS["</tool_call>"]
 
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-
 _PIECE_RE = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
 _MAX_DECODE_TABLE = 500_000
 _decode_table: dict[int, str] = {}
@@ -118,7 +116,11 @@ def render_chat(messages: Sequence[dict[str, Any]], tools: Sequence[Any] | None 
         special(EOS)
     for message in messages:
         role = message["role"]
-        special(f"<|{'tool' if role == 'function' else role}|>")
+        header = f"<|{'tool' if role == 'function' else role}|>"
+        if header in SPECIAL_TOKENS:
+            special(header)
+        else:  # a role the template does not know (vLLM passes any role on to the template)
+            plain(header)
         plain(content_text(message.get("content")))
         for call in message.get("tool_calls") or ():
             fn = call.get("function") if isinstance(call, dict) else None

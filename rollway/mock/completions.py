@@ -1,0 +1,163 @@
+"""Text completions' bodies and stream chunks as vLLM 0.32 serialises them.
+
+With ``return_token_ids: true``, non-streamed choices carry ``prompt_token_ids`` and ``token_ids``; streamed, each
+choice's first chunk carries ``prompt_token_ids`` and every chunk ``token_ids``. Choice ``i`` of prompt ``p`` is
+``index = p * n + i``. Chunks leave ``usage`` out unless ``continuous_usage_stats`` asks for it.
+
+``echo`` starts the text with the prompt's (each choice's first chunk, streamed, which then also carries the
+prompt's token ids) -- but not with ``return_token_ids``, which leaves the prompt's text out. With ``logprobs``, the
+logprobs cover the prompt (the first token's null) and then the generated tokens, while ``token_ids`` holds the
+generated ones only, and the choice's ``prompt_logprobs`` are set (vLLM computes the prompt's logprobs for an echo
+with logprobs): per position, the prompt token and the likeliest others, by token id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rollway.mock import tokenizer as tok
+from rollway.mock.model import Choice, Token, prompt_digest
+from rollway.mock.shapes import Answer, completion_logprobs, final_usage, prompt_details, running_usage, usage
+from rollway.mock.tokenizer import SPECIAL_BY_ID
+
+
+def completion_response(answer: Answer) -> dict[str, Any]:
+    batches, opts = answer.batches, answer.opts
+    out: list[dict[str, Any]] = []
+    n_prompt = n_completion = 0
+    for number, (prompt_ids, choices) in enumerate(batches):
+        n_prompt += len(prompt_ids)
+        echoed, prompt_logprobs = _echo(answer, number)
+        for choice in choices:
+            n_completion += len(choice.tokens)
+            logprobs = None
+            if opts.logprobs:
+                logprobs = _echoed_logprobs(answer, number, choice, len(choice.tokens))
+            out.append(
+                {
+                    "index": len(out),
+                    "text": echoed + choice.text,
+                    "logprobs": logprobs,
+                    "finish_reason": choice.finish_reason,
+                    "stop_reason": None,
+                    "token_ids": choice.token_ids if opts.return_token_ids else None,
+                    "prompt_logprobs": prompt_logprobs,
+                    "prompt_token_ids": prompt_ids if opts.return_token_ids else None,
+                    "routed_experts": None,
+                }
+            )
+    return {
+        "id": answer.id,
+        "object": "text_completion",
+        "created": answer.created,
+        "model": answer.model,
+        "choices": out,
+        "service_tier": None,
+        "system_fingerprint": opts.fingerprint,
+        "usage": usage(n_prompt, n_completion, prompt_details(answer, chat=False)),
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }
+
+
+def completion_stream_steps(answer: Answer) -> list[list[dict[str, Any]]]:
+    batches, opts = answer.batches, answer.opts
+    head = {"id": answer.id, "object": "text_completion", "created": answer.created, "model": answer.model}
+    flat = [(number, prompt_ids, choice) for number, (prompt_ids, choices) in enumerate(batches) for choice in choices]
+    steps: list[list[dict[str, Any]]] = [[]]
+    offsets = [0] * len(flat)
+    longest = max((len(c.tokens) for _, _, c in flat), default=0)
+    n_prompts = [len(p) for p, _ in batches]
+    for position in range(longest):
+        if position >= len(steps):
+            steps.append([])
+        for index, (number, prompt_ids, choice) in enumerate(flat):
+            if position >= len(choice.tokens):
+                continue
+            token = choice.tokens[position]
+            last = position == len(choice.tokens) - 1
+            first = position == 0
+            echoed = _echo(answer, number)[0] if first else ""
+            logprobs = None
+            if opts.logprobs and first:
+                logprobs = _echoed_logprobs(answer, number, choice, 1)
+            elif opts.logprobs:
+                logprobs = completion_logprobs(choice, position, position + 1, opts.top_logprobs, offsets[index])
+            text = echoed + ("" if token.id in SPECIAL_BY_ID else token.text)
+            offsets[index] += len(echoed) + len(token.text)
+            # the prompt's ids come with the first chunk of an echo, or of any choice with return_token_ids
+            show_prompt = first and (opts.echo or opts.return_token_ids)
+            chunk: dict[str, Any] = {
+                **head,
+                "choices": [
+                    {
+                        "index": index,
+                        "text": text,
+                        "logprobs": logprobs,
+                        "finish_reason": choice.finish_reason if last else None,
+                        "stop_reason": None,
+                        "prompt_token_ids": prompt_ids if show_prompt else None,
+                        "token_ids": [token.id] if opts.return_token_ids else None,
+                    }
+                ],
+            }
+            if last and not opts.include_usage:
+                chunk["system_fingerprint"] = opts.fingerprint
+            if opts.continuous_usage:
+                chunk["usage"] = running_usage(n_prompts[number], position + 1, chat=False)
+            steps[position].append(chunk)
+    if opts.include_usage:
+        total = sum(len(c.tokens) for _, _, c in flat)
+        details = prompt_details(answer, chat=False)
+        chunk = {**head, "choices": [], "usage": final_usage(sum(n_prompts), total, details)}
+        chunk["system_fingerprint"] = opts.fingerprint
+        steps[-1].append(chunk)
+    return steps
+
+
+def _echo(answer: Answer, number: int) -> tuple[str, list[dict[str, Any] | None] | None]:
+    """What an ``echo`` puts before prompt ``number``'s completions (nothing with ``return_token_ids``), and the
+    choices' ``prompt_logprobs`` (set when it asked for logprobs too)."""
+    opts = answer.opts
+    if not opts.echo:
+        return "", None
+    text = "" if opts.return_token_ids else answer.prompt_texts[number]
+    if not opts.logprobs:
+        return text, None
+    prompt_ids = answer.batches[number][0]
+    choice = _prompt_choice(prompt_ids)
+    scored: list[dict[str, Any] | None] = [None]
+    for position in range(1, len(prompt_ids)):
+        _, alternatives = choice.logprob(position, max(opts.top_logprobs, 1))
+        ids = [prompt_ids[position], *(tok.piece_id(t) for t, _ in alternatives[1:])]
+        scored.append(
+            {
+                str(i): {"logprob": lp, "rank": rank, "decoded_token": t}
+                for rank, (i, (t, lp)) in enumerate(zip(ids, alternatives, strict=True), start=1)
+            }
+        )
+    return text, scored
+
+
+def _prompt_choice(prompt_ids: list[int]) -> Choice:
+    """The prompt's tokens as a choice, to score them like generated ones."""
+    tokens = [Token(id=i, text=tok.decode([i])) for i in prompt_ids]
+    return Choice(0, tokens, "", prompt_digest(prompt_ids))
+
+
+def _prompt_logprobs(prompt_ids: list[int], top: int) -> dict[str, Any]:
+    """The prompt's tokens as completion logprobs (the first token has no logprob: nothing came before it)."""
+    out = completion_logprobs(_prompt_choice(prompt_ids), 0, len(prompt_ids), top, 0)
+    out["token_logprobs"][0] = out["top_logprobs"][0] = None
+    return out
+
+
+def _echoed_logprobs(answer: Answer, number: int, choice: Choice, stop: int) -> dict[str, Any]:
+    """The logprobs of ``choice``'s first ``stop`` tokens, after the prompt's when the request has ``echo``."""
+    top = answer.opts.top_logprobs
+    if not answer.opts.echo:
+        return completion_logprobs(choice, 0, stop, top, 0)
+    prompt = _prompt_logprobs(answer.batches[number][0], top)
+    generated = completion_logprobs(choice, 0, stop, top, sum(len(t) for t in prompt["tokens"]))
+    return {key: prompt[key] + generated[key] for key in prompt}
