@@ -26,6 +26,7 @@ from rollway.gateway.errors import AuthError, CallError, ClientStalled, UnknownA
 from rollway.gateway.proxy import Gateway
 from rollway.gateway.record import CallRecord, parse_traceparent
 from rollway.store import ModelAlias, NotFoundError, StoreError
+from rollway.store.faults import unavailable
 
 log = logging.getLogger("rollway.gateway")
 
@@ -107,7 +108,10 @@ class DataPlane:
             try:
                 try:
                     await self._serve(scope, receive, reply, match, rid_header)
-                except CallError as err:
+                except Exception as exc:
+                    err = _call_error(exc, gateway)
+                    if err is None:
+                        raise
                     if not err.counted:
                         gateway.metrics.observe_rejected(match["op"], err.status)
                     if not reply.started:
@@ -249,10 +253,9 @@ class DataPlane:
             raise
         except Exception as exc:
             state["over"] = True
-            err = exc
-            if not isinstance(err, CallError):
-                log.error("call failed", exc_info=err)
-                err = CallError.of(500, f"internal error: {type(err).__name__}", "server_error")
+            err = _call_error(exc, gateway)
+            if err is None:
+                raise
             if not outcome.ended(record):
                 outcome.failed(record, err)
                 await gateway.finish(record)
@@ -286,6 +289,21 @@ async def _shut_down(
             await reply.whole(503, [(b"content-type", b"application/json"), *headers], err.body)
         elif not reply.sized and not reply.ended:
             await reply.body(b"data: " + err.body + b"\n\n", more=False)
+
+
+def _call_error(exc: Exception, gateway: Gateway) -> CallError | None:
+    """The answer to an exception of a call: itself if it is one; a store error (or a database failure the store
+    did not name, 503) by its kind; anything else a 500 in the envelope, logged (once per kind per interval). None
+    for ``ClientStalled``: nothing more can be said to that client."""
+    if isinstance(exc, CallError):
+        return exc
+    if isinstance(exc, ClientStalled):
+        return None
+    failure = exc if isinstance(exc, StoreError) else unavailable(exc)
+    if failure is not None:
+        return CallError.of_store(failure)
+    gateway.store.failures.log(log, f"call:{type(exc).__name__}", "call failed", exc_info=exc)
+    return CallError.of(500, f"internal error: {type(exc).__name__}", "server_error")
 
 
 def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:

@@ -154,10 +154,11 @@ class Gateway:
         span = record.span()
         try:
             await self.store.record_call(span)
-        except StoreError as exc:  # (a database's failure is logged with its traceback by the store, once a batch)
+        except StoreError as exc:  # (the store logs the database's failure itself)
             written = False
             ids = (record.rollout_id, record.attempt_id, record.sequence_id, record.alias)
-            log.error("span of call %s/%s seq %s (model %s) not written: %s", *ids, exc.message)
+            message = "span of call %s/%s seq %s (model %s) not written: %s"
+            self.store.failures.log(log, "span not written", message, *ids, exc.message)
             if outcome.withheld(record):
                 span = record.span()
         except asyncio.CancelledError:

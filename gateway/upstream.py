@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import os
 import random
+import re
 import time
 from typing import Any
 
@@ -115,21 +117,82 @@ async def wait(seconds: float) -> None:
 
 #: Keys shorter than this are not looked for in error bodies: masking ``null`` would break the JSON around it.
 MASKED_KEY_LENGTH = 8
+#: What a backend's key is replaced with, wherever it is found.
+MASK = "***"
+
+
+def backend_key(backend: Backend | None) -> str:
+    """The backend's API key, to look for in what the backend sends back; empty for no key or a placeholder for a
+    keyless server ("x", "null"), which is not a secret to look for."""
+    key = backend.api_key.get_secret_value() if backend is not None and backend.api_key is not None else ""
+    return key if len(key) >= MASKED_KEY_LENGTH else ""
 
 
 def key_bytes(backend: Backend | None) -> bytes:
-    """The backend's API key as it would appear in what the backend sends back; empty for no key or a
-    placeholder for a keyless server ("x", "null"), which is not a secret to look for."""
-    key = backend.api_key.get_secret_value() if backend is not None and backend.api_key is not None else ""
-    return key.encode() if len(key) >= MASKED_KEY_LENGTH else b""
+    """``backend_key`` as UTF-8: how the key reads in a body that does not escape it."""
+    return backend_key(backend).encode()
 
 
 def without_key(raw: bytes, backend: Backend | None) -> bytes:
     """A backend's body (an error, or an answer quoting its request) with the backend's API key, should the
     backend echo it (``you sent Bearer sk-...``), masked: the body is passed to the client and recorded in the
-    span, neither may hold the key."""
-    key = key_bytes(backend)
-    return raw.replace(key, b"***") if key and key in raw else raw
+    span, neither may hold the key. ``masked`` says in which forms."""
+    return masked(raw, backend_key(backend))
+
+
+def masked(raw: bytes, key: str) -> bytes:
+    """``raw`` with every occurrence of ``key`` replaced by ``MASK``: as it is, and as a JSON text may write it,
+    any of its characters escaped (``sk\\u002d...``, ``\\/`` for ``/``), which a client's JSON parser turns back
+    into the key. Valid JSON stays valid: the mask replaces the key inside its string."""
+    if not key:
+        return raw
+    plain = key.encode()
+    if plain not in raw and b"\\" not in raw:  # (an escaped key has a backslash: most bodies are passed at once)
+        return raw
+    return _key_pattern(key).sub(_masking, raw)
+
+
+def _masking(match: re.Match[bytes]) -> bytes:
+    return (match.group(1) or b"") + MASK.encode()
+
+
+@functools.lru_cache(maxsize=64)
+def _key_pattern(key: str) -> re.Pattern[bytes]:
+    """The key written with each character as itself or as a JSON escape. A match that begins with an escape
+    begins where its backslash is not itself escaped: after an even number of backslashes (group 1, kept)."""
+    escaped = b"(?<!\\\\)((?:\\\\\\\\)*)(?:" + b"|".join(_escapes(key[0])) + b")"
+    first = b"(?:" + escaped + b"|" + re.escape(key[0].encode()) + b")"
+    return re.compile(first + b"".join(b"(?:" + b"|".join(_forms(c)) + b")" for c in key[1:]))
+
+
+def _forms(char: str) -> list[bytes]:
+    return [re.escape(char.encode()), *_escapes(char)]
+
+
+#: JSON's two-character escapes (RFC 8259, section 7), beside ``\\uXXXX`` which can write any character.
+_SHORT_ESCAPES = {
+    '"': b'\\"',
+    "\\": b"\\\\",
+    "/": b"\\/",
+    "\b": b"\\b",
+    "\f": b"\\f",
+    "\n": b"\\n",
+    "\r": b"\\r",
+    "\t": b"\\t",
+}
+
+
+def _escapes(char: str) -> list[bytes]:
+    """Patterns of the JSON escapes of ``char``: ``\\uXXXX`` with hex digits of either case (a character beyond
+    the Basic Multilingual Plane: its UTF-16 surrogate pair), and its short escape if it has one."""
+    units = char.encode("utf-16-be")
+    hexes = (f"{int.from_bytes(units[i : i + 2]):04x}" for i in range(0, len(units), 2))
+    unicode = b"".join(
+        b"\\\\u" + b"".join(f"[{d}{d.upper()}]".encode() if d.isalpha() else d.encode() for d in digits)
+        for digits in hexes
+    )
+    short = _SHORT_ESCAPES.get(char)
+    return [unicode] if short is None else [unicode, re.escape(short)]
 
 
 async def read_quietly(response: aiohttp.ClientResponse) -> bytes:

@@ -18,7 +18,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from rollway.store import Backend
+from rollway.store import Backend, StoreValidationError
+from rollway.store.catalog import Cipher
 
 
 class ModelSeed(BaseModel):
@@ -42,6 +43,11 @@ class Settings(BaseSettings):
     )
     admin_token: SecretStr | None = Field(
         default=None, description="bearer token for the admin API; required to listen beyond loopback"
+    )
+    secret_key: SecretStr | None = Field(
+        default=None,
+        description="a Fernet key that encrypts the backends' and agent servers' API keys in the database (several, "
+        "comma-separated: the first encrypts, each decrypts); unset: they are stored in clear",
     )
     sqlite_synchronous: Literal["NORMAL", "FULL", "EXTRA"] = Field(
         default="NORMAL",
@@ -74,6 +80,12 @@ class Settings(BaseSettings):
         ge=0,
         description="seconds a stopping server (SIGTERM) lets calls in flight finish; then it ends them, each "
         "recorded and its client told",
+    )
+    keepalive_timeout: int = Field(
+        default=75,
+        ge=1,
+        description="seconds an idle client connection is kept open between requests (agents that pause "
+        "between calls keep their pooled connection)",
     )
     max_response_bytes: int = Field(
         default=256 * 1024 * 1024,
@@ -122,13 +134,23 @@ class Settings(BaseSettings):
     )
     config_file: Path | None = Field(default=None, description="optional YAML file with these settings")
 
-    @field_validator("admin_token", "metrics_token")
+    @field_validator("admin_token", "metrics_token", "secret_key")
     @classmethod
     def _not_blank(cls, value: SecretStr | None) -> SecretStr | None:
         """A token set to nothing (``ROLLWAY_ADMIN_TOKEN=``) is a mistake, not a token: refused, so that it can
         neither pass for one (listening beyond loopback) nor lock every caller out."""
         if value is not None and not value.get_secret_value().strip():
             raise ValueError("is set but empty: give a token, or leave it unset")
+        return value
+
+    @field_validator("secret_key")
+    @classmethod
+    def _fernet_keys(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            try:
+                Cipher(value.get_secret_value())
+            except StoreValidationError as exc:
+                raise ValueError(exc.message) from None
         return value
 
     @classmethod

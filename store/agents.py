@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, delete, func, select, update
 
 from rollway.store import convert, models, queue, spans
-from rollway.store.catalog import holds_credentials
+from rollway.store.catalog import Cipher, holds_credentials, read_key, stored_key
 from rollway.store.dialect import lock_rows, serialize_key
 from rollway.store.errors import ConflictError, NotFoundError, StoreValidationError
 from rollway.store.exports import REWARD_SPAN
@@ -35,11 +35,11 @@ def worker_id(name: str) -> str:
     return f"agent:{name}"
 
 
-def _server(row: RowMapping) -> AgentServer:
+def _server(row: RowMapping, cipher: Cipher | None) -> AgentServer:
     return AgentServer(
         name=row["name"],
         url=row["url"],
-        api_key=row["api_key"],
+        api_key=read_key(row, cipher, f"agent server '{row['name']}'"),
         max_concurrent=row["max_concurrent"],
         completion_params=row["completion_params"],
         created_time=row["created_time"],
@@ -47,7 +47,7 @@ def _server(row: RowMapping) -> AgentServer:
     )
 
 
-def put(conn: Connection, server: AgentServer, now: float) -> AgentServer:
+def put(conn: Connection, server: AgentServer, now: float, cipher: Cipher | None = None) -> AgentServer:
     """Register or replace agent server ``server.name``. Puts of one name take turns (``serialize_key``, as
     ``catalog.put_model``): two at once would both find none, and the second insert be refused as a duplicate."""
     if holds_credentials(server.url):
@@ -58,7 +58,7 @@ def put(conn: Connection, server: AgentServer, now: float) -> AgentServer:
         raise StoreValidationError(f"agent server url must start with http:// or https://, got '{server.url}'")
     values = {
         "url": server.url.rstrip("/"),
-        "api_key": server.api_key.get_secret_value() if server.api_key else None,
+        **stored_key(server.api_key.get_secret_value() if server.api_key else None, cipher),
         "max_concurrent": server.max_concurrent,
         "completion_params": server.completion_params,
         "updated_time": now,
@@ -69,18 +69,18 @@ def put(conn: Connection, server: AgentServer, now: float) -> AgentServer:
         conn.execute(G.insert().values(name=server.name, created_time=now, **values))
     else:
         conn.execute(update(G).where(G.c.name == server.name).values(**values))
-    return get(conn, server.name)
+    return get(conn, server.name, cipher)
 
 
-def get(conn: Connection, name: str) -> AgentServer:
+def get(conn: Connection, name: str, cipher: Cipher | None = None) -> AgentServer:
     row = conn.execute(select(G).where(G.c.name == name)).mappings().first()
     if row is None:
         raise NotFoundError(f"agent server '{name}' not found")
-    return _server(row)
+    return _server(row, cipher)
 
 
-def list_all(conn: Connection) -> list[AgentServer]:
-    return [_server(r) for r in conn.execute(select(G).order_by(G.c.name)).mappings()]
+def list_all(conn: Connection, cipher: Cipher | None = None) -> list[AgentServer]:
+    return [_server(r, cipher) for r in conn.execute(select(G).order_by(G.c.name)).mappings()]
 
 
 def remove(conn: Connection, name: str) -> None:

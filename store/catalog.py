@@ -1,7 +1,9 @@
 """Model aliases (what clients put in ``model``) with their backends, and API keys.
 
-Backend API keys are stored so the gateway can use them; the public ``Backend`` keeps them as
-``SecretStr``, so they never print. Gateway and rollout keys are random tokens shown once at mint time and
+Backend API keys (and agent servers', ``store.agents``) are stored so the gateway can use them: in clear, or
+encrypted with a ``Cipher`` when the store has a secret key (``Store.open(secret_key=...)``,
+``ROLLWAY_SECRET_KEY``); the public ``Backend`` keeps them as ``SecretStr``, so they never print. Gateway and
+rollout keys are random tokens shown once at mint time and
 stored only as SHA-256 digests (they carry 256 bits of entropy, so a fast hash is the right tool).
 """
 
@@ -9,15 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from sqlalchemy import Connection, delete, select, update
 
 from rollway.store import ids, models
 from rollway.store.dialect import serialize_key
-from rollway.store.errors import NotFoundError, StoreValidationError
+from rollway.store.errors import NotFoundError, StoreValidationError, UnavailableError
 from rollway.store.lifecycle import bump_counter
 from rollway.store.schemas import ApiKey, AttemptedRollout, Backend, KeyScope, ModelAlias
 
@@ -42,16 +45,87 @@ K = models.api_keys
 KEY_PREFIXES: dict[str, str] = {"gateway": "sk-rw-", "rollout": "rk-", "admin": "ak-"}
 
 
-def _backend_json(backend: Backend) -> dict[str, Any]:
+#: Where a backend's encrypted key is kept in its stored JSON (its ``api_key`` is then null), and an agent
+#: server's in its row.
+SEALED = "api_key_sealed"
+
+
+class Cipher:
+    """Encrypts the API keys the store keeps for others (backends', agent servers'), with Fernet (AES-128-CBC and
+    HMAC-SHA256, ``cryptography``). ``secret``: a Fernet key (32 url-safe base64-encoded bytes,
+    ``Fernet.generate_key()``), or several separated by commas: the first encrypts, each decrypts, so a key is
+    replaced by putting the new one first (``seal_stored`` re-encrypts what an older one encrypted)."""
+
+    def __init__(self, secret: str) -> None:
+        try:
+            self._fernets = [Fernet(part.strip()) for part in secret.split(",") if part.strip()]
+        except ValueError:
+            self._fernets = []
+        if not self._fernets:
+            raise StoreValidationError(
+                "the secret key (ROLLWAY_SECRET_KEY) is not a Fernet key: 32 url-safe base64-encoded bytes, as "
+                "printed by python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'"
+            )
+        self._all = MultiFernet(self._fernets)
+
+    def seal(self, plain: str) -> str:
+        return self._all.encrypt(plain.encode()).decode()
+
+    def open(self, sealed: str, whose: str) -> str:
+        """The key ``sealed`` holds; a key this cipher cannot decrypt (another secret key encrypted it, or the
+        value was altered) is an ``UnavailableError`` naming ``whose`` it is, never a wrong key sent on."""
+        try:
+            return self._all.decrypt(sealed.encode()).decode()
+        except InvalidToken:
+            raise UnavailableError(f"{whose}: its stored api_key does not decrypt with this secret key") from None
+
+    def resealed(self, sealed: str, whose: str) -> str | None:
+        """``sealed`` encrypted again with the first key, when another one encrypted it; None when it is fine."""
+        try:
+            self._fernets[0].decrypt(sealed.encode())
+            return None
+        except InvalidToken:
+            self.open(sealed, whose)  # (raises if no key decrypts it)
+            return self._all.rotate(sealed.encode()).decode()
+
+
+def stored_key(plain: str | None, cipher: Cipher | None) -> dict[str, str | None]:
+    """The columns (or JSON fields) keeping ``plain``: in clear without a cipher, else encrypted."""
+    if plain is None or cipher is None:
+        return {"api_key": plain, SEALED: None}
+    return {"api_key": None, SEALED: cipher.seal(plain)}
+
+
+def read_key(stored: Mapping[Any, Any], cipher: Cipher | None, whose: str) -> str | None:
+    """The key ``stored_key`` kept (a row, or a backend's JSON). An encrypted one needs the cipher: without it
+    the key is an ``UnavailableError`` (another process with a secret key encrypted it), not a missing key."""
+    sealed = stored.get(SEALED)
+    if not sealed:
+        plain: str | None = stored.get("api_key")
+        return plain
+    if cipher is None:
+        raise UnavailableError(f"{whose}: its api_key is stored encrypted, and this process has no secret key")
+    return cipher.open(sealed, whose)
+
+
+def _backend_json(backend: Backend, cipher: Cipher | None) -> dict[str, Any]:
     data = backend.model_dump(mode="json")
-    data["api_key"] = backend.api_key.get_secret_value() if backend.api_key else None
+    data.update(stored_key(backend.api_key.get_secret_value() if backend.api_key else None, cipher))
+    if data[SEALED] is None:
+        del data[SEALED]
     return data
 
 
-def _alias(row: Any) -> ModelAlias:
+def _backend(alias: str, data: dict[str, Any], cipher: Cipher | None) -> Backend:
+    whose = f"backend '{data.get('backend_id')}' of model '{alias}'"
+    fields = {k: v for k, v in data.items() if k != SEALED}
+    return Backend.model_validate({**fields, "api_key": read_key(data, cipher, whose)})
+
+
+def _alias(row: Any, cipher: Cipher | None) -> ModelAlias:
     return ModelAlias(
         alias=row["alias"],
-        backends=[Backend.model_validate(b) for b in row["backends"]],
+        backends=[_backend(row["alias"], b, cipher) for b in row["backends"]],
         version=row["version"],
         sampling=row["sampling"],
         paused=row["paused"],
@@ -60,11 +134,11 @@ def _alias(row: Any) -> ModelAlias:
     )
 
 
-def get_model(conn: Connection, alias: str) -> ModelAlias:
+def get_model(conn: Connection, alias: str, cipher: Cipher | None = None) -> ModelAlias:
     row = (conn.execute(select(M).where(M.c.alias == alias))).mappings().first()
     if row is None:
         raise NotFoundError(f"model '{alias}' not found")
-    return _alias(row)
+    return _alias(row, cipher)
 
 
 def revision(conn: Connection) -> int:
@@ -77,8 +151,8 @@ def _changed(conn: Connection) -> None:
     bump_counter(conn, REVISION)
 
 
-def list_models(conn: Connection) -> list[ModelAlias]:
-    return [_alias(r) for r in (conn.execute(select(M).order_by(M.c.alias))).mappings()]
+def list_models(conn: Connection, cipher: Cipher | None = None) -> list[ModelAlias]:
+    return [_alias(r, cipher) for r in (conn.execute(select(M).order_by(M.c.alias))).mappings()]
 
 
 def put_model(
@@ -88,6 +162,7 @@ def put_model(
     version: str | None,
     sampling: dict[str, Any] | None,
     now: float,
+    cipher: Cipher | None = None,
 ) -> ModelAlias:
     """Create or replace an alias. Without an explicit version, a replaced alias gets its version + 1.
 
@@ -116,7 +191,7 @@ def put_model(
     if version is None:
         version = "1" if row is None else _next_version(row["version"])
     values = {
-        "backends": [_backend_json(b) for b in backends],
+        "backends": [_backend_json(b, cipher) for b in backends],
         "version": version,
         "sampling": sampling,
         "updated_time": now,
@@ -126,7 +201,7 @@ def put_model(
     else:
         conn.execute(update(M).where(M.c.alias == alias).values(**values))
     _changed(conn)
-    return get_model(conn, alias)
+    return get_model(conn, alias, cipher)
 
 
 def _addressable(alias: str) -> bool:
@@ -181,12 +256,12 @@ def _next_version(version: str) -> str:
     return head + str(int(number) + 1).zfill(digits)
 
 
-def set_paused(conn: Connection, alias: str, paused: bool, now: float) -> ModelAlias:
+def set_paused(conn: Connection, alias: str, paused: bool, now: float, cipher: Cipher | None = None) -> ModelAlias:
     result = conn.execute(update(M).where(M.c.alias == alias).values(paused=paused, updated_time=now))
     if result.rowcount == 0:
         raise NotFoundError(f"model '{alias}' not found")
     _changed(conn)
-    return get_model(conn, alias)
+    return get_model(conn, alias, cipher)
 
 
 def delete_model(conn: Connection, alias: str) -> None:
@@ -279,3 +354,52 @@ def revoke_key(conn: Connection, key_id: str, now: float) -> ApiKey:
     if result.rowcount:
         _changed(conn)
     return _key(row)
+
+
+def seal_stored(conn: Connection, cipher: Cipher | None) -> int:
+    """At start: with a cipher, encrypt the API keys stored in clear (backends', agent servers') and re-encrypt
+    with its first key those an older key encrypted; how many were (re-)encrypted. Without one, a database that
+    holds encrypted keys is refused. A key no secret key given decrypts is refused as well: a
+    ``StoreValidationError`` saying so, before any call could be sent with it."""
+    G = models.agent_servers
+    aliases = list(conn.execute(select(M.c.alias, M.c.backends)).mappings())
+    servers = list(conn.execute(select(G.c.name, G.c.api_key, G.c[SEALED])).mappings())
+    if cipher is None:
+        encrypted = sum(1 for row in servers if row[SEALED])
+        encrypted += sum(1 for row in aliases for b in row["backends"] if b.get(SEALED))
+        if encrypted:
+            raise StoreValidationError(
+                f"the database holds {encrypted} encrypted API key(s) and no secret key is set: set "
+                "ROLLWAY_SECRET_KEY to the key that encrypted them"
+            )
+        return 0
+    changed = 0
+    for row in aliases:
+        backends = [dict(b) for b in row["backends"]]
+        for backend in backends:
+            new = _sealed_again(backend, cipher, f"backend '{backend.get('backend_id')}' of model '{row['alias']}'")
+            if new is not None:
+                backend.update(api_key=None, **{SEALED: new})
+                changed += 1
+        if backends != row["backends"]:
+            conn.execute(update(M).where(M.c.alias == row["alias"]).values(backends=backends))
+    for row in servers:
+        new = _sealed_again(row, cipher, f"agent server '{row['name']}'")
+        if new is not None:
+            conn.execute(update(G).where(G.c.name == row["name"]).values(api_key=None, **{SEALED: new}))
+            changed += 1
+    return changed
+
+
+def _sealed_again(stored: Mapping[Any, Any], cipher: Cipher, whose: str) -> str | None:
+    """What ``stored`` (a backend's JSON, an agent server's row) should now keep encrypted, None to leave it."""
+    if stored.get(SEALED):
+        try:
+            return cipher.resealed(stored[SEALED], whose)
+        except UnavailableError:
+            raise StoreValidationError(
+                f"the secret key (ROLLWAY_SECRET_KEY) does not decrypt the api_key of {whose}: it is not the key "
+                "that encrypted the stored keys (give that one, or it after the new one, separated by a comma)"
+            ) from None
+    plain = stored.get("api_key")
+    return cipher.seal(plain) if plain else None

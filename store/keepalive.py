@@ -27,7 +27,7 @@ from typing import Protocol, TypeVar
 from sqlalchemy import Connection, and_, bindparam, select, update
 
 from rollway.store import models
-from rollway.store.errors import NotFoundError
+from rollway.store.errors import NotFoundError, UnavailableError
 from rollway.store.lifecycle import load_attempt, load_rollout, record_heartbeat
 from rollway.store.states import ATTEMPT_TERMINAL, FINISHED, AttemptStatus, RolloutStatus
 
@@ -160,9 +160,11 @@ class CallsInFlight:
             await asyncio.sleep(self.interval)
             try:
                 await self.keep_alive()
-            except Exception:  # the store is down or locked for long: said once, tried again next round
+            except Exception as exc:  # the store is down or locked for long: said once, tried again next round
                 if not failing:
-                    log.exception("could not give the attempts of calls in flight their heartbeat")
+                    why = exc.message if isinstance(exc, UnavailableError) else None  # (the driver's words suffice)
+                    message = "could not give the attempts of calls in flight their heartbeat"
+                    log.error("%s: %s", message, why, exc_info=why is None)
                 failing = True
             else:
                 failing = False

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, Index, Integer, UniqueConstraint, text
+from sqlalchemy import JSON, BigInteger, Column, Index, Integer, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 #: 64-bit ids on PostgreSQL; INTEGER (the rowid alias, also 64-bit) on SQLite.
@@ -199,6 +199,8 @@ class AgentServerRow(SQLModel, table=True):
     name: str = Field(primary_key=True, max_length=128)
     url: str = Field(max_length=2048)
     api_key: str | None = Field(default=None, max_length=1024)
+    #: The key encrypted (``catalog.Cipher``) instead, when the store has a secret key (migration 0006).
+    api_key_sealed: str | None = Field(default=None, sa_type=Text)
     max_concurrent: int | None = None
     completion_params: Any = _json()
     created_time: float

@@ -16,7 +16,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from rollway.store import catalog, convert, exports, limits, migrate, queries, queue, watchdog
 from rollway.store.engine import Engines, create_engines, migration_engine, open_error
-from rollway.store.errors import ConflictError, NotFoundError, StoreValidationError
+from rollway.store.errors import ConflictError, NotFoundError, StoreValidationError, UnavailableError
+from rollway.store.faults import FailureLog, WriteHealth, unavailable
 from rollway.store.keepalive import INTERVAL, CallsInFlight
 from rollway.store.lifecycle import (
     apply_attempt_status,
@@ -71,10 +72,12 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
         watchdog_interval: float = 1.0,
         poll_interval: float = 0.5,
         keepalive_interval: float = INTERVAL,
+        cipher: catalog.Cipher | None = None,
     ) -> None:
         self.engines = engines
         self.writer = writer
         self.clock = clock
+        self.cipher = cipher
         self.watchdog_interval = watchdog_interval
         self.poll_interval = poll_interval
         self.finished = Signal()
@@ -82,6 +85,8 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
         self._loops: list[asyncio.Task[None]] = []  # the watchdog's, the WAL checkpoints', the calls' keepalive
         self.calls_in_flight = CallsInFlight(self._write, clock, keepalive_interval)
         self.span_observer: Callable[[int], None] | None = None  # told how many spans each add_spans wrote
+        self.health = WriteHealth(waiting_since=writer.waiting_since)  # whether writes go through (``/readyz``)
+        self.failures = FailureLog()  # the database's failures, logged once per kind per interval
 
     @classmethod
     async def open(
@@ -95,10 +100,16 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
         run_watchdog: bool = True,
         max_batch: int = 256,
         keepalive_interval: float = INTERVAL,
+        secret_key: str | None = None,
     ) -> Store:
         """Open (and create or upgrade) the database at ``url`` and start the writer, the watchdog and the
         heartbeat of calls in flight (``store.keepalive``; every ``keepalive_interval`` seconds, 0: never).
-        A database that cannot be reached or opened is an ``UnavailableError`` saying why."""
+        A database that cannot be reached or opened is an ``UnavailableError`` saying why.
+
+        With ``secret_key`` (``catalog.Cipher``) the API keys kept for backends and agent servers are stored
+        encrypted, and those stored in clear are encrypted now; a database holding encrypted keys opened without
+        it, or with a key that does not decrypt them, is a ``StoreValidationError`` saying so."""
+        cipher = catalog.Cipher(secret_key) if secret_key else None
         engines = create_engines(url, sqlite_synchronous=sqlite_synchronous)
         try:
             if engines.pg is not None:
@@ -128,8 +139,14 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
             watchdog_interval=watchdog_interval,
             poll_interval=poll_interval,
             keepalive_interval=keepalive_interval,
+            cipher=cipher,
         )
         await writer.start()
+        try:
+            await store._write(lambda conn: catalog.seal_stored(conn, cipher))
+        except BaseException:
+            await store.close()
+            raise
         if engines.is_sqlite:
             store._loops.append(asyncio.create_task(store._checkpoint_loop(), name="rollway-checkpoint"))
         if run_watchdog and watchdog_interval > 0:
@@ -158,25 +175,44 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
     # -- plumbing -------------------------------------------------------------------------------------
 
     async def _write(self, op: Callable[[Connection], T]) -> T:
+        """Every write; the database's failures become ``UnavailableError`` (and make ``health`` say so)."""
         try:
-            return await self.writer.submit(op)
+            result = await self.writer.submit(op)
         except IntegrityError as exc:
             raise ConflictError(f"the write conflicts with stored data: {exc.orig}") from exc
         except sqlite3.IntegrityError as exc:  # from statements run on the driver connection itself
             raise ConflictError(f"the write conflicts with stored data: {exc}") from exc
+        except Exception as exc:
+            failure = unavailable(exc)
+            if failure is None:
+                raise
+            self.health.failed(failure.message)
+            self.failures.log(log, "write", "store write failed: %s", failure.message)
+            if failure is exc:
+                raise
+            raise failure from exc
+        self.health.succeeded()
+        return result
 
     async def _read(self, op: Callable[[Connection], T]) -> T:
-        if self.engines.pg is not None:
-            async with self.engines.pg.connect() as conn:
-                return await conn.run_sync(op)
-        reader = self.engines.reader
-        assert reader is not None
+        try:
+            if self.engines.pg is not None:
+                async with self.engines.pg.connect() as conn:
+                    return await conn.run_sync(op)
+            reader = self.engines.reader
+            assert reader is not None
 
-        def run() -> T:
-            with reader.connect() as conn:
-                return op(conn)
+            def run() -> T:
+                with reader.connect() as conn:
+                    return op(conn)
 
-        return await asyncio.to_thread(run)
+            return await asyncio.to_thread(run)
+        except Exception as exc:
+            failure = unavailable(exc)
+            if failure is None or failure is exc:
+                raise
+            self.failures.log(log, "read", "store read failed: %s", failure.message)
+            raise failure from exc
 
     async def read(self, op: Callable[[Connection], T]) -> T:
         """Run a read-only function of a SQLAlchemy ``Connection`` (for tools and tests)."""
@@ -185,6 +221,19 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
     async def ping(self) -> None:
         """Raise when the database cannot be read."""
         await self._read(lambda conn: conn.execute(text("SELECT 1")).scalar_one())
+
+    async def write_problem(self) -> str | None:
+        """Why the store cannot write now, or None (``/readyz``): a write failed within the last few seconds with
+        none succeeding since, or a write has waited for the database past a bound (``store.faults``). Once the
+        last failure is older than that and no write succeeded since, one small write is tried: readiness comes
+        back when the database does, without waiting for traffic a load balancer no longer sends."""
+        problem = self.health.problem()
+        if problem is None and self.health.failing():
+            try:
+                await self._write(lambda conn: watchdog.probe(conn, self.clock()))
+            except UnavailableError as exc:
+                return exc.message
+        return problem
 
     # -- queue and lifecycle --------------------------------------------------------------------------
 
@@ -349,6 +398,8 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
             await asyncio.sleep(self.watchdog_interval)
             try:
                 await self.sweep()
+            except UnavailableError:  # logged by ``_write``; the next sweep tries again
+                continue
             except Exception:
                 log.exception("watchdog sweep failed")
 

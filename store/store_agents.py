@@ -13,13 +13,13 @@ class AgentsMixin(StorePlumbing):
     async def put_agent(self, server: AgentServer) -> AgentServer:
         """Register (or replace) a remote agent server."""
         now = self.clock()
-        return await self._write(lambda conn: agents.put(conn, server, now))
+        return await self._write(lambda conn: agents.put(conn, server, now, self.cipher))
 
     async def get_agent(self, name: str) -> AgentServer:
-        return await self._read(lambda conn: agents.get(conn, name))
+        return await self._read(lambda conn: agents.get(conn, name, self.cipher))
 
     async def list_agents(self) -> list[AgentServer]:
-        return await self._read(agents.list_all)
+        return await self._read(lambda conn: agents.list_all(conn, self.cipher))
 
     async def delete_agent(self, name: str) -> None:
         await self._write(lambda conn: agents.remove(conn, name))

@@ -48,13 +48,15 @@ class CatalogMixin(StorePlumbing):
     ) -> ModelAlias:
         parsed = [b if isinstance(b, Backend) else Backend.model_validate(b) for b in backends]
         now = self.clock()
-        return await self._write(lambda conn: catalog.put_model(conn, alias, parsed, version, sampling, now))
+        return await self._write(
+            lambda conn: catalog.put_model(conn, alias, parsed, version, sampling, now, self.cipher)
+        )
 
     async def get_model(self, alias: str) -> ModelAlias:
-        return await self._read(lambda conn: catalog.get_model(conn, alias))
+        return await self._read(lambda conn: catalog.get_model(conn, alias, self.cipher))
 
     async def list_models(self) -> list[ModelAlias]:
-        return await self._read(catalog.list_models)
+        return await self._read(lambda conn: catalog.list_models(conn, self.cipher))
 
     async def delete_model(self, alias: str) -> None:
         await self._write(lambda conn: catalog.delete_model(conn, alias))
@@ -65,7 +67,7 @@ class CatalogMixin(StorePlumbing):
 
     async def set_model_paused(self, alias: str, paused: bool) -> ModelAlias:
         now = self.clock()
-        return await self._write(lambda conn: catalog.set_paused(conn, alias, paused, now))
+        return await self._write(lambda conn: catalog.set_paused(conn, alias, paused, now, self.cipher))
 
     async def mint_key(
         self,

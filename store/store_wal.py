@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 from rollway.store.engine import Engines, WalKeeper
+from rollway.store.faults import FailureLog
 from rollway.store.writer import BatchWriter, Writer
 
 log = logging.getLogger("rollway.store")
@@ -16,6 +17,7 @@ CHECKPOINT_INTERVAL = 1.0
 class WalMixin:
     engines: Engines
     writer: Writer
+    failures: FailureLog
     _checkpointed_at: int = 0  # the writer's transaction count at the last checkpoint
     _wal: WalKeeper | None = None
 
@@ -45,5 +47,5 @@ class WalMixin:
                 continue
             try:
                 await self.checkpoint()
-            except Exception:
-                log.exception("WAL checkpoint failed")
+            except Exception as exc:  # a full disk: once a second, every second, without the interval
+                self.failures.log(log, "checkpoint", "WAL checkpoint failed", exc_info=exc)

@@ -22,6 +22,7 @@ R = models.rollouts
 A = models.attempts
 C = models.counters
 DEBOUNCE = "watchdog_last_sweep"
+PROBE = "write_probe"
 
 
 def claim_turn(conn: Connection, now: float, interval: float) -> bool:
@@ -29,6 +30,12 @@ def claim_turn(conn: Connection, now: float, interval: float) -> bool:
     conn.execute(upsert(conn, C).values(name=DEBOUNCE, value=0.0).on_conflict_do_nothing(index_elements=["name"]))
     result = conn.execute(update(C).where(C.c.name == DEBOUNCE, C.c.value <= now - interval).values(value=now))
     return result.rowcount == 1
+
+
+def probe(conn: Connection, now: float) -> None:
+    """A small write that goes through only when the database takes writes (``Store.write_problem``)."""
+    row = upsert(conn, C).values(name=PROBE, value=now)
+    conn.execute(row.on_conflict_do_update(index_elements=["name"], set_={"value": now}))
 
 
 def verdict(config: RolloutConfig, start: float, heartbeat: float | None, now: float) -> AttemptStatus | None:

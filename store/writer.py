@@ -36,6 +36,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rollway.store.errors import StoreValidationError, UnavailableError
+from rollway.store.faults import unavailable
 
 log = logging.getLogger("rollway.store")
 
@@ -82,6 +83,10 @@ class Writer(Protocol):
 
     async def close(self) -> None: ...
 
+    def waiting_since(self) -> float | None:
+        """When (``time.monotonic``) the write waiting longest for the database began to wait, or None."""
+        ...
+
 
 def _is_locked(exc: BaseException) -> bool:
     text = str(getattr(exc, "orig", exc)).lower()
@@ -92,8 +97,7 @@ _LOCKED = object()  # the write lock was taken by another process
 
 
 def _unavailable(exc: BaseException) -> UnavailableError:
-    log.exception("store write transaction failed")
-    return UnavailableError(f"database write failed: {getattr(exc, 'orig', exc)}")
+    return unavailable(exc) or UnavailableError(f"database write failed: {getattr(exc, 'orig', exc)}")
 
 
 class BatchWriter:
@@ -112,6 +116,7 @@ class BatchWriter:
         self._idle = asyncio.Event()  # set while no batch is in flight
         self._idle.set()
         self._inline_used = False  # this turn of the event loop already ran a write inline
+        self._locked_since: float | None = None  # a batch waits for the write lock another process holds
         self.stats = WriteStats()
 
     async def start(self) -> None:
@@ -189,6 +194,9 @@ class BatchWriter:
         finally:
             self._open.set()
 
+    def waiting_since(self) -> float | None:
+        return self._locked_since
+
     def _allow_inline(self) -> None:
         self._inline_used = False
 
@@ -220,16 +228,21 @@ class BatchWriter:
         """``BEGIN IMMEDIATE`` without blocking the loop: back off while another process writes."""
         deadline = time.monotonic() + LOCK_WAIT_SECONDS
         delay = 0.0005
-        while True:
-            try:
-                raw.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if not _is_locked(exc) or time.monotonic() > deadline:
-                    raise
-                self.stats.lock_waits += 1
-                await asyncio.sleep(random.uniform(0, delay))
-                delay = min(delay * 2, 0.05)
+        try:
+            while True:
+                try:
+                    raw.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as exc:
+                    if not _is_locked(exc) or time.monotonic() > deadline:
+                        raise
+                    self.stats.lock_waits += 1
+                    if self._locked_since is None:
+                        self._locked_since = time.monotonic()
+                    await asyncio.sleep(random.uniform(0, delay))
+                    delay = min(delay * 2, 0.05)
+        finally:
+            self._locked_since = None
 
     async def _commit(self, batch: list[tuple[Operation[Any], asyncio.Future[Any]]]) -> None:
         # Transactions are driven on the sqlite3 connection itself (BEGIN, SAVEPOINT, COMMIT): SQLAlchemy's
@@ -288,7 +301,7 @@ class PgWriter:
     def __init__(self, engine: AsyncEngine, *, attempts: int = 5) -> None:
         self._engine = engine
         self._attempts = attempts
-        self._running: set[asyncio.Task[Any]] = set()
+        self._running: dict[asyncio.Task[Any], float] = {}  # each write in flight → when it began
         self.stats = WriteStats()
 
     async def start(self) -> None:
@@ -310,9 +323,16 @@ class PgWriter:
 
     async def submit(self, op: Operation[T]) -> T:
         task = asyncio.create_task(self._run(op))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        self._running[task] = time.monotonic()
+        task.add_done_callback(self._forget)
         return await asyncio.shield(task)
+
+    def _forget(self, task: asyncio.Task[Any]) -> None:
+        self._running.pop(task, None)
+
+    def waiting_since(self) -> float | None:
+        """When the oldest write in flight began (a row lock, a database that stopped answering)."""
+        return min(self._running.values(), default=None)
 
     async def _run(self, op: Operation[T]) -> T:
         for attempt in range(1, self._attempts + 1):
@@ -329,7 +349,13 @@ class PgWriter:
                     continue
                 if isinstance(code, str) and code.startswith(PG_DATA_EXCEPTION):  # the request's, not the database's
                     raise StoreValidationError(f"a value does not fit its column: {exc.orig}") from exc
-                if exc.connection_invalidated or isinstance(exc, OperationalError):
-                    raise UnavailableError(f"database write failed: {exc.orig}") from exc
-                raise
+                failure = unavailable(exc)
+                if failure is None:  # a conflict (``Store._write`` says so) or a bug
+                    raise
+                raise failure from exc
+            except Exception as exc:  # the driver's or the socket's own (connection refused or reset)
+                failure = unavailable(exc)
+                if failure is None:
+                    raise
+                raise failure from exc
         raise AssertionError("unreachable")

@@ -3,9 +3,13 @@ the server they belong to echoes them back in an error, and not as part of a URL
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import re
+import sqlite3
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, closing
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +18,10 @@ import pytest
 from gateway_harness import register, running_gateway, serving, vllm
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from rollway.gateway.relay import KeyGuard
 from rollway.mock import MockBackendProcess
 
 BACKEND_KEY = "sk-backend-4f1c9a7e2b"
@@ -139,3 +144,198 @@ async def test_a_backend_that_echoes_its_key_mid_stream_shows_it_to_no_one(
         spans = await gw.store.query_spans(None)
         assert len(spans) == 2 and "Bearer ***" in spans[0].attributes["rollway.error"]
         assert all(BACKEND_KEY not in span.model_dump_json() for span in spans)
+
+
+def escaped(text: str) -> str:
+    """``text`` as a JSON string may write it, every character a ``\\uXXXX`` escape (``sk-`` → ``\\u0073...``)."""
+    return "".join(f"\\u{ord(char):04X}" for char in text)
+
+
+def reveals(text: str) -> bool:
+    """Whether ``text`` (bytes as sent, a log, a database row) holds the backend key as it is or JSON-escaped:
+    escapes decoded, twice, for JSON kept as a string inside JSON."""
+    for _ in range(3):
+        if BACKEND_KEY in text:
+            return True
+        text = re.sub(r"\\+u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), text).replace("\\/", "/")
+    return False
+
+
+def chunk(content: str, finish: str | None = None) -> bytes:
+    delta = {"content": content} if content else {}
+    body = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}  # fmt: skip
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def _with_key(body: dict[str, Any], key: str) -> bytes:
+    """``body`` as JSON with ``key`` (JSON text already) in place of ``KEY``."""
+    return json.dumps(body).replace("KEY", key).encode()
+
+
+ANSWER = {"id": "chatcmpl-2", "object": "chat.completion", "created": 1, "model": "m",
+          "choices": [{"index": 0, "message": {"role": "assistant", "content": "your key is KEY"}}]}  # fmt: skip
+HYPHENS = BACKEND_KEY.replace("-", "\\u002d")  # the escape a JSON encoder may choose for one character
+
+
+#: What the stand-in backend answers, by the user message's content: (status, its body or its stream's events).
+#: The key comes in clear or JSON-escaped (every character, or the hyphens), whole or split across two events.
+ANSWERS: dict[str, tuple[int, list[bytes]]] = {
+    "split": (200, [chunk("your key is sk-back"), chunk("end-4f1c9a7e2b, keep it"), chunk("", "stop")]),
+    "split-escaped": (
+        200,
+        [
+            chunk("your key is "),
+            chunk("KEY").replace(b"KEY", escaped(BACKEND_KEY[:9]).encode()),
+            chunk("KEY, keep it").replace(b"KEY", escaped(BACKEND_KEY[9:]).encode()),
+            chunk("and the whole one: KEY").replace(b"KEY", escaped(BACKEND_KEY).encode()),
+            chunk("", "stop"),
+        ],
+    ),
+    "not-the-key": (200, [chunk("a sk-back"), chunk("ward step"), chunk("", "stop")]),
+    "escaped-200": (200, [_with_key(ANSWER, escaped(BACKEND_KEY))]),
+    "escaped-401": (401, [_with_key({"error": {"message": "bad key: Bearer KEY", "type": "auth"}}, HYPHENS)]),
+}
+
+
+@asynccontextmanager
+async def echoing_backend() -> AsyncIterator[tuple[str, list[str]]]:
+    """A backend that answers as ``ANSWERS`` says, a stream event by event (each its own write): its URL and
+    the ``Authorization`` headers it got."""
+    seen: list[str] = []
+
+    async def complete(request: Request) -> Response:
+        seen.append(request.headers.get("authorization", ""))
+        status, parts = ANSWERS[(await request.json())["messages"][-1]["content"]]
+        if len(parts) == 1:
+            return Response(parts[0], status_code=status, media_type="application/json")
+
+        async def events() -> AsyncIterator[bytes]:
+            for part in [*parts, b"data: [DONE]\n\n"]:
+                yield part
+                await asyncio.sleep(0.02)  # apart: each event its own read
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async with serving(Starlette(routes=[Route("/v1/chat/completions", complete, methods=["POST"])])) as url:
+        yield f"{url}/v1", seen
+
+
+def standin(url: str) -> dict[str, Any]:
+    return {"backend_id": "standin", "base_url": url, "kind": "openai", "model": "m", "api_key": BACKEND_KEY}
+
+
+async def _asked(gw: Any, say: str, *, stream: bool) -> httpx.Response:
+    body = {"model": "policy", "messages": [{"role": "user", "content": say}], "stream": stream}
+    async with httpx.AsyncClient(timeout=10) as http:
+        return await http.post(f"{gw.url}/v1/chat/completions", json=body)
+
+
+def _streamed_text(response: httpx.Response) -> str:
+    text = ""
+    for line in response.text.splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[6:]).get("choices", ()):
+                text += choice["delta"].get("content") or ""
+    return text
+
+
+def _span_rows(path: Path) -> str:
+    with closing(sqlite3.connect(path)) as db:
+        return repr(db.execute("SELECT * FROM spans").fetchall())
+
+
+@pytest.mark.parametrize(
+    ("say", "stream", "status", "shown"),
+    [
+        ("split", True, 200, "your key is ***, keep it"),
+        ("split-escaped", True, 200, "your key is ***, keep itand the whole one: ***"),
+        ("escaped-200", False, 200, "your key is ***"),
+        ("escaped-401", False, 401, "bad key: Bearer ***"),
+    ],
+)
+async def test_a_key_split_across_events_or_escaped_reaches_no_client_span_or_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, say: str, stream: bool, status: int, shown: str
+) -> None:
+    """The key whole in one event or body, JSON-escaped (``\\u0073...``, ``\\u002d``), or split across two stream
+    events (in clear or escaped): masked in what the client gets (its bytes, and the text it joins), in the span
+    as the store gives it and as its row holds it, and in the logs."""
+    caplog.set_level(logging.DEBUG)
+    async with echoing_backend() as (url, _), running_gateway(tmp_path) as gw:
+        await register(gw.store, "policy", standin(url))
+        response = await _asked(gw, say, stream=stream)
+        assert response.status_code == status, response.text
+        assert not reveals(response.text)
+        if stream:
+            assert _streamed_text(response) == shown and "data: [DONE]" in response.text
+        elif status == 200:
+            assert response.json()["choices"][0]["message"]["content"] == shown
+        else:
+            assert response.json()["error"]["message"] == shown
+        assert await gw.state.registry.drain("policy", 10)
+        [span] = await gw.store.query_spans(None)
+        assert not reveals(span.model_dump_json()) and "***" in span.model_dump_json()
+    assert not reveals(_span_rows(tmp_path / "gateway.db"))
+    assert not reveals(caplog.text)
+
+
+async def test_text_that_only_begins_like_the_key_goes_out_as_it_came(tmp_path: Path) -> None:
+    """An event held back because its text ends as the key begins goes out unchanged once the next one shows
+    the text is something else."""
+    async with echoing_backend() as (url, _), running_gateway(tmp_path) as gw:
+        await register(gw.store, "policy", standin(url))
+        response = await _asked(gw, "not-the-key", stream=True)
+        assert _streamed_text(response) == "a sk-backward step"
+        assert response.text.count("data: {") == 3 and "data: [DONE]" in response.text
+        assert await gw.state.registry.drain("policy", 10)
+        [span] = await gw.store.query_spans(None)
+        assert "a sk-backward step" in span.model_dump_json()
+
+
+def _events(*chunks: dict[str, Any]) -> list[tuple[bytes, bytes]]:
+    return [(b"data: " + json.dumps(c).encode() + b"\n\n", json.dumps(c).encode()) for c in chunks]
+
+
+def _tool(arguments: str, index: int = 0) -> dict[str, Any]:
+    call = {"index": 0, "function": {"arguments": arguments}}
+    return {"choices": [{"index": index, "delta": {"tool_calls": [call]}, "finish_reason": None}]}
+
+
+def _delta(text: str, output: int = 0) -> dict[str, Any]:
+    return {"type": "response.output_text.delta", "output_index": output, "content_index": 0, "delta": text}
+
+
+@pytest.mark.parametrize(
+    ("chunks", "joined"),
+    [
+        # a tool call's arguments, the key in three parts
+        ([_tool('{"k": "sk-b'), _tool("ackend-4f1c"), _tool('9a7e2b"}')], '{"k": "***"}'),
+        # a Responses API stream's text deltas
+        ([_delta("Bearer sk-backend-"), _delta("4f1c9a7e2b.")], "Bearer ***."),
+    ],
+)
+def test_a_key_split_across_tool_call_or_responses_deltas_is_masked(chunks: list[dict[str, Any]], joined: str) -> None:
+    guard = KeyGuard(BACKEND_KEY)
+    out = [event for pair in _events(*chunks) for event in guard.feed([pair])] + guard.flush()
+    assert len(out) == len(chunks) and all(BACKEND_KEY[:5] not in raw.decode() for raw, _, _ in out[1:])
+    texts = [c["delta"] if "delta" in c else c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
+             for _, _, c in out if c is not None]  # fmt: skip
+    assert "".join(texts) == joined
+    assert all(json.loads(payload or b"") == chunk for _, payload, chunk in out)  # rewritten events re-encoded
+
+
+def test_only_an_event_ending_as_the_key_begins_waits_and_only_for_its_choice() -> None:
+    """Two choices: choice 0 ends in ``s`` (the key begins ``sk-``), so it and what follows wait until choice 0's
+    next event; choice 1's finish does not release choice 0's text, choice 0's own finish does."""
+    guard = KeyGuard(BACKEND_KEY)
+
+    def chat(index: int, text: str, finish: str | None = None) -> dict[str, Any]:
+        return {"choices": [{"index": index, "delta": {"content": text}, "finish_reason": finish}]}
+
+    def fed(chunk: dict[str, Any]) -> list[str]:
+        return [c["choices"][0]["delta"]["content"] for _, _, c in guard.feed(_events(chunk)) if c is not None]
+
+    assert fed(chat(0, "hello")) == ["hello"]
+    assert fed(chat(0, " yes")) == []
+    assert fed(chat(1, "other", "stop")) == []
+    assert fed(chat(0, " ok", "stop")) == [" yes", "other", " ok"]

@@ -94,6 +94,7 @@ def create_app(settings: Settings) -> FastAPI:
                 settings.database_url,
                 sqlite_synchronous=settings.sqlite_synchronous,
                 watchdog_interval=settings.watchdog_interval,
+                secret_key=settings.secret_key.get_secret_value() if settings.secret_key else None,
             )
         except (UnavailableError, StoreValidationError) as exc:
             app.startup_error = exc.message

@@ -1,4 +1,4 @@
-"""Operational endpoints: ``/healthz`` (alive), ``/readyz`` (store reachable, backends up/down) and
+"""Operational endpoints: ``/healthz`` (alive), ``/readyz`` (store readable and writable, backends up/down) and
 ``/metrics`` (Prometheus text format; open, or behind ``metrics_token`` when one is set)."""
 
 from __future__ import annotations
@@ -29,18 +29,20 @@ def build_router() -> APIRouter:
 
     @router.get("/readyz", response_model=None)
     async def readyz(request: Request) -> Any:
-        """The store answers (503 if not, within 2 s); which backends this process routes to (up) or has
-        ejected after failures (down). Readiness depends on the store only: a down backend is reported."""
+        """The store answers and takes writes (503 if not, within 2 s: a write failed in the last few seconds, or
+        one has waited for the database's lock past a bound; ``Store.write_problem``); which backends this process
+        routes to (up) or has ejected after failures (down). Readiness depends on the store only: a down backend
+        is reported."""
         state = _state(request)
         try:
             async with asyncio.timeout(READY_TIMEOUT):
                 await state.store.ping()
+                problem = await state.store.write_problem()
                 models = await state.store.list_models()
         except Exception as exc:
-            return JSONResponse(
-                envelope(f"store unreachable: {type(exc).__name__}", "service_unavailable"),
-                status_code=503,
-            )
+            return _not_ready(f"store unreachable: {type(exc).__name__}")
+        if problem is not None:
+            return _not_ready(f"store cannot write: {problem}")
         backends = {
             b.backend_id: "up" if state.router.is_up(b.backend_id) else "down" for m in models for b in m.backends
         }
@@ -61,6 +63,10 @@ def build_router() -> APIRouter:
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
 
     return router
+
+
+def _not_ready(message: str) -> JSONResponse:
+    return JSONResponse(envelope(message, "service_unavailable"), status_code=503)
 
 
 def _state(request: Request) -> AppState:

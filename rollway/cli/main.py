@@ -120,6 +120,7 @@ def serve(host: str | None, port: int | None, database_url: str | None, config_f
         loop="uvloop",
         http="httptools",
         timeout_graceful_shutdown=settings.shutdown_timeout,  # then calls in flight are ended (dataplane)
+        timeout_keep_alive=settings.keepalive_timeout,
     )
 
 

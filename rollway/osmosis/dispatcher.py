@@ -116,6 +116,8 @@ class Dispatcher:
                 full, servers = await self.dispatch_once()
             except asyncio.CancelledError:
                 raise
+            except StoreError as exc:  # the database is down: once per interval, no traceback
+                self.store.failures.log(log, "dispatch", "remote-agent dispatch failed: %s", exc.message)
             except Exception:
                 log.exception("remote-agent dispatch failed")
             if full:  # a server took a whole batch: more may be waiting, look again at once
@@ -193,8 +195,15 @@ class Dispatcher:
         except InitFailed as exc:
             log.warning("agent server '%s' refused rollout %s: %s", server.name, rollout_id, exc)
             await self._fail(rollout_id, attempt_id, {"agent": server.name, "error": str(exc)})
-        except StoreError:
-            log.exception("dispatch of rollout %s to agent server '%s' failed", rollout_id, server.name)
+        except StoreError as exc:
+            self.store.failures.log(
+                log,
+                "dispatch",
+                "dispatch of rollout %s to agent server '%s' failed: %s",
+                rollout_id,
+                server.name,
+                exc.message,
+            )
 
     async def _fail(self, rollout_id: str, attempt_id: str, info: dict[str, Any]) -> None:
         try:
