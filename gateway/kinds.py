@@ -8,8 +8,11 @@ that kind (vLLM and SGLang get the token-id capture; anything else is OpenAI-com
 - anything else (OpenAI, a proxy, a server that answers neither) is ``openai``.
 
 A backend that cannot be reached is not decided: its calls go as ``openai`` (they fail on the same connection
-anyway) and the next call asks again. A detection is forgotten after a try on the backend fails (refused
-connection, 5xx), so a server replaced by another engine at the same address is asked again.
+anyway) and the next call asks again. Nor is one whose routes answer an error that says nothing of what it is
+(5xx, 429, 401/403: a server starting behind an ingress, say): its calls go as ``openai`` for ``RETRY_AFTER``
+seconds, then it is asked again. A detection is forgotten after a try on the backend fails (refused connection,
+5xx), so a server replaced by another engine at the same address is asked again. Only the kind is kept: the
+backend's other fields (model, key, version) are always the alias's current ones.
 
 ``TrainableWatch`` counts, per alias, the completions whose span has no token ids (not trainable), logs the first
 of each alias once, and keeps the counts for ``GET /admin/v1/models``.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -32,6 +36,10 @@ log = logging.getLogger("rollway.gateway")
 #: The routes that tell SGLang (tried first: a server that answers them is not vLLM).
 SGLANG_ROUTES = ("get_model_info", "model_info")
 DETECT_TIMEOUT = 5.0
+#: How long a backend whose routes answered an error that says nothing of its engine is served as ``openai``.
+RETRY_AFTER = 30.0
+#: Answers to a probe that tell nothing of the server (it is busy, starting, or wants other credentials).
+UNDECIDED = frozenset({401, 403, 407, 408, 425, 429})
 
 
 def server_root(base_url: str) -> str:
@@ -45,7 +53,8 @@ class BackendKinds:
 
     def __init__(self, timeout: float = DETECT_TIMEOUT) -> None:
         self.timeout = timeout
-        self._known: dict[tuple[str, str], Backend] = {}  # (backend id, base URL) → the backend as its kind
+        self._known: dict[tuple[str, str], str] = {}  # (backend id, base URL) → its kind
+        self._until: dict[tuple[str, str], float] = {}  # undecided ones: served as openai until then
         self._asking: dict[tuple[str, str], asyncio.Future[str | None]] = {}
         self._session: aiohttp.ClientSession | None = None
 
@@ -56,7 +65,7 @@ class BackendKinds:
 
     def detected(self) -> Mapping[str, str]:
         """Backend id → the kind detected for it (``auto`` backends this process has asked)."""
-        return {backend_id: backend.kind for (backend_id, _), backend in self._known.items()}
+        return {backend_id: kind for (backend_id, _), kind in self._known.items()}
 
     async def resolve(self, backend: Backend) -> Backend:
         """``backend`` as the kind it serves: itself unless it is ``auto``; then a copy with the detected kind
@@ -64,14 +73,10 @@ class BackendKinds:
         if backend.kind != "auto":
             return backend
         key = (backend.backend_id, backend.base_url)
-        known = self._known.get(key)
-        if known is not None:
-            return known
-        kind = await self.detect(backend)
-        resolved = backend.model_copy(update={"kind": kind or "openai"})
-        if kind is not None:
-            self._known[key] = resolved
-        return resolved
+        kind = self._known.get(key)
+        if kind is None and time.monotonic() >= self._until.get(key, 0.0):
+            kind = await self.detect(backend)
+        return backend.model_copy(update={"kind": kind or "openai"})
 
     async def detect(self, backend: Backend) -> str | None:
         """Ask the server what it is: ``sglang``, ``vllm`` or ``openai``; None when it cannot be reached. One
@@ -80,11 +85,22 @@ class BackendKinds:
         asking = self._asking.get(key)
         if asking is None:
             asking = self._asking[key] = asyncio.ensure_future(self._ask(backend))
-            asking.add_done_callback(lambda _: self._asking.pop(key, None))
+            asking.add_done_callback(lambda done: self._decided(key, done))
         return await asyncio.shield(asking)
+
+    def _decided(self, key: tuple[str, str], done: asyncio.Future[str | None]) -> None:
+        """Keep what the question found, whether or not anyone still waits for it."""
+        self._asking.pop(key, None)
+        if done.cancelled() or done.exception() is not None:
+            return
+        kind = done.result()
+        if kind is not None:
+            self._known[key] = kind
+            self._until.pop(key, None)
 
     def forget(self, backend: Backend) -> None:
         """A try on ``backend`` failed: its kind is asked again on its next call."""
+        self._until.pop((backend.backend_id, backend.base_url), None)
         if self._known.pop((backend.backend_id, backend.base_url), None) is not None:
             log.info("backend '%s' failed: its kind will be detected again", backend.backend_id)
 
@@ -93,33 +109,49 @@ class BackendKinds:
         headers = {}
         if backend.api_key is not None:
             headers["Authorization"] = f"Bearer {backend.api_key.get_secret_value()}"
+        undecided: list[int] = []
         try:
+            kind = None
             for route in SGLANG_ROUTES:
-                body = await self._get(f"{root}/{route}", headers)
-                if isinstance(body, dict) and "model_path" in body:
+                status, body = await self._get(f"{root}/{route}", headers)
+                if status == 200 and isinstance(body, dict) and "model_path" in body:
                     kind = "sglang"
                     break
-            else:
-                body = await self._get(f"{root}/version", headers)
-                kind = "vllm" if isinstance(body, dict) and isinstance(body.get("version"), str) else "openai"
+                if status >= 500 or status in UNDECIDED:
+                    undecided.append(status)
+            if kind is None:
+                status, body = await self._get(f"{root}/version", headers)
+                if status == 200 and isinstance(body, dict) and isinstance(body.get("version"), str):
+                    kind = "vllm"
+                elif status >= 500 or status in UNDECIDED:
+                    undecided.append(status)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             log.warning("backend '%s': cannot detect its kind (%s)", backend.backend_id, type(exc).__name__)
             return None
+        if kind is None and undecided:  # e.g. a 503 while it starts: it may be vLLM all the same
+            self._until[(backend.backend_id, backend.base_url)] = time.monotonic() + RETRY_AFTER
+            log.warning(
+                "backend '%s': its routes answered %s, which does not tell its engine; served as openai, asked "
+                "again in %.0f s",
+                backend.backend_id,
+                sorted(set(undecided)),
+                RETRY_AFTER,
+            )
+            return None
+        kind = kind or "openai"
         log.info("backend '%s' at %s is %s", backend.backend_id, root, kind)
         return kind
 
-    async def _get(self, url: str, headers: dict[str, str]) -> object:
-        """The JSON a GET answers with 200, else None (a connection failure raises)."""
+    async def _get(self, url: str, headers: dict[str, str]) -> tuple[int, object]:
+        """A GET's status and its JSON body (None when it is not JSON); a connection failure raises."""
         if self._session is None:
             timeout = aiohttp.ClientTimeout(total=self.timeout)
             self._session = aiohttp.ClientSession(timeout=timeout, skip_auto_headers=("User-Agent",))
         async with self._session.get(url, headers=headers, allow_redirects=False) as response:
-            if response.status != 200:
-                return None
             try:
-                return orjson.loads(await response.read())
+                return response.status, orjson.loads(await response.read())
             except orjson.JSONDecodeError:
-                return None
+                return response.status, None
 
 
 @dataclass

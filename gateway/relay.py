@@ -148,8 +148,8 @@ class KeyGuard:
     one holding that end on are held back. The text going on with the rest of the key: the key's parts are
     masked in the held events (the first part becomes ``***``, the others nothing) and they go out; going on
     otherwise, they go out as they came. A text no longer followed once its choice finishes, its output item
-    moves on, or the text of another field of the choice begins (a client joins each field on its own); the
-    stream's end (``[DONE]``, the Responses API's last event, the end of the body) lets everything out.
+    moves on (a client joins each field, each tool call's arguments, on its own: another field's text does not end
+    it); the stream's end (``[DONE]``, the Responses API's last event, the end of the body) lets everything out.
 
     So a stream without the key's beginning at the end of a text goes out event by event as before; an event
     ending in a beginning of the key waits for the next event of its choice. Token ids and logprobs are not
@@ -190,8 +190,6 @@ class KeyGuard:
             self._tails.clear()
             return
         for group, field, holder, name in list(_texts(chunk)):
-            for other in [c for c in self._tails if c[0] == group and c[1] != field]:
-                del self._tails[other]
             self._extend((group, field), _Piece(held, holder, name))
         for group in _ended(chunk):
             for channel in [c for c in self._tails if c[0] == group]:

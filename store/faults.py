@@ -36,18 +36,31 @@ def _driver(exc: BaseException) -> bool:
     return type(exc).__module__.split(".", 1)[0] == "asyncpg"
 
 
+#: What SQLite says when the database, not the statement, is at fault (its other ``OperationalError``s -- no such
+#: table, a syntax error -- are the code's).
+_SQLITE_TROUBLE = ("locked", "busy", "disk", "full", "readonly", "unable to open", "i/o", "malformed", "not a database")
+
+
+def _sqlite_trouble(exc: BaseException) -> bool:
+    return any(word in str(exc).lower() for word in _SQLITE_TROUBLE)
+
+
 def unavailable(exc: BaseException) -> UnavailableError | None:
     """``exc`` as the store's ``UnavailableError`` when it is the database's trouble, else None (leave it)."""
     if isinstance(exc, UnavailableError):
         return exc
     if isinstance(exc, IntegrityError | DataError | ProgrammingError):
         return None  # the request's (a conflict, a value that does not fit) or the code's, not the database's
-    if isinstance(exc, DBAPIError):
-        reason: BaseException = exc.orig if exc.orig is not None else exc
-    elif isinstance(exc, OSError | sqlite3.OperationalError | sqlite3.InterfaceError) or _driver(exc):
-        reason = exc
-    else:
-        return None
+    reason: BaseException = exc
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        reason = exc.orig
+    if isinstance(reason, sqlite3.Error):
+        if not (isinstance(reason, sqlite3.OperationalError) and _sqlite_trouble(reason)):
+            return None  # no such table, a syntax error, a misused connection: a bug, not an outage
+    elif isinstance(exc, DBAPIError) or _driver(reason):
+        pass  # the PostgreSQL driver's: the server is down, restarting, or dropped the connection
+    elif not isinstance(reason, ConnectionError | TimeoutError) or type(reason).__module__.startswith("aiohttp"):
+        return None  # a socket error of something else (a backend's, aiohttp's) is not the database's
     text = str(reason).strip().splitlines()[0] if str(reason).strip() else ""
     return UnavailableError(f"the database is unavailable: {type(reason).__name__}{': ' + text if text else ''}")
 
@@ -75,12 +88,15 @@ class WriteHealth:
 
     def problem(self) -> str | None:
         """Why the store cannot write now, or None: a write failed within ``FAILURE_WINDOW`` seconds with none
-        succeeding since, or one has waited for the write lock longer than ``LOCK_WAIT_BOUND``."""
+        succeeding since, or one has waited for the database longer than ``LOCK_WAIT_BOUND`` with none completing
+        meanwhile."""
         now = self.clock()
         if self.failing() and self.last_failure is not None and now - self.last_failure < FAILURE_WINDOW:
             return f"a write failed {now - self.last_failure:.1f} s ago: {self.reason}"
         since = self.waiting_since()
-        if since is not None and now - since > LOCK_WAIT_BOUND:
+        # A write slow under load is no outage while others complete: only one waiting with none done meanwhile.
+        stuck = since is not None and now - since > LOCK_WAIT_BOUND
+        if stuck and since is not None and (self.last_success is None or self.last_success < since):
             return f"a write has waited {now - since:.1f} s for the database"
         return None
 

@@ -119,9 +119,34 @@ async def test_a_backend_that_cannot_be_reached_is_asked_again_later(mock: MockB
         up = Backend(backend_id="b", base_url=mock.base_url, model="mock-model")
         resolved = await kinds.resolve(up)
         assert resolved.kind == "vllm" and kinds.detected() == {"b": "vllm"}
-        assert await kinds.resolve(up) is resolved  # asked once
+        # Only the kind is kept: the same backend put again with new weights and a new key is served as it is now.
+        swapped = up.model_copy(update={"model": "step-200", "version": "200", "api_key": "sk-new-key-0001"})
+        now = await kinds.resolve(swapped)
+        assert (now.kind, now.model, now.version, now.api_key) == ("vllm", "step-200", "200", swapped.api_key)
         kinds.forget(up)
         assert kinds.detected() == {}
+    finally:
+        await kinds.close()
+
+
+async def test_a_server_answering_errors_is_not_taken_for_openai_for_good() -> None:
+    """A 503 on every route (a server starting behind an ingress) tells nothing: served as openai for a while,
+    not remembered as such, and not asked again on every call meanwhile."""
+    asked: list[str] = []
+
+    async def starting(request: Request) -> JSONResponse:
+        asked.append(request.url.path)
+        return JSONResponse({"error": "not ready"}, status_code=503)
+
+    routes = [Route(f"/{name}", starting) for name in ("get_model_info", "model_info", "version")]
+    kinds = BackendKinds(timeout=2.0)
+    try:
+        async with serving(Starlette(routes=routes)) as url:
+            backend = Backend(backend_id="starting", base_url=f"{url}/v1", model="m")
+            assert (await kinds.resolve(backend)).kind == "openai"
+            assert (await kinds.resolve(backend)).kind == "openai"
+        assert kinds.detected() == {}
+        assert asked == ["/get_model_info", "/model_info", "/version"]  # once, not per call
     finally:
         await kinds.close()
 

@@ -339,3 +339,39 @@ def test_only_an_event_ending_as_the_key_begins_waits_and_only_for_its_choice() 
     assert fed(chat(0, " yes")) == []
     assert fed(chat(1, "other", "stop")) == []
     assert fed(chat(0, " ok", "stop")) == [" yes", "other", " ok"]
+
+
+def _call(index: int, arguments: str) -> dict[str, Any]:
+    call = {"index": index, "function": {"arguments": arguments}}
+    return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]}
+
+
+def _content(text: str, reasoning: str | None = None) -> dict[str, Any]:
+    delta = {"content": text} if reasoning is None else {"content": text, "reasoning_content": reasoning}
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [_call(0, '{"k": "sk-b'), _call(1, "{"), _call(0, 'ackend-4f1c9a7e2b"}')],  # another call in between
+        [_content("sk-b", reasoning=""), _content("ackend-4f1c9a7e2b")],  # a reasoning field beside it
+    ],
+    ids=["tool-calls", "reasoning"],
+)
+def test_another_text_between_the_keys_parts_does_not_let_it_out(chunks: list[dict[str, Any]]) -> None:
+    """A client joins each text on its own (each tool call's arguments, the content): the text of another one
+    between the key's parts does not release the first part unmasked."""
+    guard = KeyGuard(BACKEND_KEY)
+    out = [event for pair in _events(*chunks) for event in guard.feed([pair])] + guard.flush()
+    assert len(out) == len(chunks)
+    joined: dict[str, str] = {}
+    for _, _, chunk in out:
+        assert chunk is not None
+        delta = chunk["choices"][0]["delta"]
+        for call in delta.get("tool_calls") or ():
+            joined[f"call {call['index']}"] = joined.get(f"call {call['index']}", "") + call["function"]["arguments"]
+        if "content" in delta:
+            joined["content"] = joined.get("content", "") + delta["content"]
+    assert all(BACKEND_KEY not in text and BACKEND_KEY[:5] not in text for text in joined.values()), joined
+    assert any("***" in text for text in joined.values())

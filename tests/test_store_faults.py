@@ -298,3 +298,31 @@ def test_failure_log_says_one_line_per_kind_per_interval_with_the_count_left_out
         "read failed",
         "write failed: disk full (and 49 more like it in the last 11 s, not logged)",
     ]
+
+
+def test_only_the_databases_own_trouble_is_unavailable() -> None:
+    """An outage (locked, full, a refused or dropped connection) is a 503; a bug in a statement, or another
+    socket's error (a backend's), is not the database's and stays what it is."""
+    import sqlite3 as sqlite
+
+    import aiohttp
+    from sqlalchemy.exc import OperationalError
+
+    from rollway.store.faults import unavailable
+
+    outages = [
+        sqlite.OperationalError("database is locked"),
+        sqlite.OperationalError("database or disk is full"),
+        OperationalError("INSERT ...", {}, sqlite.OperationalError("unable to open database file")),
+        ConnectionRefusedError(111, "Connection refused"),
+        ConnectionResetError(104, "Connection reset by peer"),
+    ]
+    bugs = [
+        sqlite.OperationalError("no such table: spans"),
+        OperationalError("SELECT ...", {}, sqlite.OperationalError('near "SELEC": syntax error')),
+        aiohttp.ClientOSError(104, "Connection reset by peer"),
+        FileNotFoundError(2, "No such file or directory"),
+        ValueError("not a database problem"),
+    ]
+    assert all(unavailable(exc) is not None for exc in outages)
+    assert [unavailable(exc) for exc in bugs] == [None] * len(bugs)
