@@ -84,8 +84,8 @@ class CallRecord:
 
     @property
     def completed(self) -> bool:
-        """A completion the backend gave whole (what should be trainable): not an embedding, an error or a stream
-        that broke off."""
+        """A completion the backend gave whole that should be trainable: not an embedding, an error, a stream that
+        broke off, nor a call that asks for what comes without token ids (``by_design_untrainable``)."""
         return (
             self.operation in TRAINABLE_OPERATIONS
             and self.response is not None
@@ -93,6 +93,7 @@ class CallRecord:
             and self.error_type is None
             and not self.cancelled
             and (self.status_code or 0) < 400
+            and not by_design_untrainable(self.operation, self.request)
         )
 
     def span(self) -> Span:
@@ -179,6 +180,17 @@ class CallRecord:
         if len(choices) > 1:
             attributes["rollway.choices"] = [_choice_record(self.operation, c, i) for i, c in enumerate(choices)]
         return prompt_ids is not None and response_ids is not None
+
+
+def by_design_untrainable(operation: str, request: Any) -> bool:
+    """A call whose answer has no token ids whatever the engine: a text completion's ``echo`` (vLLM leaves the
+    prompt's text out of an echo asked for ids, so they are not asked) and a ``background`` response (vLLM gives
+    one no messages)."""
+    if not isinstance(request, dict):
+        return False
+    if operation == "text_completion":
+        return bool(request.get("echo")) and not request.get("return_token_ids")
+    return operation == "responses" and bool(request.get("background"))
 
 
 def _choice_record(operation: str, choice: dict[str, Any], position: int) -> dict[str, Any]:

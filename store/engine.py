@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -123,6 +124,25 @@ def open_error(url: str, exc: BaseException) -> UnavailableError:
     return UnavailableError(f"cannot open the database {shown}: {str(reason).strip() or type(reason).__name__}{hint}")
 
 
+#: Tries of ``PRAGMA journal_mode=WAL`` on a file another process is creating or migrating, a little longer apart
+#: each time (about 8 s in all).
+WAL_TRIES = 40
+
+
+def _wal(cursor: Any) -> None:
+    """Put the connection in WAL mode. While another process holds the file's lock to create or migrate it, SQLite
+    can refuse the mode change at once (``database is locked``) without waiting out the busy timeout: several
+    servers started on one new file at once, so it is asked again a moment later."""
+    for attempt in range(WAL_TRIES):
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == WAL_TRIES - 1:
+                raise
+            time.sleep(0.01 * (attempt + 1))  # (only at a connection's set-up, and only while contended)
+
+
 def _sqlite_engine(url: str, *, begin: str, synchronous: str, busy_ms: int, writer: bool) -> Engine:
     engine = create_engine(
         url,
@@ -138,7 +158,7 @@ def _sqlite_engine(url: str, *, begin: str, synchronous: str, busy_ms: int, writ
         # Spans are large rows (token id lists): 16 KiB pages keep most of them out of overflow chains.
         # Only takes effect when the file is created (before WAL mode is set).
         cursor.execute("PRAGMA page_size=16384")
-        cursor.execute("PRAGMA journal_mode=WAL")  # may wait (busy timeout) while another process migrates
+        _wal(cursor)
         cursor.execute(f"PRAGMA synchronous={synchronous}")
         cursor.execute("PRAGMA foreign_keys=ON")
         if writer:

@@ -83,6 +83,18 @@ async def test_an_alias_put_without_a_kind_in_front_of_the_mock_records_trainabl
     assert view["capture"] == {"completions": 2, "untrainable": 0}
 
 
+async def test_an_echo_is_not_counted_as_a_lost_training_sample(tmp_path: Path, mock: MockBackendProcess) -> None:
+    """A text completion's ``echo`` comes without token ids by design (vLLM drops the prompt's text when they are
+    asked): its span is not trainable, and it is not counted as a completion that should have been."""
+    async with running_gateway(tmp_path) as gw:
+        await put_without_kind(gw, "policy", mock.base_url, "mock-model")
+        client = gw.client()
+        await client.completions.create(model="policy", prompt="Once upon a time", max_tokens=3, echo=True)
+        await client.completions.create(model="policy", prompt="Once upon a time", max_tokens=3)
+        view = await model_view(gw, "policy")
+    assert view["capture"] == {"completions": 1, "untrainable": 0}
+
+
 async def test_a_server_without_token_ids_is_shown_as_such_and_its_calls_counted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
