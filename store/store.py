@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from rollway.store import catalog, convert, exports, limits, migrate, queries, queue, watchdog
+from rollway.store import catalog, convert, limits, migrate, queries, queue, watchdog
 from rollway.store.engine import Engines, create_engines, migration_engine, open_error
-from rollway.store.errors import ConflictError, NotFoundError, StoreValidationError, UnavailableError
+from rollway.store.errors import ConflictError, StoreValidationError, UnavailableError
 from rollway.store.faults import FailureLog, WriteHealth, unavailable
 from rollway.store.keepalive import INTERVAL, CallsInFlight
 from rollway.store.lifecycle import (
@@ -30,17 +30,15 @@ from rollway.store.lifecycle import (
 from rollway.store.schemas import (
     Attempt,
     AttemptedRollout,
-    Page,
     Rollout,
-    StoreStats,
     TaskSpec,
-    Worker,
 )
 from rollway.store.signals import Signal
-from rollway.store.states import FINISHED, AttemptStatus, RolloutStatus
+from rollway.store.states import AttemptStatus, RolloutStatus
 from rollway.store.store_agents import AgentsMixin
 from rollway.store.store_catalog import CatalogMixin
 from rollway.store.store_edits import EditsMixin
+from rollway.store.store_reads import MAX_WAIT_SECONDS, ReadsMixin
 from rollway.store.store_spans import SpansMixin
 from rollway.store.store_wal import WalMixin
 from rollway.store.writer import BatchWriter, PgWriter, Writer
@@ -57,10 +55,8 @@ class _Unset:
 
 UNSET: Any = _Unset()
 
-MAX_WAIT_SECONDS = 60.0
 
-
-class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
+class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, ReadsMixin, WalMixin):
     """The embedded store over SQLite or PostgreSQL (see the package docstring)."""
 
     def __init__(
@@ -406,88 +402,3 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, WalMixin):
     def _notify_all(self) -> None:
         self.finished.notify()
         self.queued.notify()
-
-    # -- reads ------------------------------------------------------------------------------------------
-
-    async def get_rollout(self, rollout_id: str, *, with_attempts: bool = False) -> Rollout:
-        return await self._read(lambda conn: queries.get_rollout(conn, rollout_id, with_attempts=with_attempts))
-
-    async def list_rollouts(self, **filters: Any) -> Page[Rollout]:
-        return await self._read(lambda conn: queries.list_rollouts(conn, **filters))
-
-    async def sorted_rollouts(self, **query: Any) -> tuple[list[Rollout], int]:
-        """A page of rollouts in a chosen order, and the number matching (see ``store.queries.sorted_rollouts``)."""
-        return await self._read(lambda conn: queries.sorted_rollouts(conn, **query))
-
-    async def list_attempts(self, rollout_id: str) -> list[Attempt]:
-        def op(conn: Connection) -> list[Attempt]:
-            load_rollout(conn, rollout_id, lock=False)
-            return queries.list_attempts(conn, rollout_id)
-
-        return await self._read(op)
-
-    async def get_attempt(self, rollout_id: str, attempt_id: str = "latest") -> Attempt:
-        return await self._read(lambda conn: queries.get_attempt(conn, rollout_id, attempt_id))
-
-    async def get_group(self, group_id: str) -> list[Rollout]:
-        return await self._read(lambda conn: queries.group(conn, group_id))
-
-    async def list_workers(self) -> list[Worker]:
-        return await self._read(queries.list_workers)
-
-    async def get_worker(self, worker_id: str) -> Worker:
-        return await self._read(lambda conn: queries.get_worker(conn, worker_id))
-
-    async def status_counts(self) -> tuple[dict[str, int], dict[str, int]]:
-        """(rollouts by status, attempts by status): cheap enough for every metrics scrape."""
-        return await self._read(queries.status_counts)
-
-    async def stats(self) -> StoreStats:
-        return await self._read(queries.stats)
-
-    async def export_rollouts(
-        self,
-        *,
-        rollout_ids: Sequence[str] | None = None,
-        group_id: str | None = None,
-        since: str | None = None,
-        limit: int = 100,
-        partial: bool = False,
-        with_spans: bool = True,
-    ) -> exports.ExportPage:
-        """Finished rollouts after the cursor ``since`` in finish order (whole complete groups unless
-        ``partial``), each with the spans of its latest attempt; see ``store.exports``."""
-        return await self._read(
-            lambda conn: exports.export(
-                conn,
-                rollout_ids=rollout_ids,
-                group_id=group_id,
-                since=since,
-                limit=limit,
-                partial=partial,
-                with_spans=with_spans,
-            )
-        )
-
-    async def export_spans(self, rollouts: list[exports.ExportRollout]) -> None:
-        """Fill in the spans of exported rollouts read ``with_spans=False`` (``store.exports.attach_spans``)."""
-        await self._read(lambda conn: exports.attach_spans(conn, rollouts))
-
-    async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float) -> tuple[list[Rollout], list[str]]:
-        """Block until every rollout finished or ``timeout`` (≤ 60 s) passed: (finished, pending ids)."""
-        if timeout < 0:
-            raise StoreValidationError("timeout must not be negative")
-        wanted = list(dict.fromkeys(rollout_ids))
-        deadline = time.monotonic() + min(timeout, MAX_WAIT_SECONDS)
-        while True:
-            generation = self.finished.generation()
-            rows = await self._read(lambda conn: queries.statuses(conn, wanted))
-            unknown = [r for r in wanted if r not in rows]
-            if unknown:
-                raise NotFoundError(f"rollouts not found: {', '.join(unknown[:10])}")
-            done = [convert.rollout(rows[r]) for r in wanted if rows[r]["status"] in FINISHED]
-            pending = [r for r in wanted if rows[r]["status"] not in FINISHED]
-            remaining = deadline - time.monotonic()
-            if not pending or remaining <= 0:
-                return done, pending
-            await Signal.wait(generation, min(remaining, self.poll_interval))

@@ -4,6 +4,7 @@ mock backend process, for end-to-end tests with the official ``openai`` SDK."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -78,6 +79,23 @@ async def running_gateway(tmp_path: Path, **settings: Any) -> AsyncIterator[Runn
         server.should_exit = True
         await task
         sock.close()
+
+
+def sse_events(body: str) -> list[tuple[str | None, Any]]:
+    """A stream's body as its events: (the ``event:`` name or None, the data parsed; ``[DONE]`` as it is)."""
+    out: list[tuple[str | None, Any]] = []
+    for block in body.split("\n\n"):
+        if not block:
+            continue
+        name = None
+        for line in block.split("\n"):
+            key, _, value = line.partition(": ")
+            if key == "event":
+                name = value
+            else:
+                assert key == "data"
+                out.append((name, value if value == "[DONE]" else json.loads(value)))
+    return out
 
 
 @asynccontextmanager

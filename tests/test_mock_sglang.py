@@ -6,7 +6,6 @@ once as ``rollway mock-backend --flavor sglang``)."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 import sglang_shapes as real
+from gateway_harness import sse_events
 
 from rollway.mock import MockBackendProcess, MockConfig, create_mock_app
 from rollway.mock import tokenizer as tok
@@ -51,19 +51,7 @@ async def events(
     response = await client.post(path, json={"model": MODEL, "stream": True, **body}, headers=headers)
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/event-stream")
-    out: list[tuple[str | None, Any]] = []
-    for block in response.text.split("\n\n"):
-        if not block:
-            continue
-        name = None
-        for line in block.split("\n"):
-            key, _, value = line.partition(": ")
-            if key == "event":
-                name = value
-            else:
-                assert key == "data"
-                out.append((name, value if value == "[DONE]" else json.loads(value)))
-    return out
+    return sse_events(response.text)
 
 
 async def chunks(client: httpx.AsyncClient, path: str, **body: Any) -> list[dict[str, Any]]:

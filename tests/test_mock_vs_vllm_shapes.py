@@ -5,12 +5,12 @@ error envelopes. The expected shapes were recorded from a real vLLM 0.32.0 (CPU 
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
+from gateway_harness import sse_events
 
 from rollway.mock import MockConfig, create_mock_app
 
@@ -125,19 +125,7 @@ async def stream(client: httpx.AsyncClient, path: str, **body: Any) -> list[tupl
     response = await client.post(path, json={"model": MODEL, "stream": True, **body})
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/event-stream")
-    out: list[tuple[str | None, Any]] = []
-    for block in response.text.split("\n\n"):
-        if not block:
-            continue
-        name = None
-        for line in block.split("\n"):
-            key, _, value = line.partition(": ")
-            if key == "event":
-                name = value
-            else:
-                assert key == "data"
-                out.append((name, value if value == "[DONE]" else json.loads(value)))
-    return out
+    return sse_events(response.text)
 
 
 def chunks(events: list[tuple[str | None, Any]]) -> list[dict[str, Any]]:
