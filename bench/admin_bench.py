@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 
 from rollway.app.factory import create_app
-from rollway.cli.main import tune_gc
+from rollway.app.serving import tune_gc
 from rollway.settings import Settings
 from rollway.store import AttemptedRollout, ConflictError, Store
 

@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rollway.cli.main import tune_gc
+from rollway.app.serving import tune_gc
 from rollway.store import Store
 
 DEFAULT_PG_URL = os.environ.get("ROLLWAY_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -37,6 +37,13 @@ class Settings(BaseSettings):
 
     host: str = Field(default="127.0.0.1", description="address to listen on")
     port: int = Field(default=8080, ge=0, le=65535, description="port to listen on")
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="server processes on the port, each a replica of the store (use about one per core; "
+        "docs/deployment.md)",
+    )
     database_url: str = Field(
         default="sqlite:///./rollway.db",
         description="sqlite:///path/to/file.db (default) or postgresql://user@host:port/db",

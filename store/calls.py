@@ -37,7 +37,7 @@ class CallTicket:
 
 
 @dataclass(frozen=True)
-class _Target:
+class Target:
     """What ``begin`` needs of a rollout and one of its attempts (``attempt_*`` None: no such attempt)."""
 
     rollout_status: str
@@ -65,7 +65,7 @@ _NEXT_SEQUENCE_SQLITE = (
 _TOUCH_RUNNING_SQLITE = "UPDATE attempts SET last_heartbeat_time = ? WHERE attempt_id = ? AND status = 'running'"
 
 
-def _load_target(conn: Connection, rollout_id: str, attempt_id: str | None) -> _Target:
+def _load_target(conn: Connection, rollout_id: str, attempt_id: str | None) -> Target:
     raw = sqlite_driver(conn)
     if raw is None:
         rollout = load_rollout(conn, rollout_id)
@@ -73,7 +73,7 @@ def _load_target(conn: Connection, rollout_id: str, attempt_id: str | None) -> _
             attempt: Any = load_attempt(conn, rollout, attempt_id or "latest")
         except NotFoundError:
             attempt = {"attempt_id": None, "status": None, "start_time": None}
-        return _Target(
+        return Target(
             rollout["status"],
             rollout["latest_attempt_id"],
             RolloutConfig.model_validate(rollout["config"]).timeout_seconds,
@@ -85,19 +85,31 @@ def _load_target(conn: Connection, rollout_id: str, attempt_id: str | None) -> _
     row = raw.execute(_TARGET_SQLITE, (attempt_id, rollout_id)).fetchone()
     if row is None:
         raise NotFoundError(f"rollout '{rollout_id}' not found")
-    return _Target(row[0], row[1], row[2], row[3], row[4], row[5], int(row[6] or 0))
+    return Target(row[0], row[1], row[2], row[3], row[4], row[5], int(row[6] or 0))
 
 
 def begin(conn: Connection, rollout_id: str | None, attempt_id: str | None) -> CallTicket:
-    """Check the attempt can take calls and allocate the call's sequence id.
-
-    Refused (``ConflictError``): a finished rollout, an attempt a newer one replaced, an attempt that already
-    ended (succeeded, failed, timed out). An ``unresponsive`` attempt may still call: its span revives it.
-    """
+    """Check the attempt can take calls and allocate the call's sequence id (``check``)."""
     if not rollout_id:
         _, first = spans.allocate(conn, None, None)
         return CallTicket(None, None, first, catalog_revision=catalog.revision(conn))
     target = _load_target(conn, rollout_id, attempt_id)
+    check(target, rollout_id, attempt_id)
+    assert target.attempt_id is not None
+    raw = sqlite_driver(conn)
+    if raw is None:
+        first = spans.advance(conn, rollout_id, target.attempt_id, 1)
+    else:
+        first = raw.execute(_NEXT_SEQUENCE_SQLITE, (rollout_id, target.attempt_id)).fetchone()[0]
+    timeout = target.timeout_seconds
+    deadline = None if timeout is None or target.attempt_start is None else target.attempt_start + timeout
+    return CallTicket(rollout_id, target.attempt_id, first, deadline, target.catalog_revision)
+
+
+def check(target: Target, rollout_id: str, attempt_id: str | None) -> None:
+    """Whether an attempt can take calls. Refused (``ConflictError``): a finished rollout, an attempt a newer one
+    replaced, an attempt that already ended (succeeded, failed, timed out). An ``unresponsive`` attempt may still
+    call: its span revives it."""
     if target.attempt_id is None:
         if attempt_id is None and target.latest_attempt_id is None:
             raise NotFoundError(f"rollout '{rollout_id}' has no attempts")
@@ -114,14 +126,6 @@ def begin(conn: Connection, rollout_id: str | None, attempt_id: str | None) -> C
             f"attempt '{target.attempt_id}' of rollout '{rollout_id}' is {AttemptStatus(target.attempt_status)}: "
             "it takes no more calls"
         )
-    raw = sqlite_driver(conn)
-    if raw is None:
-        first = spans.advance(conn, rollout_id, target.attempt_id, 1)
-    else:
-        first = raw.execute(_NEXT_SEQUENCE_SQLITE, (rollout_id, target.attempt_id)).fetchone()[0]
-    timeout = target.timeout_seconds
-    deadline = None if timeout is None or target.attempt_start is None else target.attempt_start + timeout
-    return CallTicket(rollout_id, target.attempt_id, first, deadline, target.catalog_revision)
 
 
 def record(conn: Connection, span: Span, now: float) -> None:
@@ -139,6 +143,12 @@ def record(conn: Connection, span: Span, now: float) -> None:
         touched = conn.execute(_TOUCH_RUNNING, {"aid": span.attempt_id, "now": now}).rowcount
     if touched == 1:
         return  # the common case: a running attempt, one statement
+    revive(conn, span, now)
+
+
+def revive(conn: Connection, span: Span, now: float) -> None:
+    """The heartbeat of a span whose attempt is not running (``unresponsive``): the latest attempt is revived."""
+    assert span.rollout_id is not None and span.attempt_id is not None
     rollout = load_rollout(conn, span.rollout_id)
     attempt = load_attempt(conn, rollout, span.attempt_id)
     if rollout["latest_attempt_id"] == attempt["attempt_id"]:

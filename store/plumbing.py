@@ -3,8 +3,8 @@ read paths and its waiter wake-up. Declared once here; ``Store`` provides them."
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
@@ -16,9 +16,13 @@ T = TypeVar("T")
 class StorePlumbing:
     clock: Callable[[], float]
     cipher: Cipher | None  # encrypts the API keys kept for others (``catalog.Cipher``), when given a secret key
+    direct_calls: bool  # PostgreSQL: the call path's writes go straight to the driver (``store.pg_calls``)
 
     async def _write(self, op: Callable[[Connection], T]) -> T:
         raise NotImplementedError  # provided by Store
+
+    async def _write_direct(self, op: Callable[[Any], Awaitable[T]]) -> T:
+        raise NotImplementedError  # provided by Store (PostgreSQL only)
 
     async def _read(self, op: Callable[[Connection], T]) -> T:
         raise NotImplementedError  # provided by Store

@@ -34,7 +34,7 @@ _SQLITE_INSERT = (
 )
 
 
-def _json_text(value: Any) -> str | None:
+def json_text(value: Any) -> str | None:
     if value is None:
         return None
     if not value:
@@ -60,17 +60,17 @@ def write_spans(conn: Connection, rows: list[tuple[Span, str, str, int]], now: f
     caller's transaction is then rolled back, so nothing of the write is kept."""
     raw = sqlite_driver(conn)
     if raw is not None:
-        inserted = raw.executemany(_SQLITE_INSERT, [convert.span_values(*row, now, _json_text) for row in rows])
+        inserted = raw.executemany(_SQLITE_INSERT, [convert.span_values(*row, now, json_text) for row in rows])
         if inserted.rowcount != len(rows):
-            raise _taken(conn, rows)
+            raise taken(conn, rows)
         return
     columns = convert.SPAN_COLUMNS
     values = [dict(zip(columns, convert.span_values(*row, now, _as_is), strict=True)) for row in rows]
     if len(conn.execute(prebuilt(conn, "span_insert", _build_insert), values).all()) != len(rows):
-        raise _taken(conn, rows)
+        raise taken(conn, rows)
 
 
-def _taken(conn: Connection, rows: list[tuple[Span, str, str, int]]) -> ConflictError:
+def taken(conn: Connection, rows: list[tuple[Span, str, str, int]]) -> ConflictError:
     """The error for a write whose rows were skipped for a taken sequence id: names the first such id (held by
     a span other than the row's own; the rows written before it hold theirs)."""
     wanted: dict[tuple[str, str], list[int]] = defaultdict(list)

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, text
@@ -74,6 +74,7 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, ReadsMixin, WalMi
         self.writer = writer
         self.clock = clock
         self.cipher = cipher
+        self.direct_calls = isinstance(writer, PgWriter)  # PostgreSQL: the call path goes to the driver itself
         self.watchdog_interval = watchdog_interval
         self.poll_interval = poll_interval
         self.finished = Signal()
@@ -172,8 +173,17 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, ReadsMixin, WalMi
 
     async def _write(self, op: Callable[[Connection], T]) -> T:
         """Every write; the database's failures become ``UnavailableError`` (and make ``health`` say so)."""
+        return await self._written(self.writer.submit(op))
+
+    async def _write_direct(self, op: Callable[[Any], Awaitable[T]]) -> T:
+        """A write on PostgreSQL's driver connection in no transaction (``PgWriter.submit_direct``), told as
+        ``_write`` tells its failures."""
+        assert isinstance(self.writer, PgWriter)
+        return await self._written(self.writer.submit_direct(op))
+
+    async def _written(self, submitted: Awaitable[T]) -> T:
         try:
-            result = await self.writer.submit(op)
+            result = await submitted
         except IntegrityError as exc:
             raise ConflictError(f"the write conflicts with stored data: {exc.orig}") from exc
         except sqlite3.IntegrityError as exc:  # from statements run on the driver connection itself

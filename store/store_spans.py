@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from rollway.store import calls, limits, spans
+from rollway.store import calls, convert, limits, pg_calls, spans
 from rollway.store.keepalive import CallsInFlight
 from rollway.store.plumbing import StorePlumbing
 from rollway.store.schemas import Span
@@ -29,7 +29,10 @@ class SpansMixin(StorePlumbing):
     async def begin_call(self, rollout_id: str | None, attempt_id: str | None = None) -> calls.CallTicket:
         """An LLM call arrived: check its attempt is live, allocate its sequence id, tell its deadline. From here
         until ``record_call`` the call keeps its attempt alive (``store.keepalive``)."""
-        ticket = await self._write(lambda conn: calls.begin(conn, rollout_id, attempt_id))
+        if self.direct_calls:
+            ticket = await self._write_direct(lambda driver: pg_calls.begin(driver, rollout_id, attempt_id))
+        else:
+            ticket = await self._write(lambda conn: calls.begin(conn, rollout_id, attempt_id))
         if ticket.attempt_id is not None:
             self.calls_in_flight.arrived(ticket.rollout_id or "", ticket.attempt_id, ticket.sequence_id)
         return ticket
@@ -38,10 +41,26 @@ class SpansMixin(StorePlumbing):
         """Write the span of a call that ``begin_call`` admitted (see ``store.calls.record``): the call is over."""
         now = self.clock()
         try:
-            await self._write(lambda conn: calls.record(conn, span, now))
+            if self.direct_calls:
+                await self._record_direct(span, now)
+            else:
+                await self._write(lambda conn: calls.record(conn, span, now))
         finally:
             if span.attempt_id is not None:
                 self.calls_in_flight.ended(span.rollout_id or "", span.attempt_id, span.sequence_id or 0)
+
+    async def _record_direct(self, span: Span, now: float) -> None:
+        """``calls.record`` on PostgreSQL: the span and the heartbeat in one statement (``pg_calls.record``); the
+        rare rest (a taken sequence id, an attempt to revive) in a transaction of its own."""
+        assert span.sequence_id is not None
+        row = (span, span.rollout_id or "", span.attempt_id or "", span.sequence_id)
+        values = convert.span_values(*row, now, spans.json_text)
+        inserted, touched = await self._write_direct(lambda driver: pg_calls.record(driver, values, now, row[2]))
+        if not inserted:
+            taken = await self._read(lambda conn: spans.taken(conn, [row]))
+            raise taken
+        if span.rollout_id and span.attempt_id and not touched:
+            await self._write(lambda conn: calls.revive(conn, span, now))
 
     async def next_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
         return (await self.allocate_sequence(rollout_id, attempt_id))[1]

@@ -27,7 +27,7 @@ import logging
 import random
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -35,7 +35,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rollway.store.errors import StoreValidationError, UnavailableError
+from rollway.store.errors import ConflictError, StoreValidationError, UnavailableError
 from rollway.store.faults import unavailable
 
 log = logging.getLogger("rollway.store")
@@ -46,6 +46,10 @@ Operation = Callable[[Connection], T]
 RETRYABLE_PG_CODES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
 #: SQLSTATE class of the values a column cannot hold (a text too long, an integer out of range, ...).
 PG_DATA_EXCEPTION = "22"
+#: SQLSTATE class of integrity constraint violations (a unique key, a foreign key).
+PG_INTEGRITY = "23"
+#: SQLSTATE classes of a statement's own failure, on a connection that is still good.
+_STATEMENT_CLASSES = frozenset({PG_DATA_EXCEPTION, PG_INTEGRITY, "40"})
 LOCK_WAIT_SECONDS = 30.0
 #: How long closing PostgreSQL's writer waits for the writes in flight before it cancels them.
 CLOSE_WAIT_SECONDS = 10.0
@@ -291,6 +295,18 @@ class BatchWriter:
                 fut.set_exception(error)
 
 
+def _pg_code(exc: BaseException) -> str:
+    """PostgreSQL's SQLSTATE of ``exc`` (wrapped by SQLAlchemy or the driver's own), or ''."""
+    code = getattr(getattr(exc, "orig", None), "sqlstate", None) or getattr(getattr(exc, "orig", None), "pgcode", None)
+    if code is None and type(exc).__module__.startswith("asyncpg"):
+        code = getattr(exc, "sqlstate", None)
+    return code if isinstance(code, str) else ""
+
+
+def _reason(exc: BaseException) -> BaseException:
+    return getattr(exc, "orig", None) or exc
+
+
 class PgWriter:
     """PostgreSQL: one transaction per operation, retried on deadlock/serialization failure.
 
@@ -322,7 +338,34 @@ class PgWriter:
                 return
 
     async def submit(self, op: Operation[T]) -> T:
-        task = asyncio.create_task(self._run(op))
+        async def once() -> T:
+            async with self._engine.begin() as conn:
+                return await conn.run_sync(op)
+
+        return await self._shielded(once)
+
+    async def submit_direct(self, op: Callable[[Any], Awaitable[T]]) -> T:
+        """``op`` on the driver's own connection (asyncpg), in no transaction: each statement it runs is one
+        transaction and one round trip, where SQLAlchemy's ``begin`` adds two more (BEGIN, COMMIT). For the call
+        path's single-statement writes (``store.pg_calls``); retried, shielded and its failures told as
+        ``submit``'s are."""
+
+        async def once() -> T:
+            async with self._engine.connect() as conn:
+                raw = await conn.get_raw_connection()
+                try:
+                    return await op(raw.driver_connection)
+                except Exception as exc:
+                    if _pg_code(exc)[:2] not in _STATEMENT_CLASSES and unavailable(exc) is not None:
+                        # SQLAlchemy does not see the driver's errors: a connection the server dropped (a
+                        # restart, an outage) is put out of the pool here, or the next write would fail on it too
+                        await conn.invalidate()
+                    raise
+
+        return await self._shielded(once)
+
+    async def _shielded(self, once: Callable[[], Awaitable[T]]) -> T:
+        task = asyncio.create_task(self._run(once))
         self._running[task] = time.monotonic()
         task.add_done_callback(self._forget)
         return await asyncio.shield(task)
@@ -334,28 +377,24 @@ class PgWriter:
         """When the oldest write in flight began (a row lock, a database that stopped answering)."""
         return min(self._running.values(), default=None)
 
-    async def _run(self, op: Operation[T]) -> T:
+    async def _run(self, once: Callable[[], Awaitable[T]]) -> T:
         for attempt in range(1, self._attempts + 1):
             started = time.perf_counter()
             try:
-                async with self._engine.begin() as conn:
-                    result = await conn.run_sync(op)
+                result = await once()
                 self.stats.record(1, time.perf_counter() - started)
                 return result
-            except DBAPIError as exc:
-                code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+            except Exception as exc:  # SQLAlchemy's, the driver's own (``submit_direct``) or the socket's
+                code = _pg_code(exc)
                 if code in RETRYABLE_PG_CODES and attempt < self._attempts:
                     await asyncio.sleep(0.005 * attempt)
                     continue
-                if isinstance(code, str) and code.startswith(PG_DATA_EXCEPTION):  # the request's, not the database's
-                    raise StoreValidationError(f"a value does not fit its column: {exc.orig}") from exc
+                if code.startswith(PG_DATA_EXCEPTION):  # the request's, not the database's
+                    raise StoreValidationError(f"a value does not fit its column: {_reason(exc)}") from exc
+                if code.startswith(PG_INTEGRITY) and not isinstance(exc, DBAPIError):  # SQLAlchemy's: Store._write
+                    raise ConflictError(f"the write conflicts with stored data: {exc}") from exc
                 failure = unavailable(exc)
-                if failure is None:  # a conflict (``Store._write`` says so) or a bug
-                    raise
-                raise failure from exc
-            except Exception as exc:  # the driver's or the socket's own (connection refused or reset)
-                failure = unavailable(exc)
-                if failure is None:
+                if failure is None:  # a conflict (``Store._write`` says so), a refusal of the store's, or a bug
                     raise
                 raise failure from exc
         raise AssertionError("unreachable")

@@ -48,17 +48,6 @@ def _settings_epilog(command: click.Command, ctx: click.Context, formatter: clic
         formatter.write_dl(settings_rows())
 
 
-def tune_gc() -> None:
-    """Collect less often: a server allocates many short-lived containers (JSON bodies, token id lists) and
-    the default thresholds make the cyclic collector walk the live heap every few hundred allocations.
-    Objects alive at start-up (modules, the app) are frozen out of collections altogether."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 50)
-
-
 @click.group(cls=SettingsHelpGroup)
 @click.version_option(package_name="rollway", prog_name="rollway")
 @click.option(
@@ -77,18 +66,18 @@ def main(url: str, token: str | None) -> None:
 @click.option("--host", default=None, help="Address to listen on [default: 127.0.0.1].")
 @click.option("--port", type=int, default=None, help="Port to listen on [default: 8080].")
 @click.option("--db", "database_url", default=None, help="Database URL or SQLite file [default: ./rollway.db].")
+@click.option("--workers", type=int, default=None, help="Server processes on the port [default: 1].")
 @click.option("--config", "config_file", default=None, help="YAML file with settings.")
-def serve(host: str | None, port: int | None, database_url: str | None, config_file: str | None) -> None:
+def serve(
+    host: str | None, port: int | None, database_url: str | None, workers: int | None, config_file: str | None
+) -> None:
     """Start the gateway and the store on one port."""
     from pydantic import ValidationError
 
     from rollway.settings import Settings, error_summary
 
-    overrides: dict[str, Any] = {
-        k: v
-        for k, v in {"host": host, "port": port, "database_url": database_url, "config_file": config_file}.items()
-        if v is not None
-    }
+    given = {"host": host, "port": port, "database_url": database_url, "workers": workers, "config_file": config_file}
+    overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     try:
         settings = Settings(**overrides)
         settings.check_exposure()
@@ -103,25 +92,9 @@ def serve(host: str | None, port: int | None, database_url: str | None, config_f
         click.echo(f"rollway: {taken}", err=True)
         sys.exit(2)
 
-    import uvicorn
+    from rollway.app.serving import serve as run_server
 
-    from rollway.app.factory import create_app
-    from rollway.logs import log_config
-
-    tune_gc()
-
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=settings.access_log,
-        log_config=log_config(settings.log_format, settings.log_level),
-        loop="uvloop",
-        http="httptools",
-        timeout_graceful_shutdown=settings.shutdown_timeout,  # then calls in flight are ended (dataplane)
-        timeout_keep_alive=settings.keepalive_timeout,
-    )
+    sys.exit(run_server(settings))
 
 
 def port_in_use(host: str, port: int) -> str | None:
