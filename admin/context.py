@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Protocol
 
@@ -63,6 +64,9 @@ class AdminContext:
     admin_token: SecretStr | None = None
     public_url: str | None = None
     started: float = field(default_factory=time.time)
+    #: Whether this process routes calls to a backend now (the gateway's passive health: False while it is ejected
+    #: after failures), by backend id; None when the server does not say (backends are then shown as unknown).
+    backend_up: Callable[[str], bool] | None = None
 
 
 def context_of(request: Request) -> AdminContext:

@@ -39,7 +39,8 @@ def _view(
 ) -> ModelView:
     capture = context.models.capture(model.alias)
     seen = CaptureView(completions=capture.completions, untrainable=capture.untrainable)
-    return ModelView.of(model, in_flight, drained, detected=context.models.detected_kinds(), capture=seen)
+    detected = context.models.detected_kinds()
+    return ModelView.of(model, in_flight, drained, detected=detected, capture=seen, up=context.backend_up)
 
 
 @router.get("/models", response_model=ModelPage)

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request
 
+from rollway.admin import model_rollouts
 from rollway.admin.context import AdminContext, Context
 from rollway.admin.route import AdminRoute
 from rollway.admin.schemas import (
@@ -119,17 +120,16 @@ async def list_rollouts(
     started_before: Annotated[float | None, Query(description="start_time < this (Unix seconds)")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: str | None = None,
+    model: Annotated[str | None, Query(min_length=1, max_length=256, description="called this alias")] = None,
 ) -> RolloutPage:
-    """Rollouts in creation order, filtered by status, mode, group and creation time; `next_cursor` pages on."""
-    page = await context.store.list_rollouts(
-        status=status,
-        mode=mode,
-        group_id=group_id,
-        started_after=started_after,
-        started_before=started_before,
-        limit=limit,
-        cursor=cursor,
-    )
+    """Rollouts in creation order, filtered by status, mode, group, creation time and the model alias they
+    called (`model`: a span of the rollout names it); `next_cursor` pages on."""
+    filters: dict[str, Any] = {"status": status, "mode": mode, "group_id": group_id, "limit": limit, "cursor": cursor}
+    filters |= {"started_after": started_after, "started_before": started_before}
+    if model is None:
+        page = await context.store.list_rollouts(**filters)
+    else:
+        page = await context.store.read(lambda conn: model_rollouts.rollouts_calling(conn, model, **filters))
     return RolloutPage(items=page.items, next_cursor=page.next_cursor)
 
 
@@ -223,9 +223,23 @@ def _new_id(key: str | None, position: int, kind: str, digits: int) -> str:
 
 
 @router.get("/rollouts/{rollout_id}/spans", response_model=SpanPage)
-async def get_spans(rollout_id: str, context: Context, attempt_id: str = "latest") -> SpanPage:
-    """Spans in sequence order; `attempt_id` is `latest` (default), `all`, or an attempt id."""
-    return SpanPage(items=await context.store.query_spans(rollout_id, attempt_id))
+async def get_spans(
+    rollout_id: str,
+    context: Context,
+    attempt_id: str = "latest",
+    after_sequence: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
+    limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
+    name: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
+) -> SpanPage:
+    """Spans in sequence order; `attempt_id` is `latest` (default), `all`, or an attempt id. For one attempt,
+    `after_sequence` (the last `sequence_id` seen) and `limit` read them a page at a time; every span when
+    both are absent. `name` keeps the spans of that name (`rollway.reward`: the rewards)."""
+    if after_sequence is not None and attempt_id == "all":
+        raise HTTPException(400, "after_sequence needs one attempt: sequence ids start again in each attempt")
+    spans = await context.store.query_spans(
+        rollout_id, attempt_id, name=name, after_sequence=after_sequence, limit=limit
+    )
+    return SpanPage(items=spans)
 
 
 @router.get("/spans/unattributed", response_model=UnattributedSpanPage)

@@ -4,6 +4,7 @@ their ``api_key``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import orjson
@@ -164,9 +165,14 @@ class BackendView(BaseModel):
     #: For an ``auto`` backend: the engine this server found it to be (``vllm``, ``sglang``, ``openai``); null until
     #: it has been asked. For another kind: that kind.
     detected_kind: str | None = None
+    #: Whether the gateway routes calls to it now (False while it is ejected after failures); null when the server
+    #: does not say.
+    up: bool | None = None
 
     @classmethod
-    def of(cls, backend: Backend, detected: dict[str, str] | None = None) -> BackendView:
+    def of(
+        cls, backend: Backend, detected: dict[str, str] | None = None, up: Callable[[str], bool] | None = None
+    ) -> BackendView:
         return cls(
             backend_id=backend.backend_id,
             base_url=backend.base_url,
@@ -177,6 +183,7 @@ class BackendView(BaseModel):
             version=backend.version,
             has_api_key=backend.api_key is not None,
             detected_kind=(detected or {}).get(backend.backend_id) if backend.kind == "auto" else backend.kind,
+            up=None if up is None else up(backend.backend_id),
         )
 
 
@@ -212,11 +219,12 @@ class ModelView(BaseModel):
         *,
         detected: dict[str, str] | None = None,
         capture: CaptureView | None = None,
+        up: Callable[[str], bool] | None = None,
     ) -> ModelView:
         return cls(
             alias=model.alias,
             capture=capture or CaptureView(),
-            backends=[BackendView.of(b, detected) for b in model.backends],
+            backends=[BackendView.of(b, detected, up) for b in model.backends],
             version=model.version,
             sampling=model.sampling,
             state=ModelState(paused=model.paused, in_flight=in_flight[0], in_flight_old=in_flight[1]),
@@ -266,6 +274,36 @@ class StatsView(BaseModel):
     input_tokens: int
     output_tokens: int
     uptime_seconds: float
+
+
+class StatusCountsView(BaseModel):
+    """Rollouts and attempts by status and the queue depth: two grouped counts, cheap enough to poll."""
+
+    rollouts_by_status: dict[str, int]
+    attempts_by_status: dict[str, int]
+    queue_depth: int
+
+
+class SeriesPoint(BaseModel):
+    """The gateway's calls that started in one bucket ``[start, start + step)``."""
+
+    start: float
+    calls: int
+    calls_per_second: float
+    errors: int
+    latency_mean_seconds: float | None  # arrival to the end of the answer
+    latency_max_seconds: float | None
+    ttft_mean_seconds: float | None  # streamed calls only: arrival to the first token
+    input_tokens: int
+    output_tokens: int
+
+
+class SeriesView(BaseModel):
+    """Every bucket of the window, oldest first, empty ones included (zero calls, null means)."""
+
+    since: float
+    step_seconds: float
+    points: list[SeriesPoint]
 
 
 __all__ = ["AttemptedRollout", "RolloutConfig"]

@@ -37,6 +37,7 @@ from rollway.osmosis import callbacks as osmosis
 from rollway.osmosis.dispatcher import Dispatcher
 from rollway.settings import Settings
 from rollway.store import ConflictError, NotFoundError, Store, StoreValidationError, UnavailableError
+from rollway.ui.routes import build_router as ui_router
 
 if TYPE_CHECKING:
     from rollway.gateway.otlp_export import SpanExporter
@@ -139,7 +140,12 @@ def create_app(settings: Settings) -> FastAPI:
             reporter=reporter,
         )
         app.state.admin = AdminContext(
-            store=store, models=registry, keys=keys, admin_token=settings.admin_token, public_url=settings.public_url
+            store=store,
+            models=registry,
+            keys=keys,
+            admin_token=settings.admin_token,
+            public_url=settings.public_url,
+            backend_up=router.is_up,
         )
         try:
             yield
@@ -163,6 +169,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(agl_router())
     app.include_router(build_traces_router())
     app.include_router(osmosis.router)
+    app.include_router(ui_router())  # the dashboard's pages (/ui); their data comes through /admin/v1
     app.add_middleware(BodyLimit)  # the data plane has its own
     app.add_middleware(PathToken)  # /t/<admin token>/v1/agl/... and /t/<admin token>/v1/traces
     return app

@@ -1,0 +1,113 @@
+// One model alias (/ui/models/{alias}): its backends, version, paused or active, calls in flight (and those
+// still on an earlier configuration), and the actions pause, resume and swap (a new version, and optionally new
+// backends), each behind a confirmation. Refreshed every 3 s.
+
+import { api } from "../api.js";
+import { badge, clear, confirmAction, every, failure, h, health, number, seg } from "../dom.js";
+
+function backends(items) {
+  return h(
+    "table",
+    { class: "grid", id: "backends-table" },
+    h("thead", {}, h("tr", {}, ["backend", "health", "kind", "url", "model", "weight", "max concurrency", "version", "api key"].map((c) => h("th", {}, c)))),
+    h(
+      "tbody",
+      {},
+      items.map((b) =>
+        h(
+          "tr",
+          { dataset: { backendId: b.backend_id } },
+          h("td", {}, b.backend_id),
+          h("td", {}, health(b.up)),
+          h("td", {}, b.kind === "auto" ? `auto → ${b.detected_kind ?? "not asked yet"}` : b.kind),
+          h("td", {}, b.base_url),
+          h("td", {}, b.model),
+          h("td", { class: "num" }, number(b.weight)),
+          h("td", { class: "num" }, b.max_concurrency ?? "—"),
+          h("td", {}, b.version ?? "—"),
+          h("td", {}, b.has_api_key ? "set" : "—"),
+        ),
+      ),
+    ),
+  );
+}
+
+export async function render(main, [alias], signal) {
+  const path = `/models/${alias.split("/").map(seg).join("/")}`;
+  const head = h("div", {});
+  const body = h("div", {});
+  const message = h("p", { id: "action-result", role: "status" });
+  const act = async (verb, text, request) => {
+    if (!(await confirmAction(text))) return;
+    try {
+      const view = await request();
+      clear(message, `${verb}: ${view.alias} is ${view.state.paused ? "paused" : "active"}, version ${view.version}.`);
+      await refresh();
+    } catch (error) {
+      clear(message, failure(error));
+    }
+  };
+  const pause = h("button", { type: "button", id: "pause" }, "Pause");
+  const resume = h("button", { type: "button", id: "resume" }, "Resume");
+  pause.addEventListener("click", () => act("paused", `Pause ${alias}? New calls wait until it is resumed; calls in flight go on.`, () => api(`${path}/pause`, { method: "POST" })));
+  resume.addEventListener("click", () => act("resumed", `Resume ${alias}? Waiting calls go on.`, () => api(`${path}/resume`, { method: "POST" })));
+  const swapForm = h(
+    "form",
+    { id: "swap-form", class: "swap" },
+    h("h2", {}, "Swap"),
+    h("p", { class: "muted" }, "New calls use the new configuration at once; calls in flight finish where they started."),
+    h("label", {}, "new version ", h("input", { name: "version", required: true, size: 16 })),
+    h("label", {}, "backends (JSON list, empty: keep the current ones)", h("textarea", { name: "backends", rows: 3, cols: 60, placeholder: '[{"base_url": "http://…", "model": "…"}]' })),
+    h("label", {}, "drain timeout (s, optional) ", h("input", { name: "drain", type: "number", min: 0, max: 600, step: "any", size: 6 })),
+    h("button", { type: "submit" }, "Swap…"),
+  );
+  swapForm.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const data = new FormData(swapForm);
+    const body = { version: String(data.get("version")).trim() };
+    const raw = String(data.get("backends") ?? "").trim();
+    try {
+      if (raw) body.backends = JSON.parse(raw);
+    } catch (error) {
+      clear(message, failure(new Error(`backends: not JSON (${error.message})`)));
+      return;
+    }
+    const drain = String(data.get("drain") ?? "").trim();
+    if (drain) body.drain_timeout_seconds = Number(drain);
+    act("swapped", `Swap ${alias} to version ${body.version}${body.backends ? ` with ${body.backends.length} new backend(s)` : ""}?`, () => api(`${path}/swap`, { method: "POST", body }));
+  });
+  main.append(h("h1", {}, "Model ", h("code", {}, alias)), head, h("div", { class: "bar" }, pause, resume), message, body, swapForm);
+
+  const refresh = async () => {
+    let view;
+    try {
+      view = await api(path, { signal });
+    } catch (error) {
+      if (error.name !== "AbortError") clear(head, failure(error));
+      return;
+    }
+    const paused = view.state.paused;
+    pause.disabled = paused;
+    resume.disabled = !paused;
+    clear(
+      head,
+      h(
+        "dl",
+        { class: "facts", id: "model-state", dataset: { paused: String(paused) } },
+        h("dt", {}, "state"),
+        h("dd", {}, badge(paused ? "paused" : "active"), view.state.in_flight_old ? h("span", {}, " ", badge("draining")) : null),
+        h("dt", {}, "version"),
+        h("dd", { id: "model-version" }, view.version),
+        h("dt", {}, "calls in flight"),
+        h("dd", { id: "in-flight" }, `${number(view.state.in_flight)} (${number(view.state.in_flight_old)} on an earlier configuration)`),
+        h("dt", {}, "completions here"),
+        h("dd", {}, `${number(view.capture.completions)}, ${number(view.capture.untrainable)} without token ids`),
+        h("dt", {}, "sampling"),
+        h("dd", {}, view.sampling ? JSON.stringify(view.sampling) : "—"),
+      ),
+    );
+    clear(body, h("h2", {}, "Backends"), backends(view.backends));
+    main.dataset.loaded = "true";
+  };
+  return every(3, refresh);
+}

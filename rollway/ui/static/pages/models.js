@@ -1,0 +1,19 @@
+// Models (/ui/models): every model alias, its version, state, calls in flight and backends.
+
+import { api } from "../api.js";
+import { clear, every, failure, h } from "../dom.js";
+import { modelTable } from "./overview.js";
+
+export async function render(main, _params, signal) {
+  const box = h("div", {}, h("p", { class: "muted" }, "Loading…"));
+  main.append(h("h1", {}, "Models"), box);
+  return every(5, async () => {
+    try {
+      const page = await api("/models", { signal });
+      clear(box, modelTable(page.items));
+      main.dataset.loaded = "true";
+    } catch (error) {
+      if (error.name !== "AbortError") clear(box, failure(error));
+    }
+  });
+}

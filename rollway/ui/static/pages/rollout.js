@@ -1,0 +1,384 @@
+// One rollout (/ui/rollouts/{id}, ?attempt= another attempt than the latest): its attempts on a timeline, each
+// LLM call of the attempt in sequence order (the request as a chat, the response and its tool calls, the tokens
+// coloured by logprob, latency, model version, errors), the rewards, and the training data the export makes of
+// it (triplets, and merged rows with their loss mask). Spans are read PAGE at a time; a call's body is drawn
+// when it nears the viewport, so a rollout of hundreds of calls opens at once.
+
+import { api } from "../api.js";
+import { badge, clear, duration, failure, h, json, link, number, s, seg, time } from "../dom.js";
+import { maskView, tokenView } from "../tokens.js";
+
+const PAGE = 50;
+const REWARD = "rollway.reward";
+const FINISHED = ["succeeded", "failed", "cancelled"];
+
+function text(content) {
+  if (content === null || content === undefined) return "";
+  if (typeof content === "string") return content;
+  if (Array.isArray(content)) {
+    return content
+      .map((part) => {
+        if (typeof part === "string") return part;
+        if (part && typeof part.text === "string") return part.text;
+        if (part && part.type) return `[${part.type}]`;
+        return JSON.stringify(part);
+      })
+      .join("\n");
+  }
+  return JSON.stringify(content, null, 2);
+}
+
+function toolCalls(calls) {
+  if (!Array.isArray(calls) || !calls.length) return null;
+  return h(
+    "ul",
+    { class: "tool-calls" },
+    calls.map((c) => {
+      const fn = c.function || c;
+      return h("li", {}, h("code", {}, `${fn.name ?? "?"}(${fn.arguments ?? ""})`), c.id ? h("span", { class: "muted" }, ` ${c.id}`) : null);
+    }),
+  );
+}
+
+function message(m) {
+  const role = m.role ?? m.type ?? "item";
+  return h(
+    "div",
+    { class: `msg role-${role}` },
+    h("div", { class: "role" }, role, m.name ? ` (${m.name})` : "", m.tool_call_id ? ` → ${m.tool_call_id}` : ""),
+    m.content !== undefined && m.content !== null ? h("div", { class: "content" }, text(m.content)) : null,
+    toolCalls(m.tool_calls),
+    m.type === "function_call" ? toolCalls([m]) : null,
+    m.type === "function_call_output" ? h("div", { class: "content" }, text(m.output)) : null,
+  );
+}
+
+function requestView(request) {
+  if (!request || typeof request !== "object") return h("p", { class: "muted" }, "No request recorded.");
+  if (Array.isArray(request.messages)) return h("div", { class: "chat" }, request.messages.map(message));
+  if (request.input !== undefined) {
+    const input = typeof request.input === "string" ? [{ role: "user", content: request.input }] : request.input;
+    const system = request.instructions ? [{ role: "system", content: request.instructions }] : [];
+    return h("div", { class: "chat" }, [...system, ...(Array.isArray(input) ? input : [input])].map(message));
+  }
+  if (request.prompt !== undefined) return h("div", { class: "content prompt" }, text(request.prompt));
+  return json(request);
+}
+
+function responseView(response, operation) {
+  if (!response || typeof response !== "object") return h("p", { class: "muted" }, "No response recorded.");
+  if (Array.isArray(response.output)) {
+    return h(
+      "div",
+      { class: "response" },
+      response.output.map((item) => {
+        if (item.type === "message") return h("div", { class: "content response-text" }, text(item.content));
+        if (item.type === "function_call") return toolCalls([item]);
+        if (item.type === "reasoning") return h("div", { class: "content reasoning" }, text(item.summary ?? item.content));
+        return json(item);
+      }),
+    );
+  }
+  const choices = Array.isArray(response.choices) ? response.choices : [];
+  return h(
+    "div",
+    { class: "response" },
+    choices.map((c, i) =>
+      h(
+        "div",
+        { class: "choice" },
+        choices.length > 1 ? h("div", { class: "muted" }, `choice ${c.index ?? i}`) : null,
+        operation === "chat" || c.message
+          ? [h("div", { class: "content response-text" }, text(c.message?.content ?? "")), toolCalls(c.message?.tool_calls)]
+          : h("div", { class: "content response-text" }, c.text ?? ""),
+        c.finish_reason ? h("div", { class: "muted" }, `finish: ${c.finish_reason}`) : null,
+      ),
+    ),
+  );
+}
+
+// Token strings aligned with the ids, when the answer's logprobs carry them.
+function tokenTexts(response, count) {
+  const lp = response?.choices?.[0]?.logprobs;
+  let texts = null;
+  if (Array.isArray(lp?.content)) texts = lp.content.map((t) => t.token);
+  else if (Array.isArray(lp?.tokens)) texts = lp.tokens;
+  return texts && texts.length === count ? texts : null;
+}
+
+function callBody(span) {
+  const a = span.attributes;
+  const operation = a["gen_ai.operation.name"];
+  const ids = a["rollway.response_token_ids"];
+  const body = h("div", { class: "call-body" });
+  const error = a["rollway.error"] ?? (span.status?.status_code === "ERROR" ? span.status.description : null);
+  if (error) body.append(h("p", { class: "error call-error" }, `error: ${error}`, a["error.type"] ? ` (${a["error.type"]})` : ""));
+  body.append(
+    h("div", { class: "columns" }, h("div", {}, h("h4", {}, "request"), requestView(a["rollway.request"])), h("div", {}, h("h4", {}, "response"), responseView(a["rollway.response"], operation))),
+  );
+  if (Array.isArray(ids) && ids.length) {
+    const holder = h("div", { class: "token-holder" });
+    const button = h("button", { type: "button", class: "show-tokens" }, `tokens (${ids.length})`);
+    button.addEventListener("click", () => {
+      if (holder.firstChild) {
+        holder.hidden = !holder.hidden;
+        return;
+      }
+      holder.append(tokenView(ids, a["rollway.response_logprobs"], tokenTexts(a["rollway.response"], ids.length)));
+    });
+    body.append(button, holder);
+  } else {
+    body.append(h("p", { class: "muted" }, "No token ids recorded for this call."));
+  }
+  return body;
+}
+
+function callCard(span, observer) {
+  const a = span.attributes;
+  const ok = span.status?.status_code !== "ERROR";
+  const tokens = `${a["gen_ai.usage.input_tokens"] ?? "?"} → ${a["gen_ai.usage.output_tokens"] ?? "?"} tokens`;
+  const card = h(
+    "article",
+    { class: "call", dataset: { sequence: span.sequence_id }, id: `call-${span.sequence_id}` },
+    h(
+      "header",
+      {},
+      h("span", { class: "seq" }, `#${span.sequence_id}`),
+      h("span", {}, a["gen_ai.operation.name"] ?? span.name),
+      h("span", { class: "model" }, a["gen_ai.request.model"] ?? ""),
+      h("span", { class: "version", title: "model version" }, a["rollway.model_version"] ? `version ${a["rollway.model_version"]}` : ""),
+      h("span", { class: "latency", title: "latency" }, duration(a["rollway.latency_seconds"])),
+      a["rollway.ttft_seconds"] !== null && a["rollway.ttft_seconds"] !== undefined ? h("span", { title: "time to first token" }, `TTFT ${duration(a["rollway.ttft_seconds"])}`) : null,
+      h("span", {}, tokens),
+      badge(ok ? "ok" : "error"),
+      h("span", { class: "reward-slot" }),
+    ),
+    h("div", { class: "call-body placeholder" }, "…"),
+  );
+  card.span = span;
+  observer.observe(card);
+  return card;
+}
+
+function otherSpan(span) {
+  return h("article", { class: "call other", dataset: { sequence: span.sequence_id } }, h("header", {}, h("span", { class: "seq" }, `#${span.sequence_id}`), h("span", {}, span.name)));
+}
+
+function timeline(rollout, attempts) {
+  const start = rollout.start_time;
+  const end = Math.max(rollout.end_time ?? Date.now() / 1000, ...attempts.map((a) => a.end_time ?? a.last_heartbeat_time ?? a.start_time));
+  const span = Math.max(end - start, 1e-3);
+  const W = 600;
+  const rowH = 18;
+  const x = (t) => 90 + ((t - start) / span) * (W - 100);
+  const svg = s("svg", { viewBox: `0 0 ${W} ${(attempts.length + 1) * rowH + 16}`, class: "timeline", role: "img", "aria-label": "status timeline" });
+  svg.append(
+    s("text", { x: 0, y: 13, class: "axis" }, "rollout"),
+    s("rect", { x: x(start), y: 4, width: Math.max(2, x(end) - x(start)), height: 10, class: `bar status-${rollout.status}` }, s("title", {}, `${rollout.status} ${time(start)} → ${time(rollout.end_time)}`)),
+  );
+  attempts.forEach((a, i) => {
+    const y = (i + 1) * rowH + 4;
+    const stop = a.end_time ?? a.last_heartbeat_time ?? end;
+    svg.append(
+      s("text", { x: 0, y: y + 9, class: "axis" }, `attempt ${a.sequence_id}`),
+      s("rect", { x: x(a.start_time), y, width: Math.max(2, x(stop) - x(a.start_time)), height: 10, class: `bar status-${a.status}` }, s("title", {}, `${a.status} ${time(a.start_time)} → ${time(a.end_time)}`)),
+    );
+  });
+  svg.append(s("text", { x: 90, y: (attempts.length + 1) * rowH + 14, class: "axis" }, time(start)), s("text", { x: W - 10, y: (attempts.length + 1) * rowH + 14, class: "axis", "text-anchor": "end" }, duration(end - start)));
+  return svg;
+}
+
+function attemptsTable(rollout, attempts, current) {
+  return h(
+    "table",
+    { class: "grid", id: "attempts-table" },
+    h("thead", {}, h("tr", {}, ["attempt", "status", "worker", "started", "ended", "took"].map((c) => h("th", {}, c)))),
+    h(
+      "tbody",
+      {},
+      attempts.map((a) =>
+        h(
+          "tr",
+          { class: a.attempt_id === current?.attempt_id ? "current" : "" },
+          h("td", {}, link(`/ui/rollouts/${seg(rollout.rollout_id)}?attempt=${seg(a.attempt_id)}`, `${a.sequence_id} · ${a.attempt_id}`)),
+          h("td", {}, badge(a.status)),
+          h("td", {}, a.worker_id ?? "—"),
+          h("td", {}, time(a.start_time)),
+          h("td", {}, time(a.end_time)),
+          h("td", { class: "num" }, duration(a.end_time ? a.end_time - a.start_time : null)),
+        ),
+      ),
+    ),
+  );
+}
+
+function rewardsTable(rewards) {
+  if (!rewards.length) return h("p", { class: "muted", id: "no-rewards" }, "No reward recorded for this attempt.");
+  return h(
+    "table",
+    { class: "grid", id: "rewards-table" },
+    h("thead", {}, h("tr", {}, ["name", "value", "after call", "recorded"].map((c) => h("th", {}, c)))),
+    h(
+      "tbody",
+      {},
+      rewards.map(({ span, call }) =>
+        h(
+          "tr",
+          { class: "reward", dataset: { value: span.attributes["rollway.reward.value"] ?? "" } },
+          h("td", {}, span.attributes["rollway.reward.name"] ?? "primary"),
+          h("td", { class: "num reward-value" }, number(span.attributes["rollway.reward.value"], 4)),
+          h("td", {}, call ? link(`#call-${call}`, `#${call}`) : "—"),
+          h("td", {}, time(span.start_time)),
+        ),
+      ),
+    ),
+  );
+}
+
+async function training(box, rollout, attempt, signal) {
+  if (!FINISHED.includes(rollout.status)) {
+    clear(box, h("p", { class: "muted" }, "Training data is exported once the rollout has finished."));
+    return;
+  }
+  const query = { rollout_id: rollout.rollout_id, partial: true };
+  const [triplets, merged] = await Promise.all([api("/triplets", { query, signal }), api("/triplets", { query: { ...query, merge: true }, signal })]);
+  const note = attempt && attempt.attempt_id !== triplets.items[0]?.attempt_id && triplets.items.length ? h("p", { class: "muted" }, "The export takes the latest attempt.") : null;
+  const tripletTable = triplets.items.length
+    ? h(
+        "table",
+        { class: "grid", id: "triplets-table" },
+        h("thead", {}, h("tr", {}, ["call", "choice", "prompt tokens", "response tokens", "reward", "finish", "version"].map((c) => h("th", {}, c)))),
+        h(
+          "tbody",
+          {},
+          triplets.items.map((t) =>
+            h(
+              "tr",
+              {},
+              h("td", {}, link(`#call-${t.sequence_id}`, `#${t.sequence_id}`)),
+              h("td", { class: "num" }, t.choice_index),
+              h("td", { class: "num" }, number(t.prompt_token_ids.length)),
+              h("td", { class: "num" }, number(t.response_token_ids.length)),
+              h("td", { class: "num" }, number(t.reward, 4)),
+              h("td", {}, t.finish_reason ?? "—"),
+              h("td", {}, t.model_version ?? "—"),
+            ),
+          ),
+        ),
+      )
+    : h("p", { class: "muted" }, "No trainable call (no token ids recorded).");
+  const breaks = merged.items[0]?.prefix_breaks ?? 0;
+  const rows = merged.items.map((row, i) => {
+    const holder = h("div", {});
+    const trained = row.loss_mask.reduce((sum, m) => sum + m, 0);
+    const button = h("button", { type: "button", class: "show-sequence" }, "sequence");
+    button.addEventListener("click", () => {
+      if (holder.firstChild) holder.hidden = !holder.hidden;
+      else holder.append(maskView(row.token_ids, row.loss_mask));
+    });
+    return h(
+      "div",
+      { class: "merged-row", dataset: { row: i } },
+      h("p", {}, h("strong", {}, `row ${i + 1}`), ` · ${row.n_calls} calls · ${number(row.token_ids.length)} tokens, ${number(trained)} trained (loss mask 1) · reward ${number(row.reward, 4)} `, button),
+      holder,
+    );
+  });
+  clear(
+    box,
+    note,
+    h("h3", {}, "Triplets"),
+    tripletTable,
+    h("h3", {}, "Merged sequence"),
+    h("p", { id: "prefix-breaks" }, `${breaks} prefix break${breaks === 1 ? "" : "s"}: `, breaks ? "a call's prompt did not extend the conversation before it, so a new row starts." : "every call extends the one before it."),
+    rows.length ? rows : h("p", { class: "muted" }, "No merged row."),
+    h("p", { class: "legend-line" }, h("span", { class: "tok trained" }, "trained"), " ", h("span", { class: "tok context" }, "context (prompt, tool output)")),
+  );
+}
+
+export async function render(main, [rolloutId], signal) {
+  const rollout = await api(`/rollouts/${seg(rolloutId)}`, { signal });
+  const attempts = rollout.attempts ?? [];
+  const wanted = new URL(location.href).searchParams.get("attempt");
+  const attempt = attempts.find((a) => a.attempt_id === wanted) ?? attempts[attempts.length - 1] ?? null;
+  const calls = h("div", { id: "calls" });
+  const rewardsBox = h("div", { id: "rewards" }, h("p", { class: "muted" }, "Loading…"));
+  const trainingBox = h("div", { id: "training" }, h("p", { class: "muted" }, "Loading…"));
+  const progress = h("p", { class: "muted", id: "calls-progress" });
+  main.append(
+    h("h1", {}, "Rollout ", h("code", { id: "rollout-id" }, rollout.rollout_id), " ", badge(rollout.status)),
+    h(
+      "dl",
+      { class: "facts" },
+      h("dt", {}, "mode"),
+      h("dd", {}, rollout.mode ?? "—"),
+      h("dt", {}, "group"),
+      h("dd", {}, rollout.group_id ? [link(`/ui/groups/${seg(rollout.group_id)}`, rollout.group_id), ` #${rollout.group_index ?? ""} of ${rollout.group_size ?? "?"}`] : "—"),
+      h("dt", {}, "resources"),
+      h("dd", {}, rollout.resources_id ?? "—"),
+      h("dt", {}, "started"),
+      h("dd", {}, time(rollout.start_time)),
+      h("dt", {}, "ended"),
+      h("dd", {}, time(rollout.end_time)),
+    ),
+    h("details", {}, h("summary", {}, "input, config and metadata"), json({ input: rollout.input, config: rollout.config, metadata: rollout.metadata })),
+    h("h2", {}, "Attempts"),
+    attempts.length ? h("div", {}, timeline(rollout, attempts), attemptsTable(rollout, attempts, attempt)) : h("p", { class: "muted" }, "No attempt yet (queued)."),
+    h("h2", {}, "Calls", attempt ? ` of attempt ${attempt.sequence_id}` : ""),
+    progress,
+    calls,
+    h("h2", {}, "Rewards"),
+    rewardsBox,
+    h("h2", {}, "Training view"),
+    trainingBox,
+  );
+
+  const observer = new IntersectionObserver(
+    (entries) => {
+      for (const entry of entries) {
+        if (!entry.isIntersecting) continue;
+        const card = entry.target;
+        observer.unobserve(card);
+        card.querySelector(".call-body.placeholder").replaceWith(callBody(card.span));
+      }
+    },
+    { rootMargin: "800px 0px" },
+  );
+  const stop = () => observer.disconnect();
+  training(trainingBox, rollout, attempt, signal).catch((error) => error.name !== "AbortError" && clear(trainingBox, failure(error)));
+  if (!attempt) {
+    clear(rewardsBox, h("p", { class: "muted" }, "No attempt yet."));
+    return stop;
+  }
+  const rewards = [];
+  let lastCall = null;
+  let count = 0;
+  let after;
+  for (;;) {
+    const page = await api(`/rollouts/${seg(rollout.rollout_id)}/spans`, { query: { attempt_id: attempt.attempt_id, after_sequence: after, limit: PAGE }, signal });
+    if (signal.aborted) return stop;
+    const part = document.createDocumentFragment();
+    for (const span of page.items) {
+      if (span.name === REWARD) {
+        rewards.push({ span, call: lastCall });
+      } else if (span.attributes && span.attributes["gen_ai.operation.name"] && span.attributes["rollway.request"] !== undefined) {
+        part.append(callCard(span, observer));
+        lastCall = span.sequence_id;
+        count += 1;
+      } else {
+        part.append(otherSpan(span));
+      }
+    }
+    calls.append(part);
+    progress.textContent = `${count} call${count === 1 ? "" : "s"}`;
+    if (page.items.length < PAGE) break;
+    after = page.items[page.items.length - 1].sequence_id;
+  }
+  if (!count) calls.append(h("p", { class: "muted" }, "No LLM call recorded for this attempt."));
+  for (const { span, call } of rewards) {
+    const slot = call === null ? null : calls.querySelector(`#call-${call} .reward-slot`);
+    if (slot) slot.append(h("span", { class: "reward-badge" }, `reward ${number(span.attributes["rollway.reward.value"], 4)}`));
+  }
+  clear(rewardsBox, rewardsTable(rewards));
+  main.dataset.loaded = "true";
+  return stop;
+}

@@ -1,0 +1,66 @@
+// Token views. A response's tokens are coloured by probability (exp(logprob)): red for unlikely, green for
+// likely; hovering one shows its id and logprob, clicking pins them below the view, and "ids" shows every
+// token as its id. A merged training sequence is coloured by its loss mask instead. Long sequences are drawn
+// CHUNK tokens at a time, on demand.
+
+import { h } from "./dom.js";
+
+const CHUNK = 1000;
+
+function shade(logprob) {
+  if (logprob === null || logprob === undefined) return "";
+  const p = Math.exp(logprob);
+  return `p${Math.min(9, Math.floor(p * 10))}`; // ten classes: p0 (< 0.1) … p9 (≥ 0.9)
+}
+
+function chunked(container, count, draw) {
+  let shown = 0;
+  const more = h("button", { type: "button", class: "more" });
+  const step = () => {
+    const end = Math.min(count, shown + CHUNK);
+    const part = document.createDocumentFragment();
+    for (let i = shown; i < end; i++) part.append(draw(i));
+    more.before(part);
+    shown = end;
+    more.hidden = shown >= count;
+    more.textContent = `show ${Math.min(CHUNK, count - shown)} more of ${count - shown}`;
+  };
+  more.addEventListener("click", step);
+  container.append(more);
+  step();
+}
+
+// ids: token ids; logprobs: aligned logprobs or null; texts: aligned token strings or null.
+export function tokenView(ids, logprobs, texts) {
+  const detail = h("div", { class: "token-detail muted" }, "Hover or click a token for its id and logprob.");
+  const view = h("div", { class: "tokens" });
+  const box = h("div", { class: "token-view" });
+  const idsToggle = h("input", { type: "checkbox", class: "show-ids" });
+  idsToggle.addEventListener("change", () => box.classList.toggle("ids", idsToggle.checked));
+  chunked(view, ids.length, (i) => {
+    const lp = logprobs ? logprobs[i] : null;
+    const label = `#${i} id ${ids[i]}` + (lp === null || lp === undefined ? "" : ` · logprob ${lp.toFixed(4)} · p ${Math.exp(lp).toFixed(3)}`);
+    const text = texts ? texts[i] : null;
+    return h(
+      "span",
+      { class: `tok ${shade(lp)}`, title: label, dataset: { id: ids[i], logprob: lp ?? "", i } },
+      h("span", { class: "t" }, text === null || text === undefined ? String(ids[i]) : text),
+      h("span", { class: "i" }, String(ids[i])),
+    );
+  });
+  view.addEventListener("click", (event) => {
+    const tok = event.target.closest(".tok");
+    if (tok) detail.textContent = tok.title;
+  });
+  box.append(h("label", { class: "muted" }, idsToggle, " ids"), view, detail);
+  return box;
+}
+
+// A merged row: every token, those with loss mask 1 (sampled, trained on) marked, the others context.
+export function maskView(ids, mask) {
+  const view = h("div", { class: "tokens masked" });
+  chunked(view, ids.length, (i) =>
+    h("span", { class: mask[i] ? "tok trained" : "tok context", title: `#${i} id ${ids[i]} · loss mask ${mask[i]}` }, String(ids[i])),
+  );
+  return h("div", { class: "token-view ids" }, view);
+}
