@@ -1,0 +1,145 @@
+"""A real nginx (Debian's ``nginx-light``) for tests/test_nginx_replicas.py, run from the shipped
+``deploy/nginx.conf``: ``nginx_config`` fills in the file's two EDIT places (the replicas, the listen address) and
+moves its log and temporary files under the test's directory, nothing else; ``NginxProcess`` runs it in the
+foreground as a child of the test.
+
+Without nginx the tests skip with one line, unless ``ROLLWAY_REQUIRE_NGINX=1`` (CI), when they fail."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Self
+
+import pytest
+
+NGINX_CONF = Path(__file__).resolve().parent.parent / "deploy" / "nginx.conf"
+#: Where Debian's package puts the binary (``/usr/sbin`` is not on every user's PATH).
+DEBIAN_NGINX = "/usr/sbin/nginx"
+#: The master logs this (at ``notice``) once it listens and has forked a worker: connections are served.
+STARTED_RE = re.compile(r"start worker process \d+")
+TEMP_DIRS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+
+
+def nginx_binary() -> str | None:
+    found = shutil.which("nginx")
+    if found is None and os.access(DEBIAN_NGINX, os.X_OK):
+        found = DEBIAN_NGINX
+    return found
+
+
+def require_nginx() -> str:
+    """Called where a test module is imported: the nginx binary, or the whole module skipped (one line) when
+    there is none; failed instead under ``ROLLWAY_REQUIRE_NGINX=1``."""
+    binary = nginx_binary()
+    if binary is not None:
+        return binary
+    reason = "no nginx binary on PATH or at /usr/sbin/nginx (Debian: apt-get install nginx-light)"
+    if os.environ.get("ROLLWAY_REQUIRE_NGINX") == "1":
+        pytest.fail(f"nginx tests required (ROLLWAY_REQUIRE_NGINX=1) but {reason}", pytrace=False)
+    pytest.skip(f"nginx tests skipped: {reason}", allow_module_level=True)
+
+
+def nginx_config(template: str, *, listen: str, replicas: Sequence[str], scratch: Path) -> str:
+    """``template`` (deploy/nginx.conf's text) with one ``server`` line per address in ``replicas`` (each with
+    the shipped lines' parameters: max_fails, fail_timeout), ``listen`` as the address served, and its access
+    log and temporary files under ``scratch``. Raises ``ValueError`` when the template no longer has a place
+    it marks, so that a change to the shipped file cannot leave the test running something else."""
+    block = re.search(r"(?m)^([ \t]*)# EDIT replicas.*\n((?:.*\n)*?)[ \t]*# end of replicas\n", template)
+    if block is None:
+        raise ValueError("deploy/nginx.conf: no '# EDIT replicas' ... '# end of replicas' block")
+    indent, body = block.group(1), block.group(2)
+    shipped = re.findall(r"(?m)^[ \t]*server[ \t]+\S+([^;\n]*);", body)
+    if not shipped:
+        raise ValueError("deploy/nginx.conf: no server line between '# EDIT replicas' and '# end of replicas'")
+    servers = "".join(f"{indent}server {address}{shipped[0]};\n" for address in replicas)
+    text = template[: block.start(2)] + servers + template[block.end(2) :]
+    text = _replace_once(text, r"(# EDIT listen.*\n[ \t]*)listen[ \t]+[^;\n]+;", lambda m: f"{m[1]}listen {listen};")
+    log = f"access_log {scratch / 'access.log'} rollway;"
+    text = _replace_once(text, r"access_log[ \t]+\S+[ \t]+rollway;", lambda _: log)
+    temp = "".join(f"    {name}_temp_path {scratch / name};\n" for name in TEMP_DIRS)
+    return _replace_once(text, r"(?m)^http \{\n", lambda m: m[0] + temp)
+
+
+def _replace_once(text: str, pattern: str, replacement: Callable[[re.Match[str]], str]) -> str:
+    result, count = re.subn(pattern, replacement, text)
+    if count != 1:
+        raise ValueError(f"deploy/nginx.conf: expected one match of {pattern!r}, found {count}")
+    return result
+
+
+class NginxProcess:
+    """nginx in the foreground (``daemon off``) on ``config``, in its own process group (its master and
+    workers stop together), logging to its stderr, which is read into ``output``."""
+
+    def __init__(self, binary: str, config: str, scratch: Path, startup_timeout: float = 15.0) -> None:
+        self.binary = binary
+        self.config = config
+        self.scratch = scratch
+        self.startup_timeout = startup_timeout
+        self.output: deque[str] = deque(maxlen=500)
+        self._started = threading.Event()
+        self._proc: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
+
+    def start(self) -> Self:
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        conf = self.scratch / "nginx.conf"
+        conf.write_text(self.config)
+        # pid file and error log are the command line's (the shipped file leaves them to the distribution);
+        # as root the workers run as root too, so that they can use the temporary directories under the test's
+        # own, which nginx's default user could not enter.
+        main = f"daemon off; pid {self.scratch / 'nginx.pid'}; error_log stderr notice;"
+        if os.geteuid() == 0:
+            main += " user root;"
+        self._proc = subprocess.Popen(
+            [self.binary, "-p", str(self.scratch), "-c", str(conf), "-g", main],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, name="nginx-output", daemon=True)
+        self._reader.start()
+        if not self._started.wait(self.startup_timeout) or self._proc.poll() is not None:
+            output = "\n".join(self.output)
+            self.stop()
+            raise RuntimeError(f"nginx did not start:\n{output}")
+        return self
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self.output.append(line.rstrip("\n"))
+            if STARTED_RE.search(line):
+                self._started.set()
+        self._started.set()  # nginx ended: wake start()
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM to the group (nginx's fast shutdown), SIGKILL after ``timeout``; the master's exit status."""
+        proc = self._proc
+        if proc is None:
+            return None
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError):  # the whole group has already gone
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        self._proc = None
+        return proc.returncode
