@@ -23,24 +23,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import httpx
 from playwright.sync_api import Browser, sync_playwright
+from ui_env import CHROMIUM, CHROMIUM_ARGS  # the tests' launch: headless, no connections of Chromium's own
 
 from rollway.process import GatewayProcess
 
-CHROMIUM = "/usr/bin/chromium"
-# As tests/ui_env.py: headless, and none of Chromium's own connections (this machine has no network).
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-quic",
-]
 PAGE_ROWS = 50
 FINISHED = 1000  # rollouts claimed and finished, so the store holds several statuses
 
