@@ -17,8 +17,9 @@ every call is recorded.
 Per store, round and worker count, two wrk runs (``-c32 -t2 -d8s`` by default): non-streamed chat completions of
 8 tokens, then streamed ones of 64. The worker counts alternate their order from round to round. Prints, per
 store, the median req/s of each worker count, the median per-round ratio to one worker (issue #26's target:
-``--workers 2`` >= 1.4x ``--workers 1``), and the CPU per call of the gateway (supervisor and workers) and of the
-rest of the machine (backend, wrk, PostgreSQL, anything else), from ``/proc/stat``.
+``--workers 2`` >= 1.4x ``--workers 1``), and the CPU per non-streamed call of the gateway (supervisor and
+workers), of the PostgreSQL server's processes, and of the rest of the machine (backend, wrk, the kernel's
+network work, anything else; ``/proc/stat``).
 
     python bench/workers_bench.py [--stores sqlite postgres] [--workers 1 2] [--backend static|mock]
         [--duration 8] [--rounds 3] [--rollouts 64]
@@ -107,6 +108,7 @@ class Run:
     errors: int
     cpu: float  # the gateway's processes
     machine: float  # every CPU of the machine, busy time
+    database: float  # PostgreSQL's processes (0 on SQLite)
 
     @property
     def rate(self) -> float:
@@ -131,6 +133,16 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def database_cpu() -> float:
+    """CPU seconds of the PostgreSQL server's processes on this machine."""
+    total = 0.0
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        with contextlib.suppress(OSError, ValueError):
+            if comm.read_text().strip() == "postgres":
+                total += cpu_seconds(int(comm.parent.name))
+    return total
+
+
 def machine_busy() -> float:
     """Busy CPU seconds of the whole machine (``/proc/stat``: all but idle and iowait)."""
     fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -148,9 +160,9 @@ def wrk(url: str, script: Path, args: argparse.Namespace) -> tuple[int, float, i
 
 
 def measure(url: str, pid: int, script: Path, args: argparse.Namespace) -> Run:
-    before, busy = tree_cpu(pid), machine_busy()
+    before, busy, database = tree_cpu(pid), machine_busy(), database_cpu()
     calls, seconds, errors = wrk(url, script, args)
-    return Run(calls, seconds, errors, tree_cpu(pid) - before, machine_busy() - busy)
+    return Run(calls, seconds, errors, tree_cpu(pid) - before, machine_busy() - busy, database_cpu() - database)
 
 
 def post(url: str, body: dict[str, Any]) -> bytes:
@@ -284,8 +296,9 @@ def report(kind: str, results: Results, args: argparse.Namespace) -> None:
         f"\n{kind} ({args.backend} backend): wrk -c{args.connections} -t{args.threads} -d{args.duration}s, "
         f"{args.rounds} round(s), {args.rollouts} rollouts, medians"
     )
-    header = ("req/s", "ratio", "gw ms/call", "rest ms/call", "stream req/s", "ratio", "errors")
-    print(f"{'workers':<9}" + "".join(f"{h:>{w}}" for h, w in zip(header, (9, 8, 12, 14, 14, 8, 8), strict=True)))
+    header = ("req/s", "ratio", "gw ms/call", "db ms/call", "rest ms/call", "stream req/s", "ratio", "errors")
+    widths = (9, 8, 12, 12, 14, 14, 8, 8)
+    print(f"{'workers':<9}" + "".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
     for n in args.workers:
         chat, stream = results["chat"][n], results["stream"][n]
         ratios = [
@@ -293,10 +306,12 @@ def report(kind: str, results: Results, args: argparse.Namespace) -> None:
             for runs in (results["chat"], results["stream"])
         ]
         gateway = statistics.median(r.cpu / r.calls for r in chat) * 1e3
-        rest = statistics.median((r.machine - r.cpu) / r.calls for r in chat) * 1e3
+        database = statistics.median(r.database / r.calls for r in chat) * 1e3
+        rest = statistics.median((r.machine - r.cpu - r.database) / r.calls for r in chat) * 1e3
         errors = sum(r.errors for r in chat + stream)
         print(
-            f"{n:<9}{statistics.median(r.rate for r in chat):>9,.0f}{ratios[0]:>7.2f}x{gateway:>12.3f}{rest:>14.3f}"
+            f"{n:<9}{statistics.median(r.rate for r in chat):>9,.0f}{ratios[0]:>7.2f}x{gateway:>12.3f}{database:>12.3f}"
+            f"{rest:>14.3f}"
             f"{statistics.median(r.rate for r in stream):>14,.0f}{ratios[1]:>7.2f}x{errors:>8}"
         )
 

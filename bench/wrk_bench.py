@@ -14,10 +14,16 @@ after a run and divided by the calls wrk completed, or by those calls times the 
 token, counted in the backend's own answer) for the streamed run. wrk cuts the calls in flight when it stops: their
 CPU is counted and the calls are not, an over-count of at most ``connections`` calls per run.
 
-Prints the medians over ``--rounds`` (targets in alternating order) and the median per-round ratios Rollway /
-forwarder and floor / forwarder (issue #26's targets: CPU per call <= 3x, CPU per streamed chunk <= 1.5x).
+``--tree PATH`` (repeatable) adds a Rollway served by another checkout (e.g. a copy of the code before a change)
+as a target of its own, ``rollway@<folder>``, on its own SQLite file created by its own store code (its server runs
+with ``PYTHONPATH=PATH`` and ``PYTHONSAFEPATH=1``, as in ``gateway_ab.py``): an A/B in one run, under the same load.
+
+Prints the medians over ``--rounds`` (targets in alternating order) and the median per-round ratios of each
+Rollway and of the floor to the forwarder, of each Rollway to the floor, and of each ``--tree`` Rollway to this
+checkout's (issue #26's targets: CPU per call <= 3x the forwarder's, CPU per streamed chunk <= 1.5x).
 
     python bench/wrk_bench.py [--duration 8] [--connections 32] [--threads 2] [--rounds 3] [--only rollway ...]
+        [--tree PATH ...]
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from gateway_ab import SAFE, _check, _python, prepare  # noqa: E402
 from gateway_bench import cpu_seconds, forwarder, prepare_store  # noqa: E402
 
 from rollway.mock import MockBackendProcess  # noqa: E402
@@ -120,9 +127,9 @@ def token_chunks(answer: bytes) -> int:
 
 
 @contextlib.contextmanager
-def targets(names: list[str], tmp: str) -> Iterator[tuple[str, dict[str, str], dict[str, int]]]:
-    """The mock backend and the proxies in ``names``: the backend's chat-completions URL, the targets' URLs and
-    the proxies' process ids."""
+def targets(names: list[str], trees: list[str], tmp: str) -> Iterator[tuple[str, dict[str, str], dict[str, int]]]:
+    """The mock backend, the proxies in ``names`` and a Rollway per checkout in ``trees``: the backend's
+    chat-completions URL, the targets' URLs and the proxies' process ids."""
     with contextlib.ExitStack() as stack:
         mock = stack.enter_context(MockBackendProcess(latency_ms=0))
         urls = {"direct": f"{mock.url}/v1/chat/completions"}
@@ -138,13 +145,26 @@ def targets(names: list[str], tmp: str) -> Iterator[tuple[str, dict[str, str], d
             server = stack.enter_context(GatewayProcess(db, env={"ROLLWAY_ACCESS_LOG": "false"}))
             assert server.pid is not None
             urls["rollway"], pids["rollway"] = f"{server.url}{prefix}/v1/chat/completions", server.pid
-        yield urls["direct"], {name: urls[name] for name in names}, pids
+        for index, tree in enumerate(trees):
+            env = {"ROLLWAY_ACCESS_LOG": "false", "PYTHONPATH": tree, **SAFE}
+            _check(tree, _python("import rollway.gateway as g; print(g.__file__)", env))
+            prefix = prepare(tree, f"sqlite:///{tmp}/tree{index}.db", mock.base_url)
+            server = stack.enter_context(GatewayProcess(f"sqlite:///{tmp}/tree{index}.db", env=env))
+            assert server.pid is not None
+            name = tree_name(tree)
+            urls[name], pids[name] = f"{server.url}{prefix}/v1/chat/completions", server.pid
+        yield urls["direct"], {name: urls[name] for name in [*names, *map(tree_name, trees)]}, pids
+
+
+def tree_name(tree: str) -> str:
+    return f"rollway@{Path(tree).name}"
 
 
 def run(args: argparse.Namespace) -> None:
     names = [name for name in TARGETS if name in args.only]
-    results: dict[str, dict[str, list[Run]]] = {kind: {name: [] for name in names} for kind in ("chat", "stream")}
-    with tempfile.TemporaryDirectory() as tmp, targets(names, tmp) as (backend, urls, pids):
+    every = [*names, *map(tree_name, args.tree)]
+    results: dict[str, dict[str, list[Run]]] = {kind: {name: [] for name in every} for kind in ("chat", "stream")}
+    with tempfile.TemporaryDirectory() as tmp, targets(names, args.tree, tmp) as (backend, urls, pids):
         scripts = {}
         for kind, body in (("chat", CHAT), ("stream", STREAM)):
             scripts[kind] = Path(tmp, f"{kind}.lua")
@@ -182,28 +202,34 @@ def report(results: dict[str, dict[str, list[Run]]], chunks: int, args: argparse
         f"non-streamed: max_tokens {CHAT['max_tokens']}; streamed: {chunks} token chunks per call"
     )
     header = ("req/s", "CPU/call ms", "stream req/s", "chunks/s", "CPU/chunk µs", "errors")
-    print(f"{'target':<11}" + "".join(f"{h:>{w}}" for h, w in zip(header, (9, 13, 14, 10, 14, 8), strict=True)))
+    width = max(11, *(len(name) + 2 for name in chat))
+    print(f"{'target':<{width}}" + "".join(f"{h:>{w}}" for h, w in zip(header, (9, 13, 14, 10, 14, 8), strict=True)))
     for name in chat:
         cpu_call, cpu_chunk = per_call(chat[name]), per_call(stream[name], chunks)
         errors = sum(run.errors for run in chat[name] + stream[name])
         print(
-            f"{name:<11}{median_rate(chat[name]):>9,.0f}"
+            f"{name:<{width}}{median_rate(chat[name]):>9,.0f}"
             f"{f'{statistics.median(cpu_call) * 1e3:.3f}' if cpu_call else '—':>13}"
             f"{median_rate(stream[name]):>14,.0f}{median_rate(stream[name]) * chunks:>10,.0f}"
             f"{f'{statistics.median(cpu_chunk) * 1e6:.1f}' if cpu_chunk else '—':>14}{errors:>8}"
         )
-    if "forwarder" not in chat:
-        return
-    print("\nMedian per-round ratios to the forwarder (same run):")
-    for name, target in (("rollway", "Rollway"), ("floor", "floor")):
-        if name not in chat:
-            continue
-        call = statistics.median(a / b for a, b in zip(per_call(chat[name]), per_call(chat["forwarder"]), strict=True))
-        chunk = statistics.median(
-            a / b for a, b in zip(per_call(stream[name]), per_call(stream["forwarder"]), strict=True)
-        )
-        goal = " (targets: <= 3x, <= 1.5x)" if name == "rollway" else ""
-        print(f"  {target} / forwarder: CPU per call {call:.2f}x, CPU per streamed chunk {chunk:.2f}x{goal}")
+    rollways = [name for name in chat if name.startswith("rollway")]
+    pairs: list[tuple[str, str]] = [
+        (name, base) for base in ("forwarder", "floor") if base in chat for name in [*rollways, "floor"]
+    ]
+    pairs += [(name, "rollway") for name in rollways[1:] if "rollway" in chat]  # ``--tree`` against this checkout
+    pairs = [(name, base) for name, base in pairs if name in chat and name != base]
+    if pairs:
+        print("\nMedian per-round ratios of CPU per call and per streamed chunk (same run):")
+    for name, base in pairs:
+        call, chunk = ratio(chat[name], chat[base]), ratio(stream[name], stream[base])
+        goal = " (targets: <= 3x, <= 1.5x)" if base == "forwarder" and name != "floor" else ""
+        print(f"  {name} / {base}: per call {call:.2f}x, per streamed chunk {chunk:.2f}x{goal}")
+
+
+def ratio(runs: list[Run], base: list[Run]) -> float:
+    """The median of the per-round ratios of CPU per call (the chunks per call cancel out)."""
+    return statistics.median(a / b for a, b in zip(per_call(runs), per_call(base), strict=True))
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -239,12 +265,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="wrk's threads")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", nargs="+", choices=TARGETS, default=list(TARGETS), help="measure these targets")
+    parser.add_argument("--tree", action="append", default=[], help="also a Rollway served by this checkout")
     args = parser.parse_args()
+    args.tree = [str(Path(tree).resolve()) for tree in args.tree]
     if shutil.which("wrk") is None:
         raise SystemExit("wrk not found: apt-get install -y wrk")
     # Everything is bounded: each wrk run by its own timeout, the whole run by an alarm; SIGTERM and the alarm
     # unwind like Ctrl-C, so every process started here is stopped.
-    budget = 180 + args.rounds * 2 * len(args.only) * (args.duration + 35)
+    budget = 180 + args.rounds * 2 * (len(args.only) + len(args.tree)) * (args.duration + 35)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored (``&``)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGALRM, _interrupt)

@@ -179,8 +179,9 @@ def stripped(body: dict[str, Any], injected: Injected) -> dict[str, Any]:
         for choice in choices:
             choice = dict(choice)
             if injected.token_ids:
-                for key in _CHOICE_ID_KEYS.intersection(choice):
-                    _reset(choice, key, injected.absent)
+                for key in _CHOICE_ID_KEYS:
+                    if key in choice:
+                        _reset(choice, key, injected.absent)
             if injected.logprobs and "logprobs" in choice:
                 choice["logprobs"] = None
             new_choices.append(choice)
@@ -190,7 +191,7 @@ def stripped(body: dict[str, Any], injected: Injected) -> dict[str, Any]:
 
 #: Where a choice carries token ids: vLLM's ``token_ids`` (and a completion's ``prompt_token_ids``), SGLang's
 #: chat ``response_token_ids`` and ``prompt_token_ids``.
-_CHOICE_ID_KEYS = frozenset({"token_ids", "prompt_token_ids", "response_token_ids"})
+_CHOICE_ID_KEYS = ("token_ids", "prompt_token_ids", "response_token_ids")
 
 
 def _reset(data: dict[str, Any], key: str, absent: bool) -> None:
@@ -274,13 +275,16 @@ def _held_back(chunk: dict[str, Any]) -> bool:
     choices = chunk.get("choices")
     if not isinstance(choices, list) or not choices:
         return False
-    return all(
-        isinstance(c, dict)
-        and isinstance(delta := c.get("delta"), dict)
-        and not any(v is not None for v in delta.values())
-        and c.get("finish_reason") is None
-        for c in choices
-    )
+    for choice in choices:  # (loops, not ``all``/``any`` over generators: this runs for every chunk)
+        if not isinstance(choice, dict) or choice.get("finish_reason") is not None:
+            return False
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return False
+        for value in delta.values():
+            if value is not None:
+                return False
+    return True
 
 
 def with_traingate_fields(out: dict[str, Any], full: dict[str, Any], operation: str) -> dict[str, Any]:

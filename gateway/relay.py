@@ -62,19 +62,18 @@ async def stream(
     first_output_sent = False
     guard = KeyGuard(backend_key(record.backend))  # the backend's key, should it echo it: masked
     reads = aiter(response.content.iter_any())
+    rewritten = injected.any  # (read once: the same for every event)
+    accumulate = acc.feed
     try:
         while True:
             data = await anext(reads, None)
             out: list[bytes] = []
             for raw, payload, chunk in guard.flush() if data is None else guard.feed(decoder.feed(data)):
-                if payload is None:
-                    out.append(raw)
-                    continue
-                if payload == DONE:
-                    done_event = raw
-                    continue
-                if chunk is None:  # not an event of the API: passed on as it came, nothing to record of it
-                    out.append(raw)
+                if chunk is None:
+                    if payload == DONE:
+                        done_event = raw
+                    else:  # no data, or not an event of the API: passed on as it came, nothing to record of it
+                        out.append(raw)
                     continue
                 if stream_error(chunk, responses):
                     outcome.stream_error(record, chunk.get("error") or chunk)
@@ -82,15 +81,15 @@ async def stream(
                     continue
                 if record.ttft_seconds is None:
                     record.ttft_seconds = time.time() - record.start_time
-                acc.feed(chunk)
+                accumulate(chunk)
                 if responses:
-                    if injected.any:
+                    if rewritten:
                         raw = with_data(raw, capture.shown_event(chunk, injected))
                     if chunk.get("type") in RESPONSE_ENDS:
                         done_event = raw  # the Responses API's [DONE]: the whole response, sent once recorded
                         continue
                     out.append(raw)
-                elif not injected.any:
+                elif not rewritten:
                     out.append(raw)
                 elif (shown := capture.shown(chunk, injected)) is not None:
                     out.append(encode_event(shown))
@@ -162,10 +161,11 @@ class KeyGuard:
 
     def feed(self, events: Iterable[tuple[bytes, bytes | None]]) -> Iterator[Event]:
         """The events that can go out now, in order, each with its data parsed (a JSON object, else None)."""
+        if not self.key:  # nothing to look for: each event as it came, its data parsed
+            for raw, payload in events:
+                yield raw, payload, None if payload is None or payload == DONE else json_object(payload)
+            return
         for raw, payload in events:
-            if not self.key:
-                yield raw, payload, _parsed(payload)
-                continue
             raw, payload = masked(raw, self.key), None if payload is None else masked(payload, self.key)
             held = _Held(raw, payload, _parsed(payload))
             self._held.append(held)

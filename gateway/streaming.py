@@ -29,14 +29,29 @@ class SSEDecoder:
         return self._events(self._buffer)
 
     def _events(self, buffer: bytes) -> Iterator[tuple[bytes, bytes | None]]:
+        size = len(buffer)
         while True:
             start = self._pos
+            newline = buffer.find(b"\n", start)
+            if newline < 0:
+                return
+            end = newline + 2
+            if (
+                end <= size
+                and buffer[newline + 1] == 10  # LF LF
+                and buffer.startswith(b"data:", start)
+                and buffer.find(b"\r", start, newline) < 0
+            ):
+                # The usual event, one ``data:`` line: its data without splitting it into lines (the first case
+                # of ``_event_end``, without its call).
+                self._pos = end
+                yield buffer[start:end], buffer[start + 5 : newline].lstrip(b" ")
+                continue
             cut, length, one_line = _event_end(buffer, start)
             if cut < 0:
                 return
             self._pos = cut + length
             if one_line and buffer.startswith(b"data:", start) and buffer.find(b"\r", start, cut) < 0:
-                # The usual event, one ``data:`` line: its data without splitting it into lines.
                 yield buffer[start : self._pos], buffer[start + 5 : cut].lstrip(b" ")
             else:
                 yield buffer[start : self._pos], _data_of(buffer[start:cut])
@@ -103,6 +118,8 @@ class ChoiceAccumulator:
 #: the call would have answered without streaming -- reasoning text included.
 _CHOICE_KEYS = frozenset({"index", "delta", "logprobs", "finish_reason", "token_ids", "prompt_token_ids", "text"})
 _DELTA_KEYS = frozenset({"role", "content", "tool_calls"})
+#: The fields of the span's response taken from the first chunk that carries each.
+_HEAD_KEYS = ("id", "model", "created", "system_fingerprint")
 
 
 class StreamAccumulator:
@@ -116,22 +133,28 @@ class StreamAccumulator:
         self.prompt_token_ids: list[int] | None = None
         self.usage: dict[str, Any] | None = None
         self.chunks = 0
+        self._missing: tuple[str, ...] = _HEAD_KEYS  # the head's fields no chunk has carried yet
 
     def feed(self, chunk: dict[str, Any]) -> None:
         self.chunks += 1
-        for key in ("id", "model", "created", "system_fingerprint"):
-            if key in chunk and key not in self.head:
-                self.head[key] = chunk[key]
-        if chunk.get("prompt_token_ids") is not None and self.prompt_token_ids is None:
+        if self._missing:  # the head's fields not seen yet: looked for until each has come
+            head, added = self.head, False
+            for key in self._missing:
+                if key in chunk:
+                    head[key], added = chunk[key], True
+            if added:
+                self._missing = tuple(key for key in self._missing if key not in head)
+        if self.prompt_token_ids is None and chunk.get("prompt_token_ids") is not None:
             self.prompt_token_ids = list(chunk["prompt_token_ids"])
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         if isinstance(chunk.get("sglext"), dict):
             self._feed_sglext(chunk["sglext"])
         for choice in chunk.get("choices") or ():
-            acc = self.choices.get(choice.get("index", 0))
+            index = choice.get("index", 0)
+            acc = self.choices.get(index)
             if acc is None:
-                acc = self.choices[choice.get("index", 0)] = ChoiceAccumulator(choice.get("index", 0))
+                acc = self.choices[index] = ChoiceAccumulator(index)
             self._feed_choice(acc, choice)
 
     def _feed_sglext(self, ext: dict[str, Any]) -> None:
@@ -147,18 +170,21 @@ class StreamAccumulator:
             acc.token_ids, acc.saw_token_ids = list(ids), True
 
     def _feed_choice(self, acc: ChoiceAccumulator, choice: dict[str, Any]) -> None:
-        if choice.get("prompt_token_ids") is not None and acc.prompt_token_ids is None:
+        get = choice.get
+        if acc.prompt_token_ids is None and get("prompt_token_ids") is not None:
             acc.prompt_token_ids = list(choice["prompt_token_ids"])
-        if choice.get("token_ids") is not None:
+        token_ids = get("token_ids")
+        if token_ids is not None:
             acc.saw_token_ids = True
-            acc.token_ids.extend(choice["token_ids"])
-        if choice.get("finish_reason") is not None:
-            acc.finish_reason = choice["finish_reason"]
+            acc.token_ids.extend(token_ids)
+        finish_reason = get("finish_reason")
+        if finish_reason is not None:
+            acc.finish_reason = finish_reason
             acc.finished = choice  # (SGLang may send one more chunk after it, e.g. hidden states)
         acc.last = choice
-        logprobs = choice.get("logprobs")
+        logprobs = get("logprobs")
         if self.operation == "chat":
-            delta = choice.get("delta") or {}
+            delta = get("delta") or {}
             if delta.get("role"):
                 acc.role = delta["role"]
             if delta.get("content"):

@@ -9,7 +9,8 @@ the engine (see ``store.writer``):
   retries asynchronously. A small pool of reader connections serves reads in worker threads (WAL lets them
   read while the writer writes). Automatic checkpoints are off on the writer; ``checkpoint()`` runs them in
   a thread instead, so a checkpoint's fsync never stalls the loop.
-- PostgreSQL: an async engine (asyncpg); operations run through ``AsyncConnection.run_sync``.
+- PostgreSQL: an async engine (asyncpg) with a pool of ``PG_POOL_SIZE`` connections; operations run through
+  ``AsyncConnection.run_sync``, the call path's two writes on the driver itself (``store.pg_calls``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from sqlalchemy.pool import QueuePool, StaticPool
 from rollway.store.errors import StoreValidationError, UnavailableError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: PostgreSQL connections a process keeps open (each ``rollway serve`` process, each of its workers).
+PG_POOL_SIZE = 20
 #: A write-ahead log longer than this is emptied at the next checkpoint (``Store.checkpoint``).
 WAL_RESET_BYTES = 128 * 1024 * 1024
 WAL_RESET_WAIT_MS = 100
@@ -196,7 +199,7 @@ def _create_private(path: str | None) -> None:
         return
 
 
-def create_engines(url: str, *, sqlite_synchronous: str = "NORMAL", pool_size: int = 10) -> Engines:
+def create_engines(url: str, *, sqlite_synchronous: str = "NORMAL", pool_size: int = PG_POOL_SIZE) -> Engines:
     """Build the engines for ``url`` (see module docstring)."""
     url = normalize_url(url)
     if url.startswith("sqlite"):
@@ -207,7 +210,11 @@ def create_engines(url: str, *, sqlite_synchronous: str = "NORMAL", pool_size: i
         writer = _sqlite_engine(url, begin="", synchronous=sync, busy_ms=0, writer=True)
         reader = _sqlite_engine(url, begin="BEGIN", synchronous=sync, busy_ms=SQLITE_BUSY_TIMEOUT_MS, writer=False)
         return Engines(url=url, writer=writer, reader=reader)
-    engine = create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, **JSON_CODEC)
+    # No overflow: a connection beyond the pool would be closed as soon as it is given back, and under load
+    # (more writes in flight than connections) every call would open one, a server process forked and the
+    # driver's set-up run for each: three times the CPU per call, measured. Writes beyond the pool wait for a
+    # connection instead.
+    engine = create_async_engine(url, pool_size=pool_size, max_overflow=0, **JSON_CODEC)
     return Engines(url=url, pg=engine)
 
 

@@ -51,6 +51,10 @@ PG_INTEGRITY = "23"
 #: SQLSTATE classes of a statement's own failure, on a connection that is still good.
 _STATEMENT_CLASSES = frozenset({PG_DATA_EXCEPTION, PG_INTEGRITY, "40"})
 LOCK_WAIT_SECONDS = 30.0
+#: How long a writer finding the file locked by another process asks again at once, each turn of the event
+#: loop (serving what else is ready in between), before it backs off: another process's transaction usually
+#: ends within it, and the loop's timers cannot wait less than a millisecond.
+LOCK_SPIN_SECONDS = 0.002
 #: How long closing PostgreSQL's writer waits for the writes in flight before it cancels them.
 CLOSE_WAIT_SECONDS = 10.0
 
@@ -230,19 +234,25 @@ class BatchWriter:
 
     async def _begin(self, raw: sqlite3.Connection) -> None:
         """``BEGIN IMMEDIATE`` without blocking the loop: back off while another process writes."""
-        deadline = time.monotonic() + LOCK_WAIT_SECONDS
-        delay = 0.0005
+        now = time.monotonic()
+        deadline = now + LOCK_WAIT_SECONDS
+        spin_until = now + LOCK_SPIN_SECONDS
+        delay = 0.001
         try:
             while True:
                 try:
                     raw.execute("BEGIN IMMEDIATE")
                     return
                 except sqlite3.OperationalError as exc:
-                    if not _is_locked(exc) or time.monotonic() > deadline:
+                    now = time.monotonic()
+                    if not _is_locked(exc) or now > deadline:
                         raise
                     self.stats.lock_waits += 1
                     if self._locked_since is None:
-                        self._locked_since = time.monotonic()
+                        self._locked_since = now
+                    if now < spin_until:  # another process's transaction: most end within the spin
+                        await asyncio.sleep(0)
+                        continue
                     await asyncio.sleep(random.uniform(0, delay))
                     delay = min(delay * 2, 0.05)
         finally:
