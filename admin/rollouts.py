@@ -9,7 +9,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request
 
-from rollway.admin import model_rollouts
 from rollway.admin.context import AdminContext, Context
 from rollway.admin.route import AdminRoute
 from rollway.admin.schemas import (
@@ -125,11 +124,8 @@ async def list_rollouts(
     """Rollouts in creation order, filtered by status, mode, group, creation time and the model alias they
     called (`model`: a span of the rollout names it); `next_cursor` pages on."""
     filters: dict[str, Any] = {"status": status, "mode": mode, "group_id": group_id, "limit": limit, "cursor": cursor}
-    filters |= {"started_after": started_after, "started_before": started_before}
-    if model is None:
-        page = await context.store.list_rollouts(**filters)
-    else:
-        page = await context.store.read(lambda conn: model_rollouts.rollouts_calling(conn, model, **filters))
+    filters |= {"started_after": started_after, "started_before": started_before, "called_model": model}
+    page = await context.store.list_rollouts(**filters)
     return RolloutPage(items=page.items, next_cursor=page.next_cursor)
 
 

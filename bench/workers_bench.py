@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gateway_bench import cpu_seconds  # noqa: E402
+from wrk_bench import MARK, wrk  # noqa: E402
 
 from rollway.mock import MockBackendProcess  # noqa: E402
 from rollway.process import GatewayProcess  # noqa: E402
@@ -62,7 +63,6 @@ STREAM = {"model": "policy-stream", "messages": PROMPT, "max_tokens": 64, "ignor
 #: What the gateway adds to a vLLM chat request (``rollway.gateway.capture``): the static backend's answers are
 #: the mock's answers to these.
 CAPTURE = {"return_token_ids": True, "logprobs": True}
-MARK = "wrk-bench-result"
 #: wrk's script: POST ``body`` to each path in turn; at the end one line with the calls completed, the run's
 #: microseconds and its errors.
 LUA = """local paths = {{{paths}}}
@@ -147,16 +147,6 @@ def machine_busy() -> float:
     """Busy CPU seconds of the whole machine (``/proc/stat``: all but idle and iowait)."""
     fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def wrk(url: str, script: Path, args: argparse.Namespace) -> tuple[int, float, int]:
-    command = ["wrk", f"-c{args.connections}", f"-t{args.threads}", f"-d{args.duration}s", "-s", str(script), url]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=args.duration + 30, check=False)
-    for line in out.stdout.splitlines():
-        if line.startswith(MARK):
-            calls, micros, *errors = (int(field) for field in line.split()[1:])
-            return calls, micros / 1e6, sum(errors)
-    raise RuntimeError(f"wrk gave no result ({out.returncode}):\n{out.stdout}\n{out.stderr}")
 
 
 def measure(url: str, pid: int, script: Path, args: argparse.Namespace) -> Run:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, func, select
+from sqlalchemy import ColumnElement, Connection, exists, func, select
 
 from rollway.store import convert, models
 from rollway.store.dialect import check_limit, decode_cursor, encode_cursor
@@ -29,13 +29,19 @@ def list_rollouts(
     rollout_ids: Sequence[str] | None = None,
     started_after: float | None = None,
     started_before: float | None = None,
+    called_model: str | None = None,
     limit: int = 100,
     cursor: str | None = None,
 ) -> Page[Rollout]:
-    """Rollouts in creation order, ``limit`` at a time; ``next_cursor`` continues after the last one."""
+    """Rollouts in creation order, ``limit`` at a time; ``next_cursor`` continues after the last one.
+    ``called_model``: only rollouts with a span naming that alias as its ``gen_ai.request.model`` (the gateway
+    writes it on every call's span), an ``EXISTS`` the spans' ``(rollout_id, …)`` index answers."""
     check_limit(limit, 10_000)
     after = decode_cursor(cursor)
     stmt = select(R).order_by(R.c.pk).limit(limit + 1)
+    if called_model is not None:
+        named = S.c.attributes["gen_ai.request.model"].as_string() == called_model
+        stmt = stmt.where(exists().where(S.c.rollout_id == R.c.rollout_id, named))
     if status:
         try:
             wanted = [RolloutStatus(s).value for s in status]

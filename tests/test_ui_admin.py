@@ -22,18 +22,10 @@ TOKEN = "ui-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A SQLite file, and a fresh PostgreSQL database (the series query's SQL differs between them)."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ui.db'}"
-    url: str = request.getfixturevalue("pg_url")
-    return url
-
-
 @pytest.fixture
-async def gw(database: str, tmp_path: Path, mock: MockBackendProcess) -> AsyncIterator[RunningGateway]:
-    async with running_gateway(tmp_path, admin_token=TOKEN, database_url=database) as gateway:
+async def gw(store_url: str, tmp_path: Path, mock: MockBackendProcess) -> AsyncIterator[RunningGateway]:
+    """A gateway on a SQLite file and on a fresh PostgreSQL database (the series query's SQL differs)."""
+    async with running_gateway(tmp_path, admin_token=TOKEN, database_url=store_url) as gateway:
         backend = {"backend_id": "mock", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
         await gateway.store.put_model("policy", [backend], version="v1")
         yield gateway

@@ -32,22 +32,15 @@ MESSAGES = [{"role": "user", "content": "Count to three."}]
 SLOW = {"ignore_eos": True, "mock": {"token_delay_ms": 50}}  # 400 tokens: 20 s, far beyond each test
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'gateway.db'}"
-    url: str = request.getfixturevalue("pg_url")
-    return url
-
-
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'gateway.db'}"
 
 
 @pytest.fixture
-def group(database_url: str) -> Iterator[GatewayProcess]:
-    with GatewayProcess(database_url, env={"ROLLWAY_WORKERS": str(WORKERS), "ROLLWAY_SHUTDOWN_TIMEOUT": "1"}) as gw:
+def group(store_url: str) -> Iterator[GatewayProcess]:
+    """A group of workers on a SQLite file and on a fresh PostgreSQL database."""
+    with GatewayProcess(store_url, env={"ROLLWAY_WORKERS": str(WORKERS), "ROLLWAY_SHUTDOWN_TIMEOUT": "1"}) as gw:
         yield gw
 
 
@@ -123,7 +116,7 @@ async def test_calls_of_one_attempt_on_different_workers_get_gap_free_sequence_i
 
 
 async def test_slow_calls_spread_over_every_worker_and_a_sigterm_records_each_of_them(
-    group: GatewayProcess, database_url: str, mock: MockBackendProcess
+    group: GatewayProcess, store_url: str, mock: MockBackendProcess
 ) -> None:
     """Sixteen streams that will not end on their own, each on its own connection: both workers have some in
     flight (``/admin/v1/replicas``). SIGTERM to the supervisor stops the group: after the shutdown timeout
@@ -159,7 +152,7 @@ async def test_slow_calls_spread_over_every_worker_and_a_sigterm_records_each_of
     assert code == 0
     assert time.monotonic() - stopped < 1 + 8  # the shutdown timeout, then promptly
     assert all(received)  # every stream had started
-    store = await Store.open(database_url, run_watchdog=False)
+    store = await Store.open(store_url, run_watchdog=False)
     try:
         for rollout_id, attempt_id in rollouts:
             [span] = await store.query_spans(rollout_id, attempt_id)
