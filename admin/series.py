@@ -15,6 +15,7 @@ spans, never loaded here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Connection, Integer, case, cast, func, select
 
@@ -23,8 +24,17 @@ from rollway.store import models
 S = models.spans
 #: Seconds before the window's start at which the primary-key search aims (rows committed out of order).
 SLACK = 60.0
-_LATENCY = S.c.attributes["rollway.latency_seconds"].as_float()
-_TTFT = S.c.attributes["rollway.ttft_seconds"].as_float()
+
+
+def _number(conn: Connection, key: str) -> Any:
+    """The attribute ``key`` of a span as a float where it is a JSON number, else NULL: spans come from clients
+    too (``add_spans``, OTLP), and PostgreSQL refuses to cast a text that is not a number."""
+    value = S.c.attributes[key].as_float()
+    if conn.dialect.name == "postgresql":
+        kind = func.json_typeof(S.c.attributes.op("->")(key))
+        return case((kind == "number", value), else_=None)
+    kind = func.json_type(S.c.attributes, f'$."{key}"')
+    return case((kind.in_(("real", "integer")), value), else_=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,20 +72,21 @@ def call_buckets(conn: Connection, since: float, step: float) -> list[Bucket]:
     first = first_pk_since(conn, since - SLACK)
     if first is None:
         return []
+    latency, ttft = _number(conn, "rollway.latency_seconds"), _number(conn, "rollway.ttft_seconds")
     index = cast(func.floor((S.c.start_time - since) / step), Integer).label("bucket")
     stmt = (
         select(
             index,
             func.count(),
             func.sum(case((S.c.status_code == "ERROR", 1), else_=0)),
-            func.coalesce(func.sum(_LATENCY), 0.0),
-            func.coalesce(func.max(_LATENCY), 0.0),
-            func.coalesce(func.sum(_TTFT), 0.0),
-            func.count(_TTFT),
+            func.coalesce(func.sum(latency), 0.0),
+            func.coalesce(func.max(latency), 0.0),
+            func.coalesce(func.sum(ttft), 0.0),
+            func.count(ttft),
             func.coalesce(func.sum(S.c.input_tokens), 0),
             func.coalesce(func.sum(S.c.output_tokens), 0),
         )
-        .where(S.c.pk >= first, S.c.start_time >= since, _LATENCY.is_not(None))
+        .where(S.c.pk >= first, S.c.start_time >= since, latency.is_not(None))
         .group_by(index)
         .order_by(index)
     )

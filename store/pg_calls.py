@@ -66,6 +66,10 @@ async def begin(driver: Any, rollout_id: str | None, attempt_id: str | None) -> 
         first, revision = await driver.fetchrow(_BEGIN_UNATTRIBUTED)
         return CallTicket(None, None, int(first), catalog_revision=int(revision or 0))
     row = await driver.fetchrow(_BEGIN, rollout_id, attempt_id, _FINISHED, _TERMINAL)
+    if row is not None and row[3] is None and row[1] is not None:
+        # No such attempt in the statement's snapshot, taken before it waited for the rollout's lock: a claim
+        # that committed meanwhile may have made a newer attempt the latest. A new statement sees it.
+        row = await driver.fetchrow(_BEGIN, rollout_id, attempt_id, _FINISHED, _TERMINAL)
     if row is None:
         raise NotFoundError(f"rollout '{rollout_id}' not found")
     target = Target(row[0], row[1], row[2], row[3], row[4], row[5], int(row[6] or 0))

@@ -48,8 +48,10 @@ RETRYABLE_PG_CODES = frozenset({"40001", "40P01"})  # serialization_failure, dea
 PG_DATA_EXCEPTION = "22"
 #: SQLSTATE class of integrity constraint violations (a unique key, a foreign key).
 PG_INTEGRITY = "23"
-#: SQLSTATE classes of a statement's own failure, on a connection that is still good.
-_STATEMENT_CLASSES = frozenset({PG_DATA_EXCEPTION, PG_INTEGRITY, "40"})
+#: SQLSTATE classes of the database's own trouble (connection exception, authorization refused, no such
+#: database, insufficient resources, operator intervention: a shutdown, a statement timeout; system error,
+#: internal error); with no code at all (the socket's), an outage rather than the statement's fault.
+_OUTAGE_CLASSES = frozenset({"08", "28", "3D", "53", "57", "58", "XX"})
 LOCK_WAIT_SECONDS = 30.0
 #: How long a writer finding the file locked by another process asks again at once, each turn of the event
 #: loop (serving what else is ready in between), before it backs off: another process's transaction usually
@@ -247,8 +249,8 @@ class BatchWriter:
                     now = time.monotonic()
                     if not _is_locked(exc) or now > deadline:
                         raise
-                    self.stats.lock_waits += 1
-                    if self._locked_since is None:
+                    if self._locked_since is None:  # the first refusal of this transaction
+                        self.stats.lock_waits += 1
                         self._locked_since = now
                     if now < spin_until:  # another process's transaction: most end within the spin
                         await asyncio.sleep(0)
@@ -313,6 +315,19 @@ def _pg_code(exc: BaseException) -> str:
     return code if isinstance(code, str) else ""
 
 
+def _driver_error(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith("asyncpg")
+
+
+def _pg_outage(exc: BaseException) -> bool:
+    """Whether a driver's error is the database's trouble (a connection lost or refused, the server shutting
+    down, out of resources), not the statement's: the connection is then dropped from the pool."""
+    if unavailable(exc) is None:
+        return False
+    code = _pg_code(exc)
+    return not code or code[:2] in _OUTAGE_CLASSES
+
+
 def _reason(exc: BaseException) -> BaseException:
     return getattr(exc, "orig", None) or exc
 
@@ -366,7 +381,7 @@ class PgWriter:
                 try:
                     return await op(raw.driver_connection)
                 except Exception as exc:
-                    if _pg_code(exc)[:2] not in _STATEMENT_CLASSES and unavailable(exc) is not None:
+                    if _pg_outage(exc):
                         # SQLAlchemy does not see the driver's errors: a connection the server dropped (a
                         # restart, an outage) is put out of the pool here, or the next write would fail on it too
                         await conn.invalidate()
@@ -403,6 +418,9 @@ class PgWriter:
                     raise StoreValidationError(f"a value does not fit its column: {_reason(exc)}") from exc
                 if code.startswith(PG_INTEGRITY) and not isinstance(exc, DBAPIError):  # SQLAlchemy's: Store._write
                     raise ConflictError(f"the write conflicts with stored data: {exc}") from exc
+                if _driver_error(exc) and not (_pg_outage(exc) or code.startswith("40")):
+                    # the driver's own error, of the statement (SQL the server refuses: a bug), not an outage
+                    raise RuntimeError(f"the database refused the statement: {exc}") from exc
                 failure = unavailable(exc)
                 if failure is None:  # a conflict (``Store._write`` says so), a refusal of the store's, or a bug
                     raise

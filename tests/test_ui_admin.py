@@ -109,6 +109,23 @@ async def test_the_series_leaves_out_calls_before_the_window(gw: RunningGateway,
     assert sum(b.calls for b in now) == 2
 
 
+async def test_a_client_span_whose_latency_is_not_a_number_is_not_counted_and_breaks_nothing(
+    admin: httpx.AsyncClient,
+) -> None:
+    """Spans come from clients too: a latency or TTFT that is text (PostgreSQL would refuse to cast it) leaves
+    the span out of the series rather than failing it."""
+    claim = await started(admin)
+    await chat(claim, 1)
+    rollout_id = claim["rollout"]["rollout_id"]
+    odd = {"rollway.latency_seconds": "fast", "rollway.ttft_seconds": "soon"}
+    now = time.time()
+    span = {"trace_id": "0" * 32, "span_id": "1" * 16, "name": "odd", "attributes": odd, "start_time": now}
+    (await admin.post(f"/admin/v1/rollouts/{rollout_id}/spans", json={"spans": [span]})).raise_for_status()
+    answer = await admin.get("/admin/v1/stats/series", params={"window_seconds": 600, "step_seconds": 60})
+    assert answer.status_code == 200
+    assert sum(p["calls"] for p in answer.json()["points"]) == 1
+
+
 async def test_the_series_refuses_more_than_a_day_by_the_minute(admin: httpx.AsyncClient) -> None:
     answer = await admin.get("/admin/v1/stats/series", params={"window_seconds": 86_400, "step_seconds": 30})
     assert answer.status_code == 400

@@ -12,6 +12,8 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -260,14 +262,17 @@ def _alive(pid: int) -> bool:
 
 def test_a_group_whose_workers_cannot_open_the_store_stops_with_the_reason(tmp_path: Path) -> None:
     """The database cannot be opened (its directory does not exist): the workers fail their start, and the
-    supervisor stops the group with status 1 rather than starting them again and again."""
+    supervisor stops the group with status 3 (a server's start failure) and the store's reason, rather than
+    starting them again and again."""
     missing = f"sqlite:///{tmp_path / 'no' / 'such' / 'dir' / 'x.db'}"
-    server = GatewayProcess(missing, env={"ROLLWAY_WORKERS": str(WORKERS)}, startup_timeout=30)
-    with pytest.raises(RuntimeError, match="did not start") as info:
-        server.start()
-    message = str(info.value)
-    assert "could not start (it ended with exit status 3): stopping" in message
-    assert "Traceback" not in message
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLWAY_")} | {"ROLLWAY_WORKERS": str(WORKERS)}
+    command = [sys.executable, "-c", "from rollway.cli import main; main()", "serve", "--port", "0", "--db", missing]
+    ended = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+    output = ended.stdout + ended.stderr
+    assert ended.returncode == 3, output
+    assert "could not start (it ended with exit status 3): stopping" in output
+    assert "rollway: " in output and "does not exist" in output  # the store's own sentence
+    assert "Traceback" not in output
 
 
 async def test_a_worker_stopped_alone_records_its_calls_in_flight_and_is_replaced(
@@ -324,3 +329,26 @@ async def test_a_worker_stopped_alone_records_its_calls_in_flight_and_is_replace
                 task.cancel()
             await asyncio.gather(*streams, return_exceptions=True)
         assert any(f"(pid {victim['pid']}) ended on SIGTERM: starting another" in line for line in gw.output)
+
+
+async def test_workers_that_die_together_are_each_replaced(sqlite_url: str, mock: MockBackendProcess) -> None:
+    """``kill -9`` of every worker at once (an out-of-memory killer, a bad deploy): each slot gets a worker
+    again, none is forgotten, and the group serves."""
+    with GatewayProcess(sqlite_url, env={"ROLLWAY_WORKERS": str(WORKERS)}) as gw:
+        async with admin(gw) as client, fresh_connections(gw) as http:
+            await client.put_model("policy", [vllm(mock)], version="v1")
+            before = {r["pid"] for r in await replicas(http)}
+            for pid in before:
+                os.kill(pid, signal.SIGKILL)
+
+            async def replaced() -> set[int]:
+                try:
+                    alive = {r["pid"] for r in await replicas(http) if _alive(r["pid"])}
+                except httpx.TransportError:  # no worker listening yet
+                    return set()
+                return alive if len(alive) == WORKERS and not alive & before else set()
+
+            await until(replaced, "a replacement for every worker", timeout=30)
+            body = {"model": "policy", "messages": MESSAGES, "max_tokens": 3}
+            answers = await asyncio.gather(*(http.post("/v1/chat/completions", json=body) for _ in range(20)))
+            assert [a.status_code for a in answers] == [200] * 20

@@ -23,6 +23,7 @@ finds all of them serving.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import logging.config
 import multiprocessing
@@ -30,6 +31,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from multiprocessing.connection import wait
@@ -46,8 +48,12 @@ STARTUP_FAILURE = 3
 #: Seconds a stopping group waits for its workers beyond their own shutdown (``shutdown_timeout`` plus the
 #: application's grace for recording the calls it ended), before it kills them.
 STOP_MARGIN = 15.0
-#: Waits before starting again a worker whose replacement could not start (doubling up to the last).
+#: Waits before starting again a worker that could not start, or that ended within ``SHORT_LIFE`` seconds of
+#: its start twice in a row, by the number of such ends in a row (the last repeats).
 RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)
+SHORT_LIFE = 10.0
+#: ``prctl`` option: the signal a process gets when its parent ends.
+PR_SET_PDEATHSIG = 1
 
 _spawn = multiprocessing.get_context("spawn")
 
@@ -91,8 +97,12 @@ def serve(settings: Settings) -> int:
     return 0 if server.started else STARTUP_FAILURE
 
 
-def _worker(settings: Settings, sock: socket.socket, ready: Event) -> None:
+def _worker(settings: Settings, sock: socket.socket, ready: Event, supervisor: int) -> None:
     """One worker of a group (in its own spawned process): the application on the supervisor's socket."""
+    # Ctrl+C reaches the whole process group: the supervisor stops the workers itself (SIGTERM), so a worker
+    # still importing does not die of the SIGINT with a traceback (uvicorn installs its own handlers later).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _end_with(supervisor)
     import uvicorn
 
     from rollway.app.factory import create_app
@@ -109,14 +119,29 @@ def _worker(settings: Settings, sock: socket.socket, ready: Event) -> None:
     _Server(config).run([sock])
 
 
+def _end_with(supervisor: int) -> None:
+    """SIGTERM to this process when its supervisor ends, however it ends (Linux's ``PR_SET_PDEATHSIG``): a
+    supervisor killed with SIGKILL leaves no workers serving on without it."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != supervisor:  # it ended before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 class _Worker:
     """One worker process and what the supervisor knows of it."""
 
     def __init__(self, settings: Settings, sock: socket.socket, slot: int) -> None:
         self.slot = slot
         self.ready = _spawn.Event()
+        self.started = time.monotonic()
+        self.handled = False  # its end was seen and acted on
         self.process: SpawnProcess = _spawn.Process(
-            target=_worker, args=(settings, sock, self.ready), name=f"rollway-worker-{slot}", daemon=False
+            target=_worker,
+            args=(settings, sock, self.ready, os.getpid()),
+            name=f"rollway-worker-{slot}",
+            daemon=False,
         )
         self.process.start()
 
@@ -144,7 +169,8 @@ class Supervisor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.count = settings.workers
-        self.sockets: list[socket.socket] = []
+        self.port = settings.port  # the port bound (the one the first socket got, for port 0)
+        self.sockets: list[socket.socket | None] = []  # None: the slot's socket is closed while it cannot start
         self.workers: dict[int, _Worker] = {}
         self.stopping = False
         self._signalled: list[int] = []
@@ -155,16 +181,16 @@ class Supervisor:
     def run(self) -> int:
         logging.config.dictConfig(log_config(self.settings.log_format, self.settings.log_level))
         self._bind()
-        self._prepare_metrics()
         wake_read, wake_write = socket.socketpair()
         wake_read.setblocking(False)
         wake_write.setblocking(False)
         previous = signal.set_wakeup_fd(wake_write.fileno(), warn_on_full_buffer=False)
         handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
+            self._prepare_metrics()
             if not self._start_all(wake_read):
-                return 1
-            host, port = self.sockets[0].getsockname()[:2]
+                return 0 if self.stopping else STARTUP_FAILURE
+            host, port = self.settings.host, self.port
             shown = f"[{host}]" if ":" in host else host
             log.info("%d workers serving, pids %s", self.count, ", ".join(str(w.pid) for w in self.workers.values()))
             logging.getLogger("uvicorn.error").info(f"Uvicorn running on http://{shown}:{port} (Press CTRL+C to quit)")
@@ -178,7 +204,8 @@ class Supervisor:
             wake_read.close()
             wake_write.close()
             for sock in self.sockets:
-                sock.close()
+                if sock is not None:
+                    sock.close()
             if self._metrics_dir is not None:
                 shutil.rmtree(self._metrics_dir, ignore_errors=True)
 
@@ -186,17 +213,27 @@ class Supervisor:
 
     def _bind(self) -> None:
         """One listening socket per worker on the same address; with port 0 the first picks the port."""
-        host, port = self.settings.host, self.settings.port
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.port = self.settings.port
         for _ in range(self.count):
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((host, port))
-            sock.listen(2048)
-            sock.set_inheritable(True)
-            port = sock.getsockname()[1]
+            sock = self._listen()
+            self.port = sock.getsockname()[1]
             self.sockets.append(sock)
+
+    def _listen(self) -> socket.socket:
+        host = self.settings.host
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, self.port))
+        sock.listen(2048)
+        sock.set_inheritable(True)
+        return sock
+
+    def _socket(self, slot: int) -> socket.socket:
+        sock = self.sockets[slot]
+        if sock is None:
+            sock = self.sockets[slot] = self._listen()
+        return sock
 
     def _prepare_metrics(self) -> None:
         """Counters of every worker in one directory that each scrape merges (prometheus_client's multiprocess
@@ -208,14 +245,14 @@ class Supervisor:
     def _start_all(self, wake: socket.socket) -> bool:
         """Start every worker and wait until each has started; False (the group stopped) if one could not."""
         for slot in range(self.count):
-            self.workers[slot] = _Worker(self.settings, self.sockets[slot], slot)
+            self.workers[slot] = _Worker(self.settings, self._socket(slot), slot)
         pending = dict(self.workers)
         while pending and not self.stopping:
             sentinels = {w.process.sentinel: w for w in pending.values()}
             ready = wait([*sentinels, wake], timeout=0.2)
             self._drain(wake)
             for worker in list(pending.values()):
-                if worker.ready.is_set():
+                if worker.ready.is_set():  # (one that ended since is seen by ``_supervise``)
                     del pending[worker.slot]
                 elif worker.process.sentinel in ready:
                     worker.process.join()
@@ -233,7 +270,8 @@ class Supervisor:
     def _supervise(self, wake: socket.socket) -> None:
         """Until a signal: wait for a worker to end or a replacement to be due, and start its replacement."""
         while not self.stopping:
-            sentinels = {w.process.sentinel: w for w in self.workers.values() if w.process.exitcode is None}
+            # Every worker whose end was not acted on: one that ended meanwhile has its sentinel ready at once.
+            sentinels = {w.process.sentinel: w for w in self.workers.values() if not w.handled}
             timeout = max(0.0, min(self._due.values()) - time.monotonic()) if self._due else None
             ended = wait([*sentinels, wake], timeout=timeout)
             self._drain(wake)
@@ -250,28 +288,37 @@ class Supervisor:
                     self._replace(slot)
 
     def _ended(self, worker: _Worker) -> None:
+        worker.handled = True
         worker.process.join()
         self._forget_metrics(worker.pid)
-        started = worker.ready.is_set()
-        if started:
-            self._failures.pop(worker.slot, None)
+        lived = time.monotonic() - worker.started
+        failures = self._failures.get(worker.slot, 0)
+        if worker.ready.is_set() and (lived >= SHORT_LIFE or failures == 0):
+            # at once; but a second short life in a row is a crash loop, which backs off
+            self._failures[worker.slot] = 0 if lived >= SHORT_LIFE else 1
             log.warning("worker %d (pid %d) ended %s: starting another", worker.slot, worker.pid, worker.ending())
             self._replace(worker.slot)
             return
-        failures = self._failures.get(worker.slot, 0)
         wait_for = RESTART_BACKOFF[min(failures, len(RESTART_BACKOFF) - 1)]
         self._failures[worker.slot] = failures + 1
+        what = "ended soon after it started" if worker.ready.is_set() else "could not start"
         log.warning(
-            "worker %d (pid %d) could not start (it ended %s): trying again in %.1f s",
+            "worker %d (pid %d) %s (it ended %s): trying again in %.1f s; its share of new connections goes to "
+            "the other workers meanwhile",
             worker.slot,
             worker.pid,
+            what,
             worker.ending(),
             wait_for,
         )
+        sock = self.sockets[worker.slot]
+        if sock is not None:  # nobody would accept what the kernel queues on it
+            sock.close()
+            self.sockets[worker.slot] = None
         self._due[worker.slot] = time.monotonic() + wait_for
 
     def _replace(self, slot: int) -> None:
-        self.workers[slot] = _Worker(self.settings, self.sockets[slot], slot)
+        self.workers[slot] = _Worker(self.settings, self._socket(slot), slot)
 
     def _forget_metrics(self, pid: int) -> None:
         """A gone worker's live gauges (calls in flight) stop counting; its counters stay in the sums."""
