@@ -33,6 +33,9 @@ from rollway.gateway.streaming import (
 )
 from rollway.gateway.upstream import MASK, backend_key, masked
 
+#: The headers of every streamed answer besides its content type.
+STREAM_HEADERS = ((b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"))
+
 
 async def stream(
     finish: Callable[[CallRecord], Awaitable[bool]],
@@ -51,7 +54,8 @@ async def stream(
     record.status_code = 200
     content_type = response.headers.get("Content-Type", "")  # the backend's, with its charset
     content_type = content_type if content_type.startswith("text/event-stream") else "text/event-stream"
-    await reply.start(200, [(b"content-type", content_type.encode()), (b"cache-control", b"no-cache"), *headers])
+    # A reverse proxy in front (nginx) passes the events on as they come rather than buffering the answer.
+    await reply.start(200, [(b"content-type", content_type.encode()), *STREAM_HEADERS, *headers])
     decoder = SSEDecoder()
     responses = record.operation == "responses"
     n = record.request.get("n") if isinstance(record.request, dict) else None

@@ -56,6 +56,13 @@ class Settings(BaseSettings):
         description="a Fernet key that encrypts the backends' and agent servers' API keys in the database (several, "
         "comma-separated: the first encrypts, each decrypts); unset: they are stored in clear",
     )
+    pg_pool_size: int = Field(
+        default=20,
+        ge=1,
+        le=1000,
+        description="PostgreSQL connections each process keeps open (each worker, each replica): keep processes "
+        "times this below the server's max_connections",
+    )
     sqlite_synchronous: Literal["NORMAL", "FULL", "EXTRA"] = Field(
         default="NORMAL",
         description="NORMAL survives a killed process; FULL also survives power loss, at a cost per commit",

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from rollway.store import catalog, convert, limits, migrate, queries, queue, watchdog
-from rollway.store.engine import Engines, create_engines, migration_engine, open_error
+from rollway.store.engine import PG_POOL_SIZE, Engines, create_engines, migration_engine, open_error
 from rollway.store.errors import ConflictError, StoreValidationError, UnavailableError
 from rollway.store.faults import FailureLog, WriteHealth, unavailable
 from rollway.store.keepalive import INTERVAL, CallsInFlight
@@ -98,16 +98,18 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, ReadsMixin, WalMi
         max_batch: int = 256,
         keepalive_interval: float = INTERVAL,
         secret_key: str | None = None,
+        pg_pool_size: int = PG_POOL_SIZE,
     ) -> Store:
         """Open (and create or upgrade) the database at ``url`` and start the writer, the watchdog and the
-        heartbeat of calls in flight (``store.keepalive``; every ``keepalive_interval`` seconds, 0: never).
+        heartbeat of calls in flight (``store.keepalive``; every ``keepalive_interval`` seconds, 0: never). On
+        PostgreSQL the process keeps ``pg_pool_size`` connections open.
         A database that cannot be reached or opened is an ``UnavailableError`` saying why.
 
         With ``secret_key`` (``catalog.Cipher``) the API keys kept for backends and agent servers are stored
         encrypted, and those stored in clear are encrypted now; a database holding encrypted keys opened without
         it, or with a key that does not decrypt them, is a ``StoreValidationError`` saying so."""
         cipher = catalog.Cipher(secret_key) if secret_key else None
-        engines = create_engines(url, sqlite_synchronous=sqlite_synchronous)
+        engines = create_engines(url, sqlite_synchronous=sqlite_synchronous, pool_size=pg_pool_size)
         try:
             if engines.pg is not None:
                 await migrate.upgrade(engines.pg)

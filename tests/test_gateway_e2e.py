@@ -426,13 +426,20 @@ async def test_a_backend_that_refuses_stream_options_is_asked_again_without_them
     )
 
 
-async def test_a_stream_keeps_the_backends_content_type(gw: RunningGateway, mock: MockBackendProcess) -> None:
+async def test_a_stream_keeps_the_backends_content_type_and_is_not_buffered(
+    gw: RunningGateway, mock: MockBackendProcess
+) -> None:
     body = {"messages": MESSAGES, "max_tokens": 3, "stream": True}
     async with httpx.AsyncClient(timeout=10) as http:
         direct = await http.post(f"{mock.base_url}/chat/completions", json=body | {"model": "mock-model"})
         proxied = await http.post(f"{gw.url}/v1/chat/completions", json=body | {"model": "policy"})
+        whole = await http.post(f"{gw.url}/v1/chat/completions", json=body | {"model": "policy", "stream": False})
     assert direct.headers["content-type"].startswith("text/event-stream")
     assert proxied.headers["content-type"] == direct.headers["content-type"]
+    # Not cached, and not buffered by a reverse proxy in front (nginx reads X-Accel-Buffering).
+    assert proxied.headers["cache-control"] == "no-cache"
+    assert proxied.headers["x-accel-buffering"] == "no"
+    assert whole.status_code == 200 and "x-accel-buffering" not in whole.headers
 
 
 async def test_a_refusal_that_only_quotes_stream_options_is_passed_on_and_not_remembered(

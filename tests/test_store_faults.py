@@ -1,7 +1,8 @@
-"""The store's failures as clients see them: a PostgreSQL stopped and started under load (a private cluster the test
-makes, never the machine's), a SQLite write lock held by another process and a full disk. Every failure is a 503 in
-OpenAI's envelope, on every route, on a connection that stays open; ``/readyz`` says not ready while writes fail;
-everything serves again without a restart; the failures are logged once per kind per interval."""
+"""The store's failures as clients see them: a PostgreSQL stopped (cleanly, or at once as in a crash) and started
+under load (a private cluster the test makes, never the machine's), a SQLite write lock held by another process and
+a full disk. Every failure is a 503 in OpenAI's envelope, on every route, on a connection that stays open;
+``/readyz`` says not ready while writes fail; everything serves again without a restart; the failures are logged
+once per kind per interval."""
 
 from __future__ import annotations
 
@@ -68,8 +69,10 @@ class PrivateCluster:
         options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c fsync=off"
         self._run("pg_ctl", "-D", str(self.root / "data"), "-l", str(self.root / "log"), "-o", options, "-w", "start")
 
-    def stop(self) -> None:
-        self._run("pg_ctl", "-D", str(self.root / "data"), "-m", "fast", "-w", "stop")
+    def stop(self, mode: str = "fast") -> None:
+        """``fast``: the server ends its sessions and shuts down cleanly; ``immediate``: it quits at once, as in a
+        crash, without a word to its clients (crash recovery runs at the next start)."""
+        self._run("pg_ctl", "-D", str(self.root / "data"), "-m", mode, "-w", "stop")
 
     def remove(self) -> None:
         with_data = self.root / "data" / "postmaster.pid"
@@ -106,8 +109,9 @@ def _answer(response: httpx.Response) -> tuple[int, str]:
     return response.status_code, "envelope" if is_envelope and json_type else f"other: {body!r:.80}"
 
 
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
 async def test_postgresql_stopped_under_load_is_503_envelopes_then_serves_again(
-    cluster: PrivateCluster, mock: MockBackendProcess
+    cluster: PrivateCluster, mock: MockBackendProcess, mode: str
 ) -> None:
     gateway = GatewayProcess(cluster.url, admin_token=TOKEN, env={"ROLLWAY_ACCESS_LOG": "false"})  # its own lines
     await asyncio.to_thread(gateway.start)
@@ -153,7 +157,7 @@ async def test_postgresql_stopped_under_load_is_503_envelopes_then_serves_again(
         agents = [asyncio.create_task(agent(i)) for i in range(10)]
         try:
             await asyncio.sleep(1.0)
-            await asyncio.to_thread(cluster.stop)
+            await asyncio.to_thread(cluster.stop, mode)
             stopped = time.monotonic()
             await asyncio.sleep(3.0)
             restarting = time.monotonic()

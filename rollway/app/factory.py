@@ -94,6 +94,7 @@ def create_app(settings: Settings) -> FastAPI:
             store = await Store.open(
                 settings.database_url,
                 sqlite_synchronous=settings.sqlite_synchronous,
+                pg_pool_size=settings.pg_pool_size,
                 watchdog_interval=settings.watchdog_interval,
                 secret_key=settings.secret_key.get_secret_value() if settings.secret_key else None,
             )
