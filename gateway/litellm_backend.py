@@ -31,6 +31,7 @@ STREAM_BROKE = {
     }
 }
 log = logging.getLogger("rollway.gateway")
+TRACEBACK = "Traceback (most recent call last):"
 _litellm: Any = None
 _closing: set[asyncio.Task[Any]] = set()  # streams being closed (a task needs a reference until it is done)
 
@@ -42,6 +43,7 @@ async def _load() -> Any:
     global _litellm
     if _litellm is None:
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        os.environ.setdefault("LITELLM_DISABLE_BUG_REPORT_LINK", "True")  # its errors reach clients and spans
         module: Any = await asyncio.to_thread(importlib.import_module, "litellm")
         module.suppress_debug_info = True  # no banners printed to stdout on provider errors
         _litellm = module
@@ -123,6 +125,13 @@ ALLOWED_FIELDS = frozenset(
 DROPPED_FIELDS = frozenset({"model", "rollout_id", "metadata"})
 
 
+def _without_traceback(message: str) -> str:
+    """A LiteLLM error's message up to the traceback it appends for a failure of its own code (the server's
+    file paths and source lines: not for the client, nor for the span)."""
+    cut = message.find(TRACEBACK)
+    return message if cut < 0 else message[:cut].rstrip()
+
+
 def _plain(obj: Any) -> Any:
     dump = getattr(obj, "model_dump", None)
     return dump() if dump is not None else obj
@@ -156,7 +165,7 @@ async def call(backend: Backend, path: str, body: dict[str, Any], timeout: float
         raise UpstreamFailure("timeout", f"backend '{backend.backend_id}' timed out") from exc
     except Exception as exc:
         status = int(getattr(exc, "status_code", 500) or 500)
-        message = str(getattr(exc, "message", exc))
+        message = _without_traceback(str(getattr(exc, "message", exc)))
         error = {"error": {"message": message, "type": type(exc).__name__, "param": None, "code": None}}
         return LiteLLMResponse(status, orjson.dumps(error))
     if body.get("stream"):

@@ -56,8 +56,8 @@ class AnthropicStub:
 
 def _stub_app(stub: AnthropicStub) -> Starlette:
     """``/v1/messages``. The last user message picks a behaviour: ``slow`` streams 100 words, 0.1 s apart;
-    ``break`` drops the connection after two words; ``hang`` answers only after 6 s; anything else answers
-    ``WORDS`` at once."""
+    ``break`` drops the connection after two words; ``hang`` answers only after 6 s; ``garbled`` answers 200
+    with a body that is not a message (LiteLLM fails reading it); anything else answers ``WORDS`` at once."""
 
     async def messages(request: Request) -> Response:
         body = await request.json()
@@ -74,6 +74,8 @@ def _stub_app(stub: AnthropicStub) -> Starlette:
             }
             return JSONResponse(error, status_code=400)
         usage = {"input_tokens": 11, "output_tokens": len(WORDS)}
+        if mode == "garbled":
+            return JSONResponse({"unexpected": True})
         if mode == "hang":  # answers only after 6 s
             await asyncio.sleep(6)
         if not body.get("stream"):
@@ -311,6 +313,27 @@ async def test_provider_error_comes_back_in_the_envelope_without_the_key(
     await assert_no_secret(gw, None, response.text)
     with pytest.raises(openai.BadRequestError):
         await gw.client().chat.completions.create(model="claude", messages=MESSAGES, max_tokens=9999)
+
+
+async def test_a_provider_answer_litellm_cannot_read_is_an_error_without_a_traceback(
+    gw: RunningGateway, stub: AnthropicStub
+) -> None:
+    # LiteLLM words the failure with the traceback of its own code and a link to file a bug: neither is the
+    # client's business (file paths of the server), and neither belongs in the span.
+    garbled = [{"role": "user", "content": "garbled"}]
+    async with httpx.AsyncClient(timeout=30) as http:
+        response = await http.post(
+            f"{gw.url}/v1/chat/completions", json={"model": "claude", "messages": garbled, "max_tokens": 50}
+        )
+    assert response.status_code >= 500, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert "'content'" in error["message"]  # what went wrong is still said
+    spans = await gw.store.query_spans(None)
+    assert spans and all(s.status.status_code == "ERROR" for s in spans)
+    for text in [response.text, *(s.model_dump_json() for s in spans)]:
+        assert "Traceback" not in text and ".py" not in text and "github.com" not in text, text[:400]
+    await assert_no_secret(gw, None, response.text)
 
 
 async def test_wrong_provider_key_is_not_echoed(tmp_path: Path, stub: AnthropicStub) -> None:
