@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request
 
@@ -120,11 +120,14 @@ async def list_rollouts(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: str | None = None,
     model: Annotated[str | None, Query(min_length=1, max_length=256, description="called this alias")] = None,
+    order: Annotated[Literal["asc", "desc"], Query(description="creation order: oldest or newest first")] = "asc",
 ) -> RolloutPage:
-    """Rollouts in creation order, filtered by status, mode, group, creation time and the model alias they
-    called (`model`: a span of the rollout names it); `next_cursor` pages on."""
+    """Rollouts in creation order (`order=desc`: newest first), filtered by status, mode, group, creation time
+    and the model alias they called (`model`: a span of the rollout names it); `next_cursor` pages on in the
+    same order (pass the same `order` with it)."""
     filters: dict[str, Any] = {"status": status, "mode": mode, "group_id": group_id, "limit": limit, "cursor": cursor}
     filters |= {"started_after": started_after, "started_before": started_before, "called_model": model}
+    filters["descending"] = order == "desc"
     page = await context.store.list_rollouts(**filters)
     return RolloutPage(items=page.items, next_cursor=page.next_cursor)
 

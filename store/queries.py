@@ -32,13 +32,18 @@ def list_rollouts(
     called_model: str | None = None,
     limit: int = 100,
     cursor: str | None = None,
+    descending: bool = False,
 ) -> Page[Rollout]:
-    """Rollouts in creation order, ``limit`` at a time; ``next_cursor`` continues after the last one.
+    """Rollouts in creation order (newest first when ``descending``), ``limit`` at a time; ``next_cursor``
+    continues after the last one, in the same order. The order is the primary key's: unique, so rollouts created
+    in the same instant (one enqueue of many tasks) have one order too, and each page starts at the first row
+    past the cursor's (``pk >`` it ascending, ``pk <`` it descending), none skipped or repeated; the primary key's
+    index answers both directions.
     ``called_model``: only rollouts with a span naming that alias as its ``gen_ai.request.model`` (the gateway
     writes it on every call's span), an ``EXISTS`` the spans' ``(rollout_id, …)`` index answers."""
     check_limit(limit, 10_000)
     after = decode_cursor(cursor)
-    stmt = select(R).order_by(R.c.pk).limit(limit + 1)
+    stmt = select(R).order_by(R.c.pk.desc() if descending else R.c.pk).limit(limit + 1)
     if called_model is not None:
         named = S.c.attributes["gen_ai.request.model"].as_string() == called_model
         stmt = stmt.where(exists().where(S.c.rollout_id == R.c.rollout_id, named))
@@ -59,7 +64,7 @@ def list_rollouts(
     if started_before is not None:
         stmt = stmt.where(R.c.start_time < started_before)
     if after is not None:
-        stmt = stmt.where(R.c.pk > after)
+        stmt = stmt.where(R.c.pk < after if descending else R.c.pk > after)
     rows = (conn.execute(stmt)).mappings().all()
     items = [convert.rollout(r) for r in rows[:limit]]
     next_cursor = encode_cursor(rows[limit - 1]["pk"]) if len(rows) > limit else None

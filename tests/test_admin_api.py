@@ -91,6 +91,7 @@ async def test_admin_scoped_key_works_like_the_token(gw: RunningGateway, admin: 
         ("GET", "/admin/v1/rollouts?limit=-1", None, 400),
         ("GET", "/admin/v1/rollouts?cursor=not-a-cursor", None, 400),
         ("GET", "/admin/v1/rollouts?status=nonsense", None, 400),
+        ("GET", "/admin/v1/rollouts?order=newest", None, 400),
         ("GET", "/admin/v1/rollouts/ro-missing", None, 404),
         ("POST", "/admin/v1/rollouts/ro-missing/cancel", None, 404),
         ("PATCH", "/admin/v1/rollouts/ro-missing/attempts/latest", {"status": "succeeded"}, 404),

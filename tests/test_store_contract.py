@@ -797,6 +797,82 @@ async def test_list_rollouts_cursor_with_filters_and_exact_fit(store: Store) -> 
     assert second.next_cursor is None  # exactly 4 = 2 pages: no empty third page
 
 
+async def pages(store: Store, limit: int, **query: Any) -> tuple[list[str], list[int]]:
+    """Every rollout ``list_rollouts(**query)`` gives, following ``next_cursor``: (ids in order, page sizes)."""
+    seen: list[str] = []
+    sizes: list[int] = []
+    cursor: str | None = None
+    while True:
+        page = await store.list_rollouts(limit=limit, cursor=cursor, **query)
+        seen.extend(r.rollout_id for r in page.items)
+        sizes.append(len(page.items))
+        cursor = page.next_cursor
+        if cursor is None or len(sizes) > 100:
+            return seen, sizes
+
+
+async def test_list_rollouts_newest_first_pages_through_rollouts_created_in_the_same_instant(store: Store) -> None:
+    # The clock stands still: every rollout has the same start time, in one enqueue and across three.
+    created = [r.rollout_id for r in await store.enqueue([{"input": i} for i in range(17)])]
+    for n in (3, 4, 1):
+        created += [r.rollout_id for r in await store.enqueue([{"input": i} for i in range(n)])]
+    assert len({r.start_time for r in await all_rollouts(store)}) == 1
+    newest_first = created[::-1]
+    assert [r.rollout_id for r in (await store.list_rollouts(limit=1000, descending=True)).items] == newest_first
+    for limit in (1, 4, 7, 25, 26):
+        seen, sizes = await pages(store, limit, descending=True)
+        assert seen == newest_first, limit  # none skipped, none repeated, in order
+        assert sizes == [min(limit, 25 - i) for i in range(0, 25, limit)], limit  # an exact fit ends with no empty page
+        ascending, _ = await pages(store, limit)
+        assert ascending == created, limit
+    # Rollouts created between two pages go to the top of the list; the next page goes on where the last ended.
+    first = await store.list_rollouts(limit=10, descending=True)
+    later = [r.rollout_id for r in await store.enqueue([{"input": i} for i in range(3)])]
+    second = await store.list_rollouts(limit=10, cursor=first.next_cursor, descending=True)
+    assert [r.rollout_id for r in first.items + second.items] == newest_first[:20]
+    assert (await pages(store, 10, descending=True))[0] == later[::-1] + newest_first
+
+
+async def test_list_rollouts_newest_first_with_each_filter(store: Store, clock: FakeClock) -> None:
+    rollouts: list[Any] = []
+    for i in range(12):
+        clock.advance(10.0 if i % 4 else 0.0)  # rollouts 3 and 4, 7 and 8 start at the same time
+        task = {"input": i, "mode": ("train", "val", None)[i % 3], "group_id": "g1" if i % 2 else "g2"}
+        rollouts += await store.enqueue([task])
+    created = [r.rollout_id for r in rollouts]
+    for rollout_id in created[2::5]:
+        await store.cancel(rollout_id)
+    policy = []
+    for claimed in await store.claim("w1", limit=4):
+        attributes = {"gen_ai.request.model": "policy"}
+        await store.add_span(span(claimed.rollout.rollout_id, claimed.attempt.attempt_id, attributes=attributes))
+        policy.append(claimed.rollout.rollout_id)
+    await store.update_attempt(policy[1], "latest", status="succeeded")
+    everything = await all_rollouts(store)
+    assert [r.rollout_id for r in everything] == created
+    middle = rollouts[4].start_time  # rollout 3's too
+    filters: list[tuple[dict[str, Any], Any]] = [
+        ({"status": ["queuing"]}, lambda r: r.status == RolloutStatus.QUEUING),
+        ({"status": ["cancelled", "preparing"]}, lambda r: r.status.value in ("cancelled", "preparing")),
+        ({"mode": "train"}, lambda r: r.mode == "train"),
+        ({"group_id": "g1", "mode": "val"}, lambda r: r.group_id == "g1" and r.mode == "val"),
+        ({"started_after": middle}, lambda r: r.start_time >= middle),
+        ({"started_before": middle, "group_id": "g2"}, lambda r: r.start_time < middle and r.group_id == "g2"),
+        ({"rollout_ids": created[::3]}, lambda r: r.rollout_id in created[::3]),
+        ({"called_model": "policy"}, lambda r: r.rollout_id in policy),
+        (
+            {"called_model": "policy", "status": ["running"]},
+            lambda r: r.rollout_id in policy and r.status.value == "running",
+        ),
+    ]
+    for where, keep in filters:
+        matching = [r.rollout_id for r in everything if keep(r)]
+        assert 0 < len(matching) < len(created), where  # each filter keeps some rollouts and leaves out others
+        for limit in (1, 2, 1000):
+            assert (await pages(store, limit, descending=True, **where))[0] == matching[::-1], (where, limit)
+            assert (await pages(store, limit, **where))[0] == matching, (where, limit)
+
+
 async def test_list_rollouts_filters_by_status(store: Store) -> None:
     ids = [r.rollout_id for r in await store.enqueue([{"input": i} for i in range(3)])]
     await store.cancel(ids[1])

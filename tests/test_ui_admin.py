@@ -199,6 +199,42 @@ async def test_rollouts_filter_by_the_model_alias_they_called(
     assert bad.status_code == 400
 
 
+async def test_rollouts_list_newest_first_with_order_desc_and_page_on_in_that_order(admin: httpx.AsyncClient) -> None:
+    created = []
+    for tasks in ([{"input": i} for i in range(5)], [{"input": 5}], [{"input": 6}, {"input": 7}]):
+        answer = await admin.post("/admin/v1/rollouts", json={"tasks": tasks})
+        created += [r["rollout_id"] for r in answer.json()["rollouts"]]
+    claim = await started(admin)
+    created.append(claim["rollout"]["rollout_id"])
+    for rollout_id in created[1::3]:
+        assert (await admin.post(f"/admin/v1/rollouts/{rollout_id}/cancel")).status_code == 200
+
+    async def every(**params: Any) -> list[str]:
+        seen: list[str] = []
+        cursor = None
+        while True:
+            answer = await admin.get("/admin/v1/rollouts", params={**params, **({"cursor": cursor} if cursor else {})})
+            assert answer.status_code == 200, answer.text
+            seen += [r["rollout_id"] for r in answer.json()["items"]]
+            cursor = answer.json()["next_cursor"]
+            if cursor is None:
+                return seen
+
+    assert await every(order="desc") == created[::-1]
+    assert await every() == await every(order="asc") == created  # oldest first unless asked
+    for limit in (1, 2, 4):
+        assert await every(order="desc", limit=limit) == created[::-1], limit
+    cancelled = created[1::3]
+    assert await every(order="desc", status="cancelled", limit=2) == cancelled[::-1]
+    queuing = [r for r in created[:-1] if r not in cancelled]
+    assert await every(order="desc", status="queuing", limit=3) == queuing[::-1]
+    for bad in ("newest", "DESC", "", "1"):
+        refused = await admin.get("/admin/v1/rollouts", params={"order": bad})
+        assert refused.status_code == 400, (bad, refused.text)
+        assert set(refused.json()["error"]) == {"message", "type", "param", "code"}
+        assert "order" in refused.json()["error"]["message"], refused.text
+
+
 async def test_models_show_each_backend_up_or_down_as_the_server_sees_it(
     gw: RunningGateway, admin: httpx.AsyncClient
 ) -> None:

@@ -156,8 +156,10 @@ def test_the_overview_counts_rollouts_by_status_as_the_store_does(demo: Filled, 
 
 def test_the_rollouts_page_filters_pages_by_cursor_and_finds_an_id(demo: Filled, page: Watched) -> None:
     with demo.admin() as admin:
-        everything = admin.get("/admin/v1/rollouts", params={"limit": 1000}).json()["items"]
-    ids = [r["rollout_id"] for r in everything]
+        everything = admin.get("/admin/v1/rollouts", params={"limit": 1000, "order": "desc"}).json()["items"]
+        oldest = [r["rollout_id"] for r in admin.get("/admin/v1/rollouts", params={"limit": 1000}).json()["items"]]
+    ids = [r["rollout_id"] for r in everything]  # newest first, the page's order unless asked otherwise
+    assert ids == oldest[::-1] and len(ids) > 10
     page.page.goto(f"{demo.url}/ui/rollouts?limit=5")
     loaded(page.page)
     rows = page.page.locator("#rollouts-table tbody tr")
@@ -175,6 +177,21 @@ def test_the_rollouts_page_filters_pages_by_cursor_and_finds_an_id(demo: Filled,
     assert "cursor=" in page.page.url  # the page is a URL of its own
     page.page.get_by_role("link", name="← previous").click()
     expect(rows.first).to_have_attribute("data-rollout-id", ids[0])
+    assert shown() == ids[:5]
+
+    page.page.select_option("#rollout-filters select[name=order]", "asc")
+    page.page.click("#rollout-filters button[type=submit]")
+    expect(rows.first).to_have_attribute("data-rollout-id", oldest[0])
+    assert shown() == oldest[:5]
+    assert "order=asc" in page.page.url
+    page.page.get_by_role("link", name="next →").click()
+    expect(rows.first).to_have_attribute("data-rollout-id", oldest[5])
+    assert shown() == oldest[5:10]
+    page.page.select_option("#rollout-filters select[name=order]", "desc")
+    page.page.click("#rollout-filters button[type=submit]")
+    expect(rows.first).to_have_attribute("data-rollout-id", ids[0])
+    assert shown() == ids[:5]
+    assert "order=" not in page.page.url and "cursor=" not in page.page.url  # the default; a new order starts over
 
     group_id = everything[0]["group_id"]
     page.page.fill("#rollout-filters input[name=group]", group_id)

@@ -1,7 +1,7 @@
-// Rollouts (/ui/rollouts): filtered by status, mode, group and the model alias they called, a page at a time
-// (the admin API's cursor), found by id, and refreshed every 5 s while "live" is on. The filters, the page size
-// and the cursor are in the page's URL (?status=&mode=&group=&model=&limit=&cursor=), so every view of the list
-// can be shared.
+// Rollouts (/ui/rollouts): newest first (or oldest first), filtered by status, mode, group and the model alias
+// they called, a page at a time (the admin API's cursor), found by id, and refreshed every 5 s while "live" is on.
+// The filters, the order, the page size and the cursor are in the page's URL
+// (?status=&mode=&group=&model=&order=&limit=&cursor=), so every view of the list can be shared.
 
 import { ApiError, api } from "../api.js";
 import { go } from "../app.js";
@@ -10,6 +10,11 @@ import { badge, clear, duration, every, failure, h, link, number, seg, time } fr
 const STATUSES = ["queuing", "requeuing", "preparing", "running", "succeeded", "failed", "cancelled"];
 const MODES = ["train", "val", "test"];
 const LIMIT = 50;
+// The admin API's `order` values and their labels; the first is the default, left out of the page's URL.
+const ORDERS = [
+  ["desc", "newest first"],
+  ["asc", "oldest first"],
+];
 
 function select(name, label, options, value) {
   return h(
@@ -54,6 +59,8 @@ export async function render(main, _params, signal) {
     group: url.searchParams.get("group") ?? "",
     model: url.searchParams.get("model") ?? "",
   };
+  const asked = url.searchParams.get("order");
+  let order = ORDERS.some(([value]) => value === asked) ? asked : ORDERS[0][0]; // an unknown value: the default
   const cursor = url.searchParams.get("cursor");
   const limit = Math.min(1000, Math.max(1, Number(url.searchParams.get("limit")) || LIMIT));
   const back = url.searchParams.getAll("back"); // the cursors of the pages before this one, for "previous"
@@ -65,6 +72,7 @@ export async function render(main, _params, signal) {
     h("label", {}, "group ", h("input", { name: "group", value: filters.group, placeholder: "group id", size: 18 })),
     h("label", {}, "model ", h("input", { name: "model", value: filters.model, placeholder: "alias", size: 14, list: "model-aliases" })),
     h("datalist", { id: "model-aliases" }),
+    h("label", {}, "order ", h("select", { name: "order" }, ORDERS.map(([value, text]) => h("option", { value, selected: value === order }, text)))),
     h("button", { type: "submit" }, "Filter"),
   );
   const search = h(
@@ -82,6 +90,7 @@ export async function render(main, _params, signal) {
   const params = (next) => {
     const out = new URLSearchParams();
     for (const [name, value] of Object.entries(filters)) if (value) out.set(name, value);
+    if (order !== ORDERS[0][0]) out.set("order", order);
     if (limit !== LIMIT) out.set("limit", String(limit));
     if (next) {
       for (const c of next.back) out.append("back", c);
@@ -94,6 +103,7 @@ export async function render(main, _params, signal) {
     event.preventDefault();
     const data = new FormData(form);
     for (const name of Object.keys(filters)) filters[name] = String(data.get(name) ?? "").trim();
+    order = String(data.get("order") ?? ORDERS[0][0]);
     go(params(null));
   });
   search.addEventListener("submit", async (event) => {
@@ -111,7 +121,7 @@ export async function render(main, _params, signal) {
 
   const refresh = async () => {
     if (main.dataset.loaded && !live.checked) return;
-    const query = { limit, cursor, mode: filters.mode, group_id: filters.group, status: filters.status, model: filters.model };
+    const query = { limit, cursor, order, mode: filters.mode, group_id: filters.group, status: filters.status, model: filters.model };
     let page;
     try {
       page = await api("/rollouts", { query, signal });
