@@ -135,10 +135,14 @@ class AsyncRollwayClient(ExportsMixin):
         group_id: str | None = None,
         started_after: float | None = None,
         started_before: float | None = None,
+        model: str | None = None,
+        order: Literal["asc", "desc"] = "asc",
         limit: int = 100,
         cursor: str | None = None,
     ) -> RolloutPage:
-        """One page of rollouts in creation order (``started_*``: Unix seconds, ``after`` inclusive)."""
+        """One page of rollouts in creation order, oldest first (``order="desc"``: newest first; a cursor pages on
+        in the order it was given with). ``started_*``: Unix seconds, ``after`` inclusive; ``model``: only
+        rollouts that called this model alias."""
         statuses = [status] if isinstance(status, str) else list(status or [])
         params = query(
             status=statuses or None,
@@ -146,6 +150,8 @@ class AsyncRollwayClient(ExportsMixin):
             group_id=group_id,
             started_after=started_after,
             started_before=started_before,
+            model=model,
+            order=order,
             limit=limit,
             cursor=cursor,
         )
@@ -159,6 +165,8 @@ class AsyncRollwayClient(ExportsMixin):
         group_id: str | None = None,
         started_after: float | None = None,
         started_before: float | None = None,
+        model: str | None = None,
+        order: Literal["asc", "desc"] = "asc",
         page_size: int = 500,
     ) -> AsyncIterator[Rollout]:
         """Every matching rollout, following the cursor page by page."""
@@ -170,6 +178,8 @@ class AsyncRollwayClient(ExportsMixin):
                 group_id=group_id,
                 started_after=started_after,
                 started_before=started_before,
+                model=model,
+                order=order,
                 limit=page_size,
                 cursor=cursor,
             )

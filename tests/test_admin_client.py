@@ -182,9 +182,12 @@ async def test_listing_follows_the_cursor(client: AsyncRollwayClient) -> None:
     assert len(page.items) == 2 and page.next_cursor
     seen = [r.rollout_id async for r in client.iter_rollouts(page_size=2)]
     assert seen == [r.rollout_id for r in rollouts]
+    newest = [r.rollout_id async for r in client.iter_rollouts(page_size=2, order="desc")]
+    assert newest == [r.rollout_id for r in reversed(rollouts)]  # paged on newest first too
     await client.cancel(rollouts[0].rollout_id)
     cancelled = await client.list_rollouts(status="cancelled")
     assert [r.rollout_id for r in cancelled.items] == [rollouts[0].rollout_id]
+    assert not (await client.list_rollouts(model="policy")).items  # none of them called a model
 
 
 async def test_resources_models_and_keys(client: AsyncRollwayClient, mock: MockBackendProcess) -> None:

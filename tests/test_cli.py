@@ -124,6 +124,21 @@ def test_rollouts_list_filters_by_status(gateway: GatewayProcess, admin: Rollway
     assert table.exit_code == 0 and "status" in table.stdout and "more: --cursor" in table.stderr
 
 
+def test_rollouts_list_newest_first_pages_on_in_that_order(gateway: GatewayProcess, admin: RollwayClient) -> None:
+    made = [r.rollout_id for r in admin.enqueue([{"input": i} for i in range(3)])]
+    first = as_json(rollway(gateway, "rollouts", "list", "--newest-first", "--limit", "2", "--json"))
+    assert [r["rollout_id"] for r in first["items"]] == made[::-1][:2]
+    table = rollway(gateway, "rollouts", "list", "--newest-first", "--limit", "2")
+    assert f"more: --cursor {first['next_cursor']} --newest-first" in table.stderr  # the command to go on
+    rest = as_json(
+        rollway(
+            gateway, "rollouts", "list", "--newest-first", "--cursor", first["next_cursor"], "--limit", "1000", "--json"
+        )
+    )
+    assert rest["items"][0]["rollout_id"] == made[0]  # the oldest of the three, then older ones
+    assert not as_json(rollway(gateway, "rollouts", "list", "--model", "no-such-alias", "--json"))["items"]
+
+
 def test_models_put_list_swap_pause_resume(gateway: GatewayProcess) -> None:
     assert as_json(rollway(gateway, "models", "list", "--json")) == []  # the first model of this gateway
     empty = rollway(gateway, "models", "list")

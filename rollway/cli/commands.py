@@ -233,18 +233,29 @@ def rollouts_table(rollouts: list[Rollout]) -> FitTable:
     return table
 
 
-def list_rollouts(
-    connection: Connection,
-    statuses: tuple[str, ...],
-    mode: str | None,
-    group_id: str | None,
-    limit: int,
-    cursor: str | None,
-    as_json: bool,
-) -> None:
+@dataclass(frozen=True)
+class RolloutFilter:
+    """Which rollouts ``rollway rollouts list`` shows, and in which order."""
+
+    statuses: tuple[str, ...]
+    mode: str | None
+    group_id: str | None
+    model: str | None
+    order: Literal["asc", "desc"]
+
+
+def list_rollouts(connection: Connection, where: RolloutFilter, limit: int, cursor: str | None, as_json: bool) -> None:
     page = run(
         connection,
-        lambda c: c.list_rollouts(status=statuses or None, mode=mode, group_id=group_id, limit=limit, cursor=cursor),
+        lambda c: c.list_rollouts(
+            status=where.statuses or None,
+            mode=where.mode,
+            group_id=where.group_id,
+            model=where.model,
+            order=where.order,
+            limit=limit,
+            cursor=cursor,
+        ),
     )
     if as_json:
         print_json(page.model_dump(mode="json"))
@@ -252,7 +263,8 @@ def list_rollouts(
     console = out_console()
     console.print(render(console, rollouts_table(page.items)))
     if page.next_cursor:
-        err_console().print(f"more: --cursor {page.next_cursor}", highlight=False)
+        again = " --newest-first" if where.order == "desc" else ""
+        err_console().print(f"more: --cursor {page.next_cursor}{again}", highlight=False)
 
 
 # -- models --------------------------------------------------------------------------------------------------

@@ -220,6 +220,8 @@ def rollouts() -> None:
 @click.option("--status", "statuses", multiple=True, type=ROLLOUT_STATUSES, help="Only these statuses (repeatable).")
 @click.option("--mode", default=None, help="Only this mode.")
 @click.option("--group-id", default=None, help="Only this group.")
+@click.option("--model", default=None, help="Only rollouts that called this model alias.")
+@click.option("--newest-first", is_flag=True, help="Newest rollouts first (pass it again with --cursor).")
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="Rollouts per page.")
 @click.option("--cursor", default=None, help="Continue after a previous page.")
 @JSON_OPTION
@@ -228,14 +230,17 @@ def rollouts_list(
     statuses: tuple[str, ...],
     mode: str | None,
     group_id: str | None,
+    model: str | None,
+    newest_first: bool,
     limit: int,
     cursor: str | None,
     as_json: bool,
 ) -> None:
-    """List rollouts, oldest first."""
-    from rollway.cli.commands import list_rollouts
+    """List rollouts, oldest first (or newest first)."""
+    from rollway.cli.commands import RolloutFilter, list_rollouts
 
-    list_rollouts(connection, statuses, mode, group_id, limit, cursor, as_json)
+    where = RolloutFilter(statuses, mode, group_id, model, "desc" if newest_first else "asc")
+    list_rollouts(connection, where, limit, cursor, as_json)
 
 
 main.add_command(models)
