@@ -13,22 +13,14 @@ from typing import Any
 import httpx
 import pytest
 import sglang_shapes as real
-from gateway_harness import sse_events
+from test_mock_vs_vllm_shapes import MODEL, TOOL, post, stream
 
 from rollway.mock import MockBackendProcess, MockConfig, create_mock_app
 from rollway.mock import tokenizer as tok
 
-MODEL = "tiny"
 #: Answered with a sentence and the end-of-sequence token (finish ``stop``); ``max_tokens: 3`` cuts it.
 MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]
 CUT = {"max_tokens": 3}
-TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]},
-    },
-}
 
 
 @pytest.fixture
@@ -38,24 +30,9 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-async def post(client: httpx.AsyncClient, path: str, **body: Any) -> Any:
-    response = await client.post(path, json={"model": MODEL, **body})
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-async def events(
-    client: httpx.AsyncClient, path: str, headers: dict[str, str] | None = None, **body: Any
-) -> list[tuple[str | None, Any]]:
-    """A stream's events as (``event:`` name or None, the data parsed; ``[DONE]`` as is)."""
-    response = await client.post(path, json={"model": MODEL, "stream": True, **body}, headers=headers)
-    assert response.status_code == 200, response.text
-    assert response.headers["content-type"].startswith("text/event-stream")
-    return sse_events(response.text)
-
-
 async def chunks(client: httpx.AsyncClient, path: str, **body: Any) -> list[dict[str, Any]]:
-    streamed = await events(client, path, **body)
+    """A stream's chunks, which are all plain ``data:`` events before ``[DONE]``."""
+    streamed = await stream(client, path, **body)
     assert streamed[-1] == (None, "[DONE]")
     assert all(name is None for name, _ in streamed)
     return [data for _, data in streamed[:-1]]
@@ -212,7 +189,7 @@ async def test_continuous_usage_rides_on_content_chunks_only(client: httpx.Async
 
 async def test_headers_ask_for_the_ids_and_frame_them_as_an_event(client: httpx.AsyncClient) -> None:
     headers = {"x-sglext-return-input-ids": "1", "x-sglext-return-output-ids": "1", "x-sglext-ids-framed": "1"}
-    streamed = await events(client, "/v1/chat/completions", headers=headers, messages=MESSAGES)
+    streamed = await stream(client, "/v1/chat/completions", headers=headers, messages=MESSAGES)
     assert [name for name, _ in streamed[-3:]] == [None, real.FRAMED_EVENT, None]
     assert list(streamed[-2][1]["sglext"]) == real.SGLEXT and streamed[-1] == (None, "[DONE]")
 
@@ -301,7 +278,7 @@ async def test_responses_keep_two_tokens_of_headroom_and_carry_no_token_ids(clie
 
 
 async def test_responses_stream_sglangs_events(client: httpx.AsyncClient) -> None:
-    streamed = await events(client, "/v1/responses", input="The quick brown fox", max_output_tokens=3)
+    streamed = await stream(client, "/v1/responses", input="The quick brown fox", max_output_tokens=3)
     assert [(e["type"], list(e)) for _, e in streamed] == real.RESPONSE_EVENTS
     assert all(name == e["type"] for name, e in streamed)
     refused = await client.post(

@@ -26,38 +26,14 @@ TOOL: dict[str, Any] = {
 FLAT_TOOL = {"type": "function", "name": "get_weather", "parameters": TOOL["function"]["parameters"]}
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
-CHAT_BODY = [
-    "id",
-    "object",
-    "created",
-    "model",
-    "choices",
-    "service_tier",
-    "system_fingerprint",
-    "usage",
-    "prompt_logprobs",
-    "prompt_token_ids",
-    "prompt_text",
-    "kv_transfer_params",
-    "ec_transfer_params",
-    "metrics",
-]
+#: The fields vLLM's chat and completion bodies start with, and those they end with.
+BODY_HEAD = ["id", "object", "created", "model", "choices", "service_tier", "system_fingerprint", "usage"]
+BODY_TAIL = ["kv_transfer_params", "ec_transfer_params", "metrics"]
+CHAT_BODY = [*BODY_HEAD, "prompt_logprobs", "prompt_token_ids", "prompt_text", *BODY_TAIL]
 CHAT_CHOICE = ["index", "message", "logprobs", "finish_reason", "stop_reason", "token_ids", "routed_experts"]
 MESSAGE = ["role", "content", "refusal", "annotations", "audio", "function_call", "reasoning"]
 USAGE = ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details"]
-COMPLETION_BODY = [
-    "id",
-    "object",
-    "created",
-    "model",
-    "choices",
-    "service_tier",
-    "system_fingerprint",
-    "usage",
-    "kv_transfer_params",
-    "ec_transfer_params",
-    "metrics",
-]
+COMPLETION_BODY = [*BODY_HEAD, *BODY_TAIL]
 COMPLETION_CHOICE = [
     "index",
     "text",
@@ -115,14 +91,17 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def post(client: httpx.AsyncClient, path: str, **body: Any) -> Any:
+    """A whole answer's body (``post`` and ``stream`` serve the ``sglang`` flavour's tests too)."""
     response = await client.post(path, json={"model": MODEL, **body})
     assert response.status_code == 200, response.text
     return response.json()
 
 
-async def stream(client: httpx.AsyncClient, path: str, **body: Any) -> list[tuple[str | None, Any]]:
+async def stream(
+    client: httpx.AsyncClient, path: str, headers: dict[str, str] | None = None, **body: Any
+) -> list[tuple[str | None, Any]]:
     """A stream's events as (``event:`` name or None, the data parsed; ``[DONE]`` as is)."""
-    response = await client.post(path, json={"model": MODEL, "stream": True, **body})
+    response = await client.post(path, json={"model": MODEL, "stream": True, **body}, headers=headers)
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/event-stream")
     return sse_events(response.text)

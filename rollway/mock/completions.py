@@ -16,20 +16,18 @@ from __future__ import annotations
 from typing import Any
 
 from rollway.mock import tokenizer as tok
-from rollway.mock.model import Choice, Token, prompt_digest
-from rollway.mock.shapes import Answer, completion_logprobs, final_usage, prompt_details, running_usage, usage
+from rollway.mock.answer import Answer
+from rollway.mock.model import Choice, prompt_choice
+from rollway.mock.shapes import Options, completion_logprobs, final_usage, prompt_details, running_usage, usage
 from rollway.mock.tokenizer import SPECIAL_BY_ID
 
 
-def completion_response(answer: Answer) -> dict[str, Any]:
+def completion_response(answer: Answer[Options]) -> dict[str, Any]:
     batches, opts = answer.batches, answer.opts
     out: list[dict[str, Any]] = []
-    n_prompt = n_completion = 0
     for number, (prompt_ids, choices) in enumerate(batches):
-        n_prompt += len(prompt_ids)
         echoed, prompt_logprobs = _echo(answer, number)
         for choice in choices:
-            n_completion += len(choice.tokens)
             logprobs = None
             if opts.logprobs:
                 logprobs = _echoed_logprobs(answer, number, choice, len(choice.tokens))
@@ -47,28 +45,24 @@ def completion_response(answer: Answer) -> dict[str, Any]:
                 }
             )
     return {
-        "id": answer.id,
-        "object": "text_completion",
-        "created": answer.created,
-        "model": answer.model,
+        **answer.head("text_completion"),
         "choices": out,
         "service_tier": None,
         "system_fingerprint": opts.fingerprint,
-        "usage": usage(n_prompt, n_completion, prompt_details(answer, chat=False)),
+        "usage": usage(answer.n_prompt, answer.n_completion, prompt_details(answer, chat=False)),
         "kv_transfer_params": None,
         "ec_transfer_params": None,
         "metrics": None,
     }
 
 
-def completion_stream_steps(answer: Answer) -> list[list[dict[str, Any]]]:
-    batches, opts = answer.batches, answer.opts
-    head = {"id": answer.id, "object": "text_completion", "created": answer.created, "model": answer.model}
-    flat = [(number, prompt_ids, choice) for number, (prompt_ids, choices) in enumerate(batches) for choice in choices]
+def completion_stream_steps(answer: Answer[Options]) -> list[list[dict[str, Any]]]:
+    opts = answer.opts
+    head = answer.head("text_completion")
+    flat = answer.numbered()
     steps: list[list[dict[str, Any]]] = [[]]
     offsets = [0] * len(flat)
     longest = max((len(c.tokens) for _, _, c in flat), default=0)
-    n_prompts = [len(p) for p, _ in batches]
     for position in range(longest):
         if position >= len(steps):
             steps.append([])
@@ -105,18 +99,17 @@ def completion_stream_steps(answer: Answer) -> list[list[dict[str, Any]]]:
             if last and not opts.include_usage:
                 chunk["system_fingerprint"] = opts.fingerprint
             if opts.continuous_usage:
-                chunk["usage"] = running_usage(n_prompts[number], position + 1, chat=False)
+                chunk["usage"] = running_usage(len(prompt_ids), position + 1, chat=False)
             steps[position].append(chunk)
     if opts.include_usage:
-        total = sum(len(c.tokens) for _, _, c in flat)
         details = prompt_details(answer, chat=False)
-        chunk = {**head, "choices": [], "usage": final_usage(sum(n_prompts), total, details)}
+        chunk = {**head, "choices": [], "usage": final_usage(answer.n_prompt, answer.n_completion, details)}
         chunk["system_fingerprint"] = opts.fingerprint
         steps[-1].append(chunk)
     return steps
 
 
-def _echo(answer: Answer, number: int) -> tuple[str, list[dict[str, Any] | None] | None]:
+def _echo(answer: Answer[Options], number: int) -> tuple[str, list[dict[str, Any] | None] | None]:
     """What an ``echo`` puts before prompt ``number``'s completions (nothing with ``return_token_ids``), and the
     choices' ``prompt_logprobs`` (set when it asked for logprobs too)."""
     opts = answer.opts
@@ -126,7 +119,7 @@ def _echo(answer: Answer, number: int) -> tuple[str, list[dict[str, Any] | None]
     if not opts.logprobs:
         return text, None
     prompt_ids = answer.batches[number][0]
-    choice = _prompt_choice(prompt_ids)
+    choice = prompt_choice(prompt_ids)
     scored: list[dict[str, Any] | None] = [None]
     for position in range(1, len(prompt_ids)):
         _, alternatives = choice.logprob(position, max(opts.top_logprobs, 1))
@@ -140,20 +133,14 @@ def _echo(answer: Answer, number: int) -> tuple[str, list[dict[str, Any] | None]
     return text, scored
 
 
-def _prompt_choice(prompt_ids: list[int]) -> Choice:
-    """The prompt's tokens as a choice, to score them like generated ones."""
-    tokens = [Token(id=i, text=tok.decode([i])) for i in prompt_ids]
-    return Choice(0, tokens, "", prompt_digest(prompt_ids))
-
-
 def _prompt_logprobs(prompt_ids: list[int], top: int) -> dict[str, Any]:
     """The prompt's tokens as completion logprobs (the first token has no logprob: nothing came before it)."""
-    out = completion_logprobs(_prompt_choice(prompt_ids), 0, len(prompt_ids), top, 0)
+    out = completion_logprobs(prompt_choice(prompt_ids), 0, len(prompt_ids), top, 0)
     out["token_logprobs"][0] = out["top_logprobs"][0] = None
     return out
 
 
-def _echoed_logprobs(answer: Answer, number: int, choice: Choice, stop: int) -> dict[str, Any]:
+def _echoed_logprobs(answer: Answer[Options], number: int, choice: Choice, stop: int) -> dict[str, Any]:
     """The logprobs of ``choice``'s first ``stop`` tokens, after the prompt's when the request has ``echo``."""
     top = answer.opts.top_logprobs
     if not answer.opts.echo:

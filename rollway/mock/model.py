@@ -144,6 +144,12 @@ def prompt_digest(prompt_ids: list[int]) -> str:
     return hashlib.blake2b(struct.pack(f"<{len(prompt_ids)}i", *prompt_ids), digest_size=12).hexdigest()
 
 
+def prompt_choice(prompt_ids: list[int]) -> Choice:
+    """The prompt's tokens as a choice, to score them like generated ones."""
+    tokens = [Token(id=i, text=tok.decode([i])) for i in prompt_ids]
+    return Choice(0, tokens, "", prompt_digest(prompt_ids))
+
+
 def math_problem(text: str) -> tuple[int, str] | None:
     """``(right answer, expression)`` of the first ``A + B`` / ``A - B`` / ``A * B`` in ``text``."""
     match = _MATH_RE.search(text)

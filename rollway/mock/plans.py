@@ -14,9 +14,12 @@ from typing import Any, Protocol
 from rollway.mock import asks, completions, responses, shapes
 from rollway.mock import tokenizer as tok
 from rollway.mock import validation as check
+from rollway.mock.answer import Answer
 from rollway.mock.config import MockConfig
 from rollway.mock.identity import VLLM_VERSION, random_id, system_fingerprint
-from rollway.mock.model import Choice, FakeModel, PrefixCache, prompt_digest
+from rollway.mock.model import Choice, FakeModel, PrefixCache, Sampling, ToolSpec, prompt_digest
+from rollway.mock.response_items import LOGPROBS_INCLUDE, ResponseAnswer
+from rollway.mock.shapes import ToolMode
 from rollway.mock.validation import BadRequest, rejected, schema_error
 
 
@@ -44,6 +47,19 @@ class Plan:
     event_name: Callable[[dict[str, Any]], str | None] | None = None
     #: The status of the body (an answer that is an error).
     status: int = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The fake model's answer to a conversation: the rendered prompt, the sampling it used, its choices, and the
+    prompt tokens the prefix cache held and those it wrote."""
+
+    prompt_ids: list[int]
+    prompt_text: str
+    sampling: Sampling
+    choices: list[Choice]
+    cached: int
+    written: int
 
 
 class Planner:
@@ -149,6 +165,48 @@ class Planner:
     def _cache(self, model: str, prompt_ids: list[int]) -> tuple[int, int]:
         return self.state.prefix_cache.lookup_and_insert(model, prompt_ids)
 
+    def _tool(
+        self, body: dict[str, Any], messages: list[dict[str, Any]], *, flat: bool
+    ) -> tuple[ToolSpec | None, ToolMode]:
+        """The tool to call and how it was asked for; the fake model calls a tool on its own only to answer the
+        user."""
+        tool, mode = asks.tool_spec(body, flat=flat)
+        if mode == "auto" and messages[-1]["role"] != "user":
+            tool = None
+        return tool, mode
+
+    def _reply(
+        self, model: str, body: dict[str, Any], messages: list[dict[str, Any]], max_tokens: int, tool: ToolSpec | None
+    ) -> Reply:
+        """The fake model's answer to the conversation's last user message."""
+        prompt_ids, prompt_text = tok.render_chat(messages, body.get("tools"))
+        sampling = asks.sampling(body, max_tokens, len(prompt_ids), self.state.config.max_model_len)
+        user = next((m for m in reversed(messages) if m["role"] == "user"), None)
+        user_text = tok.content_text(user.get("content")) if user else ""
+        choices = self.state.model.generate(prompt_ids, sampling, user_text=user_text, tool=tool)
+        cached, written = self._cache(model, prompt_ids)
+        return Reply(prompt_ids, prompt_text, sampling, choices, cached, written)
+
+    def _response_reply(
+        self, model: str, body: dict[str, Any], messages: list[dict[str, Any]], max_tokens: int
+    ) -> Reply:
+        """The fake model's answer to a Responses API request: one choice (``n`` does not apply), its tools flat."""
+        tool, _ = self._tool(body, messages, flat=True)
+        return self._reply(model, {**body, "n": 1}, messages, max_tokens, tool)
+
+    def _complete(
+        self, model: str, body: dict[str, Any], prompts: list[tuple[list[int], str]], max_tokens: int
+    ) -> tuple[list[tuple[list[int], list[Choice]]], int, int]:
+        """Each prompt's ids and the fake model's choices for it, and the prefix cache's report of the last prompt
+        (the one an engine reports)."""
+        batches: list[tuple[list[int], list[Choice]]] = []
+        cached = written = 0
+        for ids, text in prompts:
+            sampling = asks.sampling(body, max_tokens, len(ids), self.state.config.max_model_len)
+            batches.append((ids, self.state.model.generate(ids, sampling, user_text=text)))
+            cached, written = self._cache(model, ids)
+        return batches, cached, written
+
     def _limit(self, body: dict[str, Any], keys: tuple[str, ...], default: int) -> int:
         """The output limit: the first of ``keys`` the body gives (each one checked), else ``default``."""
         limit = self.state.config.max_model_len
@@ -169,9 +227,7 @@ class Planner:
             raise rejected("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
         stream = check.boolean(body, "stream")
         stream_options = asks.stream_options(body, stream)
-        tool, mode = asks.tool_spec(body, flat=False)
-        if mode == "auto" and messages[-1]["role"] != "user":
-            tool = None  # the fake model calls a tool on its own only to answer the user
+        tool, mode = self._tool(body, messages, flat=False)
         opts = self._options(
             return_token_ids=check.boolean(body, "return_token_ids"),
             logprobs=logprobs,
@@ -180,16 +236,11 @@ class Planner:
             continuous_usage=stream_options.get("continuous_usage_stats") is True,
             tool_mode=mode,
         )
-        prompt_ids, _ = tok.render_chat(messages, body.get("tools"))
-        sampling = asks.sampling(body, max_tokens, len(prompt_ids), self.state.config.max_model_len)
-        user = next((m for m in reversed(messages) if m["role"] == "user"), None)
-        user_text = tok.content_text(user.get("content")) if user else ""
-        choices = self.state.model.generate(prompt_ids, sampling, user_text=user_text, tool=tool)
-        cached, written = self._cache(model, prompt_ids)
+        reply = self._reply(model, body, messages, max_tokens, tool)
         answer_id = "chatcmpl-" + (request_id or random_id())
-        batches = [(prompt_ids, choices)]
-        answer = shapes.Answer(answer_id, int(time.time()), model, batches, cached, opts, created_cache=written)
-        steps = max(len(c.tokens) for c in choices)
+        batches = [(reply.prompt_ids, reply.choices)]
+        answer = Answer(answer_id, int(time.time()), model, batches, reply.cached, opts, created_cache=reply.written)
+        steps = max(len(c.tokens) for c in reply.choices)
         if stream:
             return Plan(model, True, steps, steps=lambda: shapes.chat_stream_steps(answer))
         return Plan(model, False, steps, body=lambda: shapes.chat_response(answer))
@@ -230,15 +281,10 @@ class Planner:
             continuous_usage=stream_options.get("continuous_usage_stats") is True,
             echo=check.boolean(body, "echo"),
         )
-        batches: list[tuple[list[int], list[Choice]]] = []
-        cached = written = 0
-        for ids, text in prompts:
-            sampling = asks.sampling(body, max_tokens, len(ids), self.state.config.max_model_len)
-            batches.append((ids, self.state.model.generate(ids, sampling, user_text=text)))
-            cached, written = self._cache(model, ids)  # vLLM reports the last prompt's
+        batches, cached, written = self._complete(model, body, prompts, max_tokens)
         texts = tuple(text for _, text in prompts)
         answer_id = "cmpl-" + (request_id or random_id())
-        answer = shapes.Answer(answer_id, int(time.time()), model, batches, cached, opts, texts, written)
+        answer = Answer(answer_id, int(time.time()), model, batches, cached, opts, texts, written)
         steps = max(len(c.tokens) for _, cs in batches for c in cs)
         if stream:
             return Plan(model, True, steps, steps=lambda: completions.completion_stream_steps(answer))
@@ -315,33 +361,26 @@ class Planner:
         model = self._model_name(body)
         stream = check.boolean(body, "stream")
         messages = self._response_messages(body)
-        config = self.state.config
-        max_output = self._limit(body, ("max_output_tokens",), config.default_max_tokens)
+        max_output = self._limit(body, ("max_output_tokens",), self.state.config.default_max_tokens)
         include = check.sequence(body, "include") or []
-        logprobs = responses.LOGPROBS_INCLUDE in include
+        logprobs = LOGPROBS_INCLUDE in include
         top = check.logprobs_count(check.integer(body, "top_logprobs") or 0)
-        tool, mode = asks.tool_spec(body, flat=True)
-        if mode == "auto" and messages[-1]["role"] != "user":
-            tool = None
-        prompt_ids, prompt_text = tok.render_chat(messages, body.get("tools"))
-        sampling = asks.sampling({**body, "n": 1}, max_output, len(prompt_ids), config.max_model_len)
-        user = next((m for m in reversed(messages) if m["role"] == "user"), None)
-        user_text = tok.content_text(user.get("content")) if user else ""
-        choice = self.state.model.generate(prompt_ids, sampling, user_text=user_text, tool=tool)[0]
-        cached, written = self._cache(model, prompt_ids)
-        answer = responses.ResponseAnswer(
+        reply = self._response_reply(model, body, messages, max_output)
+        choice = reply.choices[0]
+        answer = ResponseAnswer(
             id=f"resp_{random_id()}",
             created=int(time.time()),
             model=model,
             choice=choice,
-            prompt_ids=prompt_ids,
-            prompt_text=prompt_text,
-            cached=cached,
-            created_cache=written,
+            prompt_ids=reply.prompt_ids,
+            prompt_text=reply.prompt_text,
+            cached=reply.cached,
+            created_cache=reply.written,
             request=body,
-            max_output_tokens=sampling.max_tokens,
+            max_output_tokens=reply.sampling.max_tokens,
             item_key=random_id(),
-            opts=self._options(logprobs=logprobs, top_logprobs=top, tool_mode=mode),
+            logprobs=logprobs,
+            top_logprobs=top,
             messages=check.boolean(body, "enable_response_messages"),
         )
         steps = len(choice.tokens)

@@ -14,65 +14,26 @@ arguments (a text delta carries its token's logprobs, ``[]`` when not asked), th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from rollway.mock.model import Choice
-from rollway.mock.shapes import Options
-
-LOGPROBS_INCLUDE = "message.output_text.logprobs"
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseAnswer:
-    """A generated answer to the Responses API, with what the request asked for."""
-
-    id: str
-    created: int
-    model: str
-    choice: Choice
-    prompt_ids: list[int]
-    prompt_text: str
-    cached: int
-    created_cache: int
-    request: dict[str, Any]
-    max_output_tokens: int
-    #: The output item's id, after its prefix (``msg_`` or ``fc_``).
-    item_key: str
-    opts: Options
-    messages: bool = False
-
-    @property
-    def message_id(self) -> str:
-        return f"msg_{self.item_key}"
-
-    @property
-    def call_item_id(self) -> str:
-        return f"fc_{self.item_key}"
-
-    @property
-    def incomplete(self) -> bool:
-        return self.choice.finish_reason == "length"
+from rollway.mock.answer import NO_BYTES_KEYS, OPENAI_KEYS, logprob_entry
+from rollway.mock.response_items import (
+    EventStream,
+    ResponseAnswer,
+    message_item,
+    output_logprobs,
+    output_text,
+    request_number,
+)
 
 
-def _logprob(answer: ResponseAnswer, position: int, *, with_bytes: bool) -> dict[str, Any]:
-    value, alternatives = answer.choice.logprob(position, answer.opts.top_logprobs)
-    text = answer.choice.tokens[position].text
-
-    def entry(token: str, logprob: float) -> dict[str, Any]:
-        if with_bytes:
-            return {"token": token, "bytes": list(token.encode("utf-8")), "logprob": logprob}
-        return {"token": token, "logprob": logprob}
-
-    return {**entry(text, value), "top_logprobs": [entry(t, lp) for t, lp in alternatives]}
-
-
-def _text_part(text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
-    return {"annotations": [], "text": text, "type": "output_text", "logprobs": logprobs}
+def _incomplete(answer: ResponseAnswer) -> bool:
+    """The output ran into ``max_output_tokens``."""
+    return answer.choice.finish_reason == "length"
 
 
 def _message(item_id: str, content: list[dict[str, Any]], status: str) -> dict[str, Any]:
-    return {"id": item_id, "content": content, "role": "assistant", "status": status, "type": "message", "phase": None}
+    return message_item(item_id, content, status, phase=None)
 
 
 def _function_call(answer: ResponseAnswer, arguments: str, status: str) -> dict[str, Any]:
@@ -112,11 +73,6 @@ def _raw(message: str, tokens: list[int]) -> list[dict[str, Any]]:
     return [{"message": message, "tokens": tokens, "type": "raw_message_tokens"}]
 
 
-def _number(request: dict[str, Any], key: str, default: float) -> float:
-    value = request.get(key)
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
-
-
 def response_object(
     answer: ResponseAnswer, output: list[dict[str, Any]], *, final: bool, status: str | None = None
 ) -> dict[str, Any]:
@@ -150,7 +106,7 @@ def response_object(
     if final and answer.messages:
         input_messages = _raw(answer.prompt_text, answer.prompt_ids)
         output_messages = _raw(choice.raw_text, choice.token_ids)
-    incomplete = final and answer.incomplete
+    incomplete = final and _incomplete(answer)
     return {
         "id": answer.id,
         "created_at": answer.created,
@@ -161,10 +117,10 @@ def response_object(
         "object": "response",
         "output": output,
         "parallel_tool_calls": request.get("parallel_tool_calls") is not False,
-        "temperature": _number(request, "temperature", 1.0),
+        "temperature": request_number(request, "temperature", 1.0),
         "tool_choice": tool_choice,
         "tools": [_tool(t) for t in tools],
-        "top_p": _number(request, "top_p", 1.0),
+        "top_p": request_number(request, "top_p", 1.0),
         "background": request.get("background") is True,
         "max_output_tokens": answer.max_output_tokens,
         "max_tool_calls": request.get("max_tool_calls"),
@@ -174,12 +130,12 @@ def response_object(
         "service_tier": request.get("service_tier") or "auto",
         "status": status or ("incomplete" if incomplete else "completed"),
         "text": request.get("text"),
-        "top_logprobs": answer.opts.top_logprobs if answer.opts.logprobs else None,
+        "top_logprobs": answer.top_logprobs if answer.logprobs else None,
         "truncation": request.get("truncation") or "disabled",
         "usage": usage if final else None,
         "user": request.get("user"),
-        "presence_penalty": _number(request, "presence_penalty", 0.0),
-        "frequency_penalty": _number(request, "frequency_penalty", 0.0),
+        "presence_penalty": request_number(request, "presence_penalty", 0.0),
+        "frequency_penalty": request_number(request, "frequency_penalty", 0.0),
         "kv_transfer_params": None,
         "ec_transfer_params": None,
         "input_messages": input_messages,
@@ -195,10 +151,7 @@ def response_body(answer: ResponseAnswer) -> dict[str, Any]:
     call = choice.parsed_call
     text = choice.raw_text if choice.unparsed else choice.content
     if text:
-        logprobs = None
-        if answer.opts.logprobs:
-            logprobs = [_logprob(answer, p, with_bytes=True) for p in range(len(choice.tokens))]
-        output.append(_message(answer.message_id, [_text_part(text, logprobs)], "completed"))
+        output.append(_message(answer.message_id, [output_text(text, output_logprobs(answer))], "completed"))
     if call is not None:
         output.append(_function_call(answer, call.arguments, "completed"))
     return response_object(answer, output, final=True)
@@ -207,19 +160,14 @@ def response_body(answer: ResponseAnswer) -> dict[str, Any]:
 def response_stream_steps(answer: ResponseAnswer) -> list[list[dict[str, Any]]]:
     """The stream's events by decode step. The final response reuses the items as streamed: their logprobs are
     those of the tokens that sent a delta."""
-    numbers = iter(range(1 << 30))
-
-    def event(type_: str, **fields: Any) -> dict[str, Any]:
-        """An event, its fields in OpenAI's models' (alphabetical) order."""
-        return dict(sorted({**fields, "sequence_number": next(numbers), "type": type_}.items()))
-
     choice = answer.choice
     item_id = answer.call_item_id if choice.tool_call is not None else answer.message_id
+    events = EventStream(item_id)
+    event, where = events.event, events.where
     pending = response_object(answer, [], final=False, status="in_progress")
     steps: list[list[dict[str, Any]]] = [
         [event("response.created", response=pending), event("response.in_progress", response=pending)]
     ]
-    where = {"item_id": item_id, "output_index": 0}
     output: list[dict[str, Any]] = []
     text, logprobs, opened = "", [], False
     for position, token in enumerate(choice.tokens):
@@ -238,17 +186,13 @@ def response_stream_steps(answer: ResponseAnswer) -> list[list[dict[str, Any]]]:
             continue
         if not opened:
             opened = True
-            step.append(event("response.output_item.added", item=_message(item_id, [], "in_progress"), output_index=0))
-            part = {"annotations": [], "text": "", "type": "output_text", "logprobs": []}
-            step.append(event("response.content_part.added", content_index=0, part=part, **where))
+            step.extend(events.message_added(_message(item_id, [], "in_progress"), output_text("", [])))
         entries = []
-        if answer.opts.logprobs:
-            entries = [_logprob(answer, position, with_bytes=False)]
-            logprobs.append(_logprob(answer, position, with_bytes=True))
+        if answer.logprobs:
+            entries = [logprob_entry(choice, position, answer.top_logprobs, NO_BYTES_KEYS)]
+            logprobs.append(logprob_entry(choice, position, answer.top_logprobs, OPENAI_KEYS))
         text += token.content
-        step.append(
-            event("response.output_text.delta", content_index=0, delta=token.content, logprobs=entries, **where)
-        )
+        step.append(events.text_delta(token.content, entries))
     tail = steps[-1]
     if choice.tool_call is not None:
         item = _function_call(answer, text, "completed")
@@ -257,11 +201,8 @@ def response_stream_steps(answer: ResponseAnswer) -> list[list[dict[str, Any]]]:
         tail.append(event("response.output_item.done", item=item, output_index=0))
         output.append(item)
     elif opened:
-        part = _text_part(text, logprobs or None)
-        item = _message(item_id, [part], "completed")
-        tail.append(event("response.output_text.done", content_index=0, logprobs=[], text=text, **where))
-        tail.append(event("response.content_part.done", content_index=0, part=part, **where))
-        tail.append(event("response.output_item.done", item=item, output_index=0))
+        item = _message(item_id, [output_text(text, logprobs or None)], "completed")
+        tail.extend(events.message_done(text, item))
         output.append(item)
     tail.append(event("response.completed", response=response_object(answer, output, final=True)))
     return steps

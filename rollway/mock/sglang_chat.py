@@ -23,8 +23,9 @@ import hashlib
 from typing import Any
 
 from rollway.mock import tokenizer as tok
+from rollway.mock.answer import Answer
 from rollway.mock.model import Choice, Token
-from rollway.mock.sglang_shapes import Generated, answer_usage, chat_logprobs, ended, metadata, usage, visible
+from rollway.mock.sglang_shapes import Ask, answer_usage, chat_logprobs, ended, metadata, usage, visible
 
 
 def tool_call_id(choice: Choice) -> str:
@@ -32,15 +33,15 @@ def tool_call_id(choice: Choice) -> str:
     return "call_" + hashlib.blake2b(choice.salt.encode(), digest_size=12).hexdigest()
 
 
-def _parsed(gen: Generated, choice: Choice) -> bool:
+def _parsed(gen: Answer[Ask], choice: Choice) -> bool:
     """The choice's output goes through the tool-call parser (it holds the call's markup)."""
-    return gen.ask.parse_tools and tok.TOOL_CALL_START_ID in choice.token_ids
+    return gen.opts.parse_tools and tok.TOOL_CALL_START_ID in choice.token_ids
 
 
 # ---------------------------------------------------------------------------------------------- not streamed
 
 
-def _message(gen: Generated, choice: Choice) -> tuple[dict[str, Any], bool]:
+def _message(gen: Answer[Ask], choice: Choice) -> tuple[dict[str, Any], bool]:
     """The message, and whether it holds a parsed tool call. A call cut before its end parses as none, and the
     parser keeps only the text before the markup (none)."""
     message: dict[str, Any] = {"role": "assistant", "content": "", "reasoning_content": None}
@@ -55,7 +56,7 @@ def _message(gen: Generated, choice: Choice) -> tuple[dict[str, Any], bool]:
     return message, True
 
 
-def _meta_info(gen: Generated, choice: Choice) -> dict[str, Any]:
+def _meta_info(gen: Answer[Ask], choice: Choice) -> dict[str, Any]:
     """The engine's ``meta_info`` (``return_meta_info``), the fields that do not depend on timing."""
     reason, matched = ended(choice)
     finish: dict[str, Any] = {"type": reason, "matched": matched}
@@ -68,7 +69,7 @@ def _meta_info(gen: Generated, choice: Choice) -> dict[str, Any]:
         "weight_version": "default",
         "num_retractions": 0,
     }
-    if gen.ask.logprobs:
+    if gen.opts.logprobs:
         out["input_token_logprobs"] = []
         out["output_token_logprobs"] = [[choice.logprob(p, 0)[0], t.id, t.text] for p, t in enumerate(choice.tokens)]
         out["output_token_logprobs_length"] = len(choice.tokens)
@@ -85,8 +86,8 @@ def _meta_info(gen: Generated, choice: Choice) -> dict[str, Any]:
     return out
 
 
-def _sglext(gen: Generated) -> dict[str, Any] | None:
-    ask = gen.ask
+def _sglext(gen: Answer[Ask]) -> dict[str, Any] | None:
+    ask = gen.opts
     out: dict[str, Any] = {}
     if ask.input_ids:
         out["input_ids"] = gen.prompt_ids
@@ -95,8 +96,8 @@ def _sglext(gen: Generated) -> dict[str, Any] | None:
     return out or None
 
 
-def chat_response(gen: Generated) -> dict[str, Any]:
-    ask, out = gen.ask, []
+def chat_response(gen: Answer[Ask]) -> dict[str, Any]:
+    ask, out = gen.opts, []
     for choice in gen.choices:
         message, called = _message(gen, choice)
         reason, matched = ended(choice)
@@ -117,10 +118,7 @@ def chat_response(gen: Generated) -> dict[str, Any]:
             entry["meta_info"] = _meta_info(gen, choice)
         out.append(entry)
     body: dict[str, Any] = {
-        "id": gen.id,
-        "object": "chat.completion",
-        "created": gen.created,
-        "model": gen.model,
+        **gen.head("chat.completion"),
         "choices": out,
         "usage": answer_usage(gen),
         "metadata": metadata(len(gen.choices[0].tokens)),
@@ -137,8 +135,8 @@ def chat_response(gen: Generated) -> dict[str, Any]:
 class _Chunks:
     """The two kinds of chunk a SGLang stream holds, for one answer."""
 
-    def __init__(self, gen: Generated) -> None:
-        self.head = {"id": gen.id, "object": "chat.completion.chunk", "created": gen.created, "model": gen.model}
+    def __init__(self, gen: Answer[Ask]) -> None:
+        self.head = gen.head("chat.completion.chunk")
 
     def plain(self, index: int, usage: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
         """msgspec's ``StreamChunk``: the delta's unset ``role`` and ``content`` and the chunk's ``usage`` left out."""
@@ -185,9 +183,9 @@ def _parser_chunks(chunks: _Chunks, choice: Choice, token: Token, running: dict[
     return []
 
 
-def _step(gen: Generated, chunks: _Chunks, choice: Choice, position: int) -> list[dict[str, Any]]:
+def _step(gen: Answer[Ask], chunks: _Chunks, choice: Choice, position: int) -> list[dict[str, Any]]:
     """The chunks one decode step of one choice sends."""
-    ask, token = gen.ask, choice.tokens[position]
+    ask, token = gen.opts, choice.tokens[position]
     running = usage(len(gen.prompt_ids), position + 1) if ask.continuous_usage else None
     logprobs = chat_logprobs(choice, range(position, position + 1), ask.top_logprobs) if ask.logprobs else None
     out: list[dict[str, Any]] = []
@@ -202,9 +200,9 @@ def _step(gen: Generated, chunks: _Chunks, choice: Choice, position: int) -> lis
     return out
 
 
-def chat_stream_steps(gen: Generated) -> list[list[dict[str, Any]]]:
+def chat_stream_steps(gen: Answer[Ask]) -> list[list[dict[str, Any]]]:
     """Chunks grouped by decode step; the last step also holds the finish, ids and usage chunks."""
-    chunks, ask = _Chunks(gen), gen.ask
+    chunks, ask = _Chunks(gen), gen.opts
     longest = max(len(c.tokens) for c in gen.choices)
     steps: list[list[dict[str, Any]]] = [[] for _ in range(longest)]
     for position in range(longest):

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollway.mock import tokenizer as tok
-from rollway.mock.model import Choice, Token, prompt_digest
+from rollway.mock.answer import Answer
+from rollway.mock.model import Choice, prompt_choice
 from rollway.mock.sglang_shapes import (
-    Generated,
+    Ask,
     answer_usage,
     completion_logprobs,
     ended,
@@ -28,27 +28,18 @@ from rollway.mock.sglang_shapes import (
 )
 
 
-def _prompt_choice(prompt_ids: list[int]) -> Choice:
-    """The prompt's tokens as a choice, to score them like generated ones."""
-    return Choice(0, [Token(id=i, text=tok.decode([i])) for i in prompt_ids], "", prompt_digest(prompt_ids))
-
-
-def _echo(gen: Generated, number: int) -> tuple[str, Choice | None]:
+def _echo(gen: Answer[Ask], number: int) -> tuple[str, Choice | None]:
     """What an ``echo`` puts before prompt ``number``'s text, and the prompt to score when logprobs are asked."""
-    ask = gen.ask
+    ask = gen.opts
     if not ask.echo:
         return "", None
-    scored = _prompt_choice(gen.batches[number][0]) if ask.logprobs and ask.top_logprobs > 0 else None
+    scored = prompt_choice(gen.batches[number][0]) if ask.logprobs and ask.top_logprobs > 0 else None
     return gen.prompt_texts[number], scored
 
 
-def _flat(gen: Generated) -> list[tuple[int, list[int], Choice]]:
-    return [(number, ids, choice) for number, (ids, choices) in enumerate(gen.batches) for choice in choices]
-
-
-def completion_response(gen: Generated) -> dict[str, Any]:
-    ask, out = gen.ask, []
-    for index, (number, prompt_ids, choice) in enumerate(_flat(gen)):
+def completion_response(gen: Answer[Ask]) -> dict[str, Any]:
+    ask, out = gen.opts, []
+    for index, (number, prompt_ids, choice) in enumerate(gen.numbered()):
         echoed, prompt = _echo(gen, number)
         reason, matched = ended(choice)
         logprobs = None
@@ -66,20 +57,17 @@ def completion_response(gen: Generated) -> dict[str, Any]:
             entry["prompt_token_ids"] = prompt_ids
         out.append(entry)
     return {
-        "id": gen.id,
-        "object": "text_completion",
-        "created": gen.created,
-        "model": gen.model,
+        **gen.head("text_completion"),
         "choices": out,
         "usage": answer_usage(gen),
-        "metadata": metadata(len(gen.batches[0][1][0].tokens)),
+        "metadata": metadata(len(gen.choices[0].tokens)),
     }
 
 
-def completion_stream_steps(gen: Generated) -> list[list[dict[str, Any]]]:
-    ask = gen.ask
-    head = {"id": gen.id, "object": "text_completion", "created": gen.created, "model": gen.model}
-    flat = _flat(gen)
+def completion_stream_steps(gen: Answer[Ask]) -> list[list[dict[str, Any]]]:
+    ask = gen.opts
+    head = gen.head("text_completion")
+    flat = gen.numbered()
     longest = max(len(c.tokens) for _, _, c in flat)
     steps: list[list[dict[str, Any]]] = [[] for _ in range(longest)]
     for position in range(longest):

@@ -13,13 +13,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from rollway.mock import asks, sglang_chat, sglang_completions, sglang_info, sglang_responses
-from rollway.mock import tokenizer as tok
+from rollway.mock import sglang_chat, sglang_completions, sglang_info, sglang_responses
 from rollway.mock import validation as check
+from rollway.mock.answer import Answer
 from rollway.mock.identity import sglang_id
-from rollway.mock.model import Choice
 from rollway.mock.plans import Plan, Planner
-from rollway.mock.sglang_shapes import Ask, Generated, error_body
+from rollway.mock.response_items import LOGPROBS_INCLUDE, ResponseAnswer
+from rollway.mock.sglang_shapes import Ask, error_body
 from rollway.mock.validation import BadRequest
 
 #: What SGLang refuses on a streamed chat, and its messages.
@@ -121,9 +121,7 @@ class SGLangPlanner(Planner):
             for key, message in STREAM_REFUSED.items():
                 if check.boolean(body, key):
                     raise BadRequest(message, type_="BadRequest")
-        tool, mode = asks.tool_spec(body, flat=False)
-        if mode == "auto" and messages[-1]["role"] != "user":
-            tool = None  # the fake model calls a tool on its own only to answer the user
+        tool, _ = self._tool(body, messages, flat=False)
         ask = self._ask(
             body,
             return_token_ids=check.boolean(body, "return_token_ids"),
@@ -136,14 +134,10 @@ class SGLangPlanner(Planner):
             top_logprobs=check.logprobs_count(check.integer(body, "top_logprobs") or 0),
             parse_tools=bool(config.tool_call_parser and body.get("tools") and body.get("tool_choice") != "none"),
         )
-        prompt_ids, _ = tok.render_chat(messages, body.get("tools"))
-        sampling = asks.sampling(body, max_tokens, len(prompt_ids), config.max_model_len)
-        user = next((m for m in reversed(messages) if m["role"] == "user"), None)
-        user_text = tok.content_text(user.get("content")) if user else ""
-        choices = self.state.model.generate(prompt_ids, sampling, user_text=user_text, tool=tool)
-        cached, _ = self._cache(model, prompt_ids)
-        gen = Generated(_answer_id(body), int(time.time()), model, [(prompt_ids, choices)], cached, ask)
-        steps = max(len(c.tokens) for c in choices)
+        reply = self._reply(model, body, messages, max_tokens, tool)
+        batches = [(reply.prompt_ids, reply.choices)]
+        gen = Answer(_answer_id(body), int(time.time()), model, batches, reply.cached, ask)
+        steps = max(len(c.tokens) for c in reply.choices)
         if not stream:
             return Plan(model, False, steps, body=lambda: sglang_chat.chat_response(gen))
 
@@ -170,14 +164,9 @@ class SGLangPlanner(Planner):
             top_logprobs=check.logprobs_count(top or 0),
             echo=check.boolean(body, "echo"),
         )
-        batches: list[tuple[list[int], list[Choice]]] = []
-        cached = 0
-        for ids, text in prompts:
-            sampling = asks.sampling(body, max_tokens, len(ids), self.state.config.max_model_len)
-            batches.append((ids, self.state.model.generate(ids, sampling, user_text=text)))
-            cached, _ = self._cache(model, ids)
+        batches, cached, _ = self._complete(model, body, prompts, max_tokens)
         texts = tuple(text for _, text in prompts)
-        gen = Generated(_answer_id(body), int(time.time()), model, batches, cached, ask, texts)
+        gen = Answer(_answer_id(body), int(time.time()), model, batches, cached, ask, texts)
         steps = max(len(c.tokens) for _, cs in batches for c in cs)
         if stream:
             return Plan(model, True, steps, steps=lambda: sglang_completions.completion_stream_steps(gen))
@@ -189,30 +178,22 @@ class SGLangPlanner(Planner):
         model = self._model_name(body)
         stream = check.boolean(body, "stream")
         messages = self._response_messages(body)
-        logprobs = sglang_responses.LOGPROBS_INCLUDE in (check.sequence(body, "include") or [])
+        logprobs = LOGPROBS_INCLUDE in (check.sequence(body, "include") or [])
         if stream and logprobs:
             raise BadRequest("logprobs are not supported in streaming mode", "logprobs", type_="invalid_request_error")
-        config = self.state.config
         asked = check.integer(body, "max_output_tokens")
-        limit = max(asked - sglang_responses.HEADROOM, 1) if asked is not None else config.default_max_tokens
-        tool, mode = asks.tool_spec(body, flat=True)
-        if mode == "auto" and messages[-1]["role"] != "user":
-            tool = None
-        prompt_ids, _ = tok.render_chat(messages, body.get("tools"))
-        sampling = asks.sampling({**body, "n": 1}, limit, len(prompt_ids), config.max_model_len)
-        user = next((m for m in reversed(messages) if m["role"] == "user"), None)
-        user_text = tok.content_text(user.get("content")) if user else ""
-        choice = self.state.model.generate(prompt_ids, sampling, user_text=user_text, tool=tool)[0]
-        cached, _ = self._cache(model, prompt_ids)
-        answer = sglang_responses.ResponseAnswer(
+        limit = max(asked - sglang_responses.HEADROOM, 1) if asked is not None else self.state.config.default_max_tokens
+        reply = self._response_reply(model, body, messages, limit)
+        choice = reply.choices[0]
+        answer = ResponseAnswer(
             id=f"resp_{sglang_id()}",
             created=int(time.time()),
             model=model,
             choice=choice,
-            prompt_tokens=len(prompt_ids),
-            cached=cached,
+            prompt_ids=reply.prompt_ids,
+            cached=reply.cached,
             request=body,
-            item_id=f"msg_{sglang_id()}",
+            item_key=sglang_id(),
             logprobs=logprobs,
             top_logprobs=check.logprobs_count(check.integer(body, "top_logprobs") or 0),
         )

@@ -1,5 +1,5 @@
-"""What SGLang 0.5.23's OpenAI-compatible answers share: what a request asked for (``Ask``), a generated answer
-(``Generated``), usage, logprob entries, ``metadata``, how a choice ended, and the error envelope.
+"""What SGLang 0.5.23's OpenAI-compatible answers share: what a request asked for (``Ask``), usage, logprob entries,
+``metadata``, how a choice ended, and the error envelope.
 
 SGLang serialises with pydantic models whose serializers leave some unset fields out (token ids, ``hidden_states``,
 ``meta_info``, ``sglext``) and keep others as ``null`` (``matched_stop``, ``reasoning_content``, a usage's
@@ -18,16 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollway.mock import tokenizer as tok
+from rollway.mock.answer import OPENAI_KEYS, Answer, Asked, logprob_entry, token_counts
 from rollway.mock.model import Choice, Token
 
 
 @dataclass(frozen=True, slots=True)
-class Ask:
-    """What the request asked to see, and how the mock's SGLang server is set up."""
+class Ask(Asked):
+    """What the request asked to see, and how the mock's SGLang server is set up. ``return_token_ids`` gives chat's
+    choices ``prompt_token_ids`` and ``response_token_ids``, completions' ``prompt_token_ids`` and ``token_ids``."""
 
-    #: Chat: ``prompt_token_ids`` and ``response_token_ids`` per choice; completions: ``prompt_token_ids`` and
-    #: ``token_ids``.
-    return_token_ids: bool = False
     #: Chat: ``prompt_token_ids`` only.
     return_prompt_token_ids: bool = False
     return_meta_info: bool = False
@@ -36,50 +35,12 @@ class Ask:
     output_ids: bool = False
     #: ``x-sglext-ids-framed: 1``: a stream's ids chunk is an ``event: sglext_ids``.
     framed: bool = False
-    #: Chat: ``logprobs: true``; completions: ``logprobs`` given (0 included).
-    logprobs: bool = False
-    top_logprobs: int = 0
-    include_usage: bool = False
-    continuous_usage: bool = False
-    echo: bool = False
     #: The server runs a tool-call parser (``--tool-call-parser``), and whether this request's output goes
     #: through it (it declares tools and does not say ``tool_choice: none``).
     parser: bool = False
     parse_tools: bool = False
     #: ``--enable-cache-report``: usage carries ``prompt_tokens_details.cached_tokens``.
     cache_report: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Generated:
-    """A generated answer: per prompt, its token ids and choices (chat has exactly one prompt)."""
-
-    id: str
-    created: int
-    model: str
-    batches: list[tuple[list[int], list[Choice]]]
-    #: Prompt tokens found in the prefix cache.
-    cached: int
-    ask: Ask
-    #: Each prompt's text (completions), what ``echo`` repeats.
-    prompt_texts: tuple[str, ...] = ()
-
-    @property
-    def prompt_ids(self) -> list[int]:
-        return self.batches[0][0]
-
-    @property
-    def choices(self) -> list[Choice]:
-        return self.batches[0][1]
-
-    @property
-    def n_prompt(self) -> int:
-        """Prompt tokens, each prompt counted once however many choices it has."""
-        return sum(len(ids) for ids, _ in self.batches)
-
-    @property
-    def n_completion(self) -> int:
-        return sum(len(c.tokens) for _, choices in self.batches for c in choices)
 
 
 def visible(token: Token) -> str:
@@ -106,17 +67,15 @@ def metadata(completion_tokens: int) -> dict[str, Any]:
 def usage(prompt_tokens: int, completion_tokens: int, cached: int | None = None) -> dict[str, Any]:
     """``UsageInfo`` as pydantic dumps it (``cached``: the cache report's ``prompt_tokens_details``)."""
     return {
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "completion_tokens": completion_tokens,
+        **token_counts(prompt_tokens, completion_tokens),
         "prompt_tokens_details": None if cached is None else {"cached_tokens": cached},
         "reasoning_tokens": 0,
         "completion_tokens_details": None,
     }
 
 
-def answer_usage(gen: Generated) -> dict[str, Any]:
-    return usage(gen.n_prompt, gen.n_completion, gen.cached if gen.ask.cache_report else None)
+def answer_usage(gen: Answer[Ask]) -> dict[str, Any]:
+    return usage(gen.n_prompt, gen.n_completion, gen.cached if gen.opts.cache_report else None)
 
 
 def without_nulls(data: dict[str, Any]) -> dict[str, Any]:
@@ -127,20 +86,9 @@ def without_nulls(data: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------- logprobs
 
 
-def _top_entry(text: str, logprob: float) -> dict[str, Any]:
-    return {"token": text, "bytes": list(text.encode("utf-8")), "logprob": logprob}
-
-
-def chat_logprob(choice: Choice, position: int, top: int) -> dict[str, Any]:
-    """A chat logprob entry (``bytes`` are the token's; no token id)."""
-    value, alternatives = choice.logprob(position, top)
-    entry = _top_entry(choice.tokens[position].text, value)
-    entry["top_logprobs"] = [_top_entry(t, lp) for t, lp in alternatives]
-    return entry
-
-
 def chat_logprobs(choice: Choice, positions: range, top: int) -> dict[str, Any]:
-    return {"content": [chat_logprob(choice, p, top) for p in positions]}
+    """Chat logprobs of the tokens at ``positions`` (``bytes`` are each token's; no token id)."""
+    return {"content": [logprob_entry(choice, p, top, OPENAI_KEYS) for p in positions]}
 
 
 def completion_logprobs(choice: Choice, positions: range, top: int, prompt: Choice | None = None) -> dict[str, Any]:

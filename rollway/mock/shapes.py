@@ -1,5 +1,5 @@
-"""Chat bodies and stream chunks as vLLM 0.32 serialises them, and what chat and completions share (usage,
-logprob entries, the rendered answer).
+"""Chat bodies and stream chunks as vLLM 0.32 serialises them, and what its chat and completions share (what the
+request asked for, usage, logprob entries).
 
 Non-streamed bodies carry every field of vLLM's models, unset ones as ``null``; stream chunks carry only the fields
 vLLM sets (it serialises them with ``exclude_unset``), and the usage chunk drops its nulls (``exclude_none``).
@@ -23,22 +23,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rollway.mock.answer import VLLM_CHAT_KEYS, Answer, Asked, logprob_entry, token_counts
 from rollway.mock.model import Choice, Token
 
 ToolMode = Literal["auto", "named", "required"]
 
 
 @dataclass(frozen=True, slots=True)
-class Options:
+class Options(Asked):
     """What the request asked to see, and how the mock's vLLM is set up."""
 
-    return_token_ids: bool = False
-    #: Chat: ``logprobs: true``; completions: ``logprobs`` is an integer.
-    logprobs: bool = False
-    top_logprobs: int = 0
-    include_usage: bool = False
-    continuous_usage: bool = False
-    echo: bool = False
     #: How a tool call was asked for: ``auto`` (the parser finds it), ``named`` or ``required``.
     tool_mode: ToolMode = "auto"
     fingerprint: str = ""
@@ -46,51 +40,18 @@ class Options:
     prompt_details: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """A generated answer to render: per prompt, its token ids and choices (chat has exactly one prompt)."""
-
-    id: str
-    created: int
-    model: str
-    batches: list[tuple[list[int], list[Choice]]]
-    #: Prompt tokens found in the prefix cache, and those this request wrote to it.
-    cached: int
-    opts: Options
-    #: Each prompt's text (completions), what ``echo`` repeats.
-    prompt_texts: tuple[str, ...] = ()
-    created_cache: int = 0
-
-    @property
-    def prompt_ids(self) -> list[int]:
-        return self.batches[0][0]
-
-    @property
-    def choices(self) -> list[Choice]:
-        return self.batches[0][1]
-
-
 # ---------------------------------------------------------------------------------------------------- usage
 
 
 def usage(prompt_tokens: int, completion_tokens: int, details: dict[str, Any] | None = None) -> dict[str, Any]:
     """A non-streamed body's ``usage``."""
-    return {
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "completion_tokens": completion_tokens,
-        "prompt_tokens_details": details,
-        "completion_tokens_details": None,
-    }
+    counts = token_counts(prompt_tokens, completion_tokens)
+    return {**counts, "prompt_tokens_details": details, "completion_tokens_details": None}
 
 
 def final_usage(prompt_tokens: int, completion_tokens: int, details: dict[str, Any] | None = None) -> dict[str, Any]:
     """The usage chunk's ``usage``: nulls left out."""
-    out: dict[str, Any] = {
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "completion_tokens": completion_tokens,
-    }
+    out = token_counts(prompt_tokens, completion_tokens)
     if details is not None:
         out["prompt_tokens_details"] = {k: v for k, v in details.items() if v is not None}
     return out
@@ -98,17 +59,13 @@ def final_usage(prompt_tokens: int, completion_tokens: int, details: dict[str, A
 
 def running_usage(prompt_tokens: int, completion_tokens: int, *, chat: bool) -> dict[str, Any]:
     """A chunk's ``usage`` with ``continuous_usage_stats`` (chat's names ``completion_tokens_details``, null)."""
-    out: dict[str, Any] = {
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "completion_tokens": completion_tokens,
-    }
+    out = token_counts(prompt_tokens, completion_tokens)
     if chat:
         out["completion_tokens_details"] = None
     return out
 
 
-def prompt_details(answer: Answer, *, chat: bool) -> dict[str, Any] | None:
+def prompt_details(answer: Answer[Options], *, chat: bool) -> dict[str, Any] | None:
     """``usage.prompt_tokens_details`` (chat also counts the prompt tokens written to the cache)."""
     if not answer.opts.prompt_details:
         return None
@@ -119,15 +76,8 @@ def prompt_details(answer: Answer, *, chat: bool) -> dict[str, Any] | None:
 # ------------------------------------------------------------------------------------------------- logprobs
 
 
-def _entry(text: str, logprob: float) -> dict[str, Any]:
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
-
-
 def chat_logprob(choice: Choice, position: int, top: int) -> dict[str, Any]:
-    value, alternatives = choice.logprob(position, top)
-    entry = _entry(choice.tokens[position].text, value)
-    entry["top_logprobs"] = [_entry(t, lp) for t, lp in alternatives]
-    return entry
+    return logprob_entry(choice, position, top, VLLM_CHAT_KEYS)
 
 
 def completion_logprobs(choice: Choice, start: int, stop: int, top: int, offset: int) -> dict[str, Any]:
@@ -187,7 +137,7 @@ def chat_message(choice: Choice, opts: Options) -> dict[str, Any]:
     return message
 
 
-def chat_response(answer: Answer) -> dict[str, Any]:
+def chat_response(answer: Answer[Options]) -> dict[str, Any]:
     choices, prompt_ids, opts = answer.choices, answer.prompt_ids, answer.opts
     out = []
     for choice in choices:
@@ -206,14 +156,11 @@ def chat_response(answer: Answer) -> dict[str, Any]:
             }
         )
     return {
-        "id": answer.id,
-        "object": "chat.completion",
-        "created": answer.created,
-        "model": answer.model,
+        **answer.head("chat.completion"),
         "choices": out,
         "service_tier": None,
         "system_fingerprint": opts.fingerprint,
-        "usage": usage(len(prompt_ids), sum(len(c.tokens) for c in choices), prompt_details(answer, chat=True)),
+        "usage": usage(answer.n_prompt, answer.n_completion, prompt_details(answer, chat=True)),
         "prompt_logprobs": None,
         "prompt_token_ids": prompt_ids if opts.return_token_ids else None,
         "prompt_text": None,
@@ -234,10 +181,10 @@ def _delta(token: Token, call_id: str, name: str) -> dict[str, Any]:
     return {}
 
 
-def chat_stream_steps(answer: Answer) -> list[list[dict[str, Any]]]:
+def chat_stream_steps(answer: Answer[Options]) -> list[list[dict[str, Any]]]:
     """Chunks grouped by decode step: step 0 has each choice's role chunk and first token; step k token k."""
     choices, prompt_ids, opts = answer.choices, answer.prompt_ids, answer.opts
-    head = {"id": answer.id, "object": "chat.completion.chunk", "created": answer.created, "model": answer.model}
+    head = answer.head("chat.completion.chunk")
     steps: list[list[dict[str, Any]]] = [[]]
     n_prompt = len(prompt_ids)
     for choice in choices:
@@ -277,9 +224,8 @@ def chat_stream_steps(answer: Answer) -> list[list[dict[str, Any]]]:
                 chunk["system_fingerprint"] = opts.fingerprint
             steps[position].append(chunk)
     if opts.include_usage:
-        total = sum(len(c.tokens) for c in choices)
         details = prompt_details(answer, chat=True)
-        chunk = {**head, "choices": [], "usage": final_usage(n_prompt, total, details)}
+        chunk = {**head, "choices": [], "usage": final_usage(n_prompt, answer.n_completion, details)}
         chunk["system_fingerprint"] = opts.fingerprint
         steps[-1].append(chunk)
     return steps
