@@ -25,6 +25,7 @@ from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwrig
 
 pytestmark = pytest.mark.slow
 REWARD = "rollway.reward"
+LIVE = 5  # seconds between the rollout page's refreshes while the rollout is in progress (rollout.js, LIVE)
 SHOTS = os.environ.get("ROLLWAY_UI_SCREENSHOTS")
 
 
@@ -113,6 +114,43 @@ def test_a_rollout_page_shows_its_calls_in_order_with_text_token_ids_and_reward(
     assert page.problems() == []
 
 
+def test_the_timeline_marks_each_call_of_the_attempt_at_its_start(demo: Filled, page: Watched) -> None:
+    rollout_id = demo.rollout_ids[2]
+    with demo.admin() as admin:
+        calls, _ = call_spans(admin, rollout_id)
+        rollout = admin.get(f"/admin/v1/rollouts/{rollout_id}").json()
+    assert len(calls) >= 2 and len(rollout["attempts"]) == 1
+
+    page.page.goto(f"{demo.url}/ui/rollouts/{rollout_id}")
+    loaded(page.page)
+    expect(page.page.locator("#live-bar")).to_have_count(0)  # finished: nothing to follow
+    # <main> holds elements only, no stray text (a "null" where a part is left out).
+    stray = "() => [...document.querySelector('main').childNodes].filter(n => n.nodeType === 3).map(n => n.data)"
+    assert page.page.evaluate(stray) == []
+    ticks = page.page.locator("svg.timeline .tick")
+    expect(ticks).to_have_count(len(calls))
+    drawn = ticks.evaluate_all(
+        "ts => ts.map(t => [Number(t.dataset.sequence), t.x.baseVal.value + t.width.baseVal.value / 2,"
+        " t.y.baseVal.value, t.querySelector('title').textContent])"
+    )
+    assert [seq for seq, *_ in drawn] == [c["sequence_id"] for c in calls]
+    for (seq, _, _, title), span in zip(drawn, calls, strict=True):
+        assert title.startswith(f"#{seq} · {span['attributes']['gen_ai.request.model']} · ")
+    # Each tick is at its call's start on the attempt's row; the rollout's bar gives the time axis's scale.
+    bars = page.page.locator("svg.timeline rect.bar")
+    left, width = (float(bars.first.get_attribute(name) or "nan") for name in ("x", "width"))
+    row = float(bars.nth(1).get_attribute("y") or "nan")  # the attempt's bar
+    start, end = rollout["start_time"], rollout["end_time"]
+    for (_, x, y, _), span in zip(drawn, calls, strict=True):
+        assert x == pytest.approx(left + (span["start_time"] - start) / (end - start) * width, abs=0.2)
+        assert abs(y - row) < 10
+    last = calls[-1]["sequence_id"]
+    ticks.last.click()
+    expect(page.page.locator(f"#call-{last}")).to_be_in_viewport()
+    expect(page.page.locator(f"#call-{last}")).to_have_class(re.compile(r"\bpicked\b"))
+    assert page.problems() == []
+
+
 def test_a_group_page_shows_its_members_and_their_rewards(demo: Filled, page: Watched) -> None:
     with demo.admin() as admin:
         group_id = admin.get(f"/admin/v1/rollouts/{demo.rollout_ids[0]}").json()["group_id"]
@@ -193,7 +231,8 @@ def test_the_rollouts_page_filters_pages_by_cursor_and_finds_an_id(demo: Filled,
     assert shown() == ids[:5]
     assert "order=" not in page.page.url and "cursor=" not in page.page.url  # the default; a new order starts over
 
-    group_id = everything[0]["group_id"]
+    # The newest group: other tests add rollouts of no group, which may be newer.
+    group_id = next(r["group_id"] for r in everything if r["group_id"])
     page.page.fill("#rollout-filters input[name=group]", group_id)
     page.page.select_option("#rollout-filters select[name=status]", "succeeded")
     page.page.click("#rollout-filters button[type=submit]")
@@ -268,6 +307,112 @@ def test_a_swap_from_the_model_page_installs_the_new_version(demo: Filled, page:
     assert page.problems() == []
 
 
+def test_the_page_of_a_rollout_in_progress_follows_it_until_it_finishes(demo: Filled, page: Watched) -> None:
+    from openai import OpenAI
+
+    with demo.admin() as admin:
+        claim = admin.post("/admin/v1/rollouts/start", json={"worker_id": "ui-test"}).json()
+    rollout_id, attempt_id = claim["rollout"]["rollout_id"], claim["attempt"]["attempt_id"]
+    ask: dict[str, Any] = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    p = page.page
+    p.set_viewport_size({"width": 1280, "height": 480})  # short, so that the page scrolls
+    cards = p.locator("#calls article.call")
+    with OpenAI(base_url=claim["base_url"], api_key=claim["api_key"], max_retries=0) as llm:
+        reply = llm.chat.completions.create(**ask).choices[0].message.content or ""
+        p.goto(f"{demo.url}/ui/rollouts/{rollout_id}")
+        loaded(p)
+        expect(p.locator("#live")).to_be_checked()
+        expect(cards).to_have_count(1)
+        first = p.locator("#call-1")
+        first.locator(".show-tokens").click()  # the user opens the first call's tokens
+        expect(first.locator(".tok").first).to_be_visible()
+        p.locator("details summary").click()  # and the rollout's input
+        first.evaluate("card => { card.dataset.kept = 'yes' }")  # a card drawn again would not carry this
+        first.evaluate("card => card.scrollIntoView()")
+        scrolled = p.evaluate("() => window.scrollY")
+        assert scrolled > 0
+
+        ask["messages"] += [{"role": "assistant", "content": reply}, {"role": "user", "content": "and then?"}]
+        answer = llm.chat.completions.create(**ask)  # the page learns of it only by refreshing
+
+    second = p.locator("#call-2")
+    expect(second).to_be_attached(timeout=4 * LIVE * 1000)
+    with demo.admin() as admin:
+        calls, _ = call_spans(admin, rollout_id)
+    assert cards.evaluate_all("cards => cards.map(c => Number(c.dataset.sequence))") == [1, 2]
+    assert [c["sequence_id"] for c in calls] == [1, 2]
+    expect(p.locator("#calls-progress")).to_have_text("2 calls")
+    expect(p.locator("svg.timeline .tick")).to_have_count(2)
+    assert p.evaluate("() => window.scrollY") == scrolled  # the new call came in below; the view did not move
+    expect(first.locator(".tok").first).to_be_visible()  # still open: the first card was left as it was
+    expect(first).to_have_attribute("data-kept", "yes")
+    expect(p.locator("details")).to_have_attribute("open", "")
+    second.scroll_into_view_if_needed()
+    expect(second.locator(".response-text")).to_have_text(answer.choices[0].message.content or "")
+
+    with demo.admin() as admin:
+        admin.post(f"/admin/v1/rollouts/{rollout_id}/rewards", json={"value": 1.0}).raise_for_status()
+        path = f"/admin/v1/rollouts/{rollout_id}/attempts/{attempt_id}"
+        admin.patch(path, json={"status": "succeeded"}).raise_for_status()
+        assert admin.get(f"/admin/v1/rollouts/{rollout_id}").json()["status"] == "succeeded"
+        triplets = admin.get("/admin/v1/triplets", params={"rollout_id": rollout_id, "partial": True}).json()
+    expect(p.locator("h1 .badge")).to_have_text("succeeded", timeout=4 * LIVE * 1000)
+    expect(p.locator("#attempts-table .badge")).to_have_text("succeeded")
+    expect(p.locator("#rollout-ended")).not_to_have_text("—")
+    expect(p.locator("#call-2 .reward-badge")).to_have_text("reward 1")
+    expect(p.locator("#rewards-table .reward-value")).to_have_text(["1"])
+    assert len(triplets["items"]) == 2
+    rows = p.locator("#triplets-table tbody tr")  # the training view, drawn now that the rollout has finished
+    expect(rows).to_have_count(len(triplets["items"]))
+    expect(first).to_have_attribute("data-kept", "yes")
+
+    def admin_requests() -> list[str]:
+        return [u for u in page.urls if "/admin/v1/" in u]
+
+    before = len(admin_requests())
+    assert [u for u in admin_requests() if u.endswith(f"/rollouts/{rollout_id}")]  # it did poll the rollout
+    p.wait_for_timeout((LIVE + 2) * 1000)  # longer than a refresh's interval: one would be seen here
+    assert admin_requests()[before:] == []
+    expect(p.locator("#refreshed")).to_have_text("finished: no more updates")
+    expect(p.locator("#live")).not_to_be_checked()
+    p.locator("#rewards-table a").click()  # an anchor in the page (#call-2): the page stays as it is
+    expect(second).to_be_in_viewport()
+    expect(first).to_have_attribute("data-kept", "yes")
+    assert page.problems() == []
+
+
+def test_a_span_written_after_a_later_one_is_shown_in_its_place(demo: Filled, page: Watched) -> None:
+    with demo.admin() as admin:
+        claim = admin.post("/admin/v1/rollouts/start", json={"worker_id": "ui-test"}).json()
+    rollout_id, attempt_id = claim["rollout"]["rollout_id"], claim["attempt"]["attempt_id"]
+
+    def add(sequence_id: int) -> None:
+        # An id given with the span, as a call's is given when it arrives: the call that took 2 ends after 3.
+        span = {"name": "agent.step", "attempt_id": attempt_id, "sequence_id": sequence_id, "start_time": time.time()}
+        with demo.admin() as admin:
+            admin.post(f"/admin/v1/rollouts/{rollout_id}/spans", json={"spans": [span]}).raise_for_status()
+
+    add(1)
+    add(3)
+    p = page.page
+    p.goto(f"{demo.url}/ui/rollouts/{rollout_id}")
+    loaded(p)
+    spans = p.locator("#calls article")
+
+    def shown() -> list[int]:
+        return spans.evaluate_all("spans => spans.map(s => Number(s.dataset.sequence))")
+
+    expect(spans).to_have_count(2)
+    assert shown() == [1, 3]
+    add(2)
+    expect(spans).to_have_count(3, timeout=4 * LIVE * 1000)
+    assert shown() == [1, 2, 3]
+    add(4)
+    expect(spans).to_have_count(4, timeout=4 * LIVE * 1000)
+    assert shown() == [1, 2, 3, 4]
+    assert page.problems() == []
+
+
 def test_a_call_that_failed_shows_its_error_beside_the_calls_that_did_not(demo: Filled, page: Watched) -> None:
     from openai import BadRequestError, OpenAI
 
@@ -291,6 +436,8 @@ def test_a_call_that_failed_shows_its_error_beside_the_calls_that_did_not(demo: 
     expect(page.page.locator("#call-1 .call-error")).to_have_count(0)
     expect(page.page.locator("#call-2 .badge")).to_have_text("error")
     expect(page.page.locator("#call-2 .call-error")).to_contain_text(message)
+    expect(page.page.locator("svg.timeline .tick")).to_have_count(2)
+    expect(page.page.locator("svg.timeline .tick.error")).to_have_attribute("data-sequence", "2")
     expect(page.page.locator("#no-rewards")).to_be_visible()
     expect(page.page.locator("#training")).to_contain_text("once the rollout has finished")
     assert page.problems() == []
@@ -317,6 +464,7 @@ def test_a_rollout_of_200_calls_renders_without_freezing(demo: Filled, page: Wat
     assert time.monotonic() - started < 5  # the page's thread is free: it answers at once
     drawn = page.page.evaluate("() => document.querySelectorAll('.call-body:not(.placeholder)').length")
     assert 0 < drawn < 200  # the calls far below the viewport are not drawn yet
+    expect(page.page.locator("svg.timeline .tick")).to_have_count(200)
     last = page.page.locator("#call-200")
     last.scroll_into_view_if_needed()
     expect(last.locator(".response-text")).to_be_visible()

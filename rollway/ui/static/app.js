@@ -17,8 +17,10 @@ const PAGES = [
 
 let stop = null;
 let controller = null;
+let drawn = null; // the path and query of the page drawn
 
 async function show() {
+  drawn = location.pathname + location.search;
   const main = document.getElementById("main");
   delete main.dataset.loaded; // set again by the page once it has drawn its data (the tests wait for it)
   if (stop) stop();
@@ -69,7 +71,8 @@ document.addEventListener("click", (event) => {
   event.preventDefault();
   if (url.href !== location.href) go(url.pathname + url.search);
 });
-window.addEventListener("popstate", show);
+// A move between anchors of the page drawn (a link to #call-3, or back from it) keeps the page as it is.
+window.addEventListener("popstate", () => location.pathname + location.search !== drawn && show());
 document.getElementById("forget-token").addEventListener("click", () => {
   forgetToken();
   show();

@@ -1,14 +1,18 @@
-// One rollout (/ui/rollouts/{id}, ?attempt= another attempt than the latest): its attempts on a timeline, each
-// LLM call of the attempt in sequence order (the request as a chat, the response and its tool calls, the tokens
-// coloured by logprob, latency, model version, errors), the rewards, and the training data the export makes of
-// it (triplets, and merged rows with their loss mask). Spans are read PAGE at a time; a call's body is drawn
-// when it nears the viewport, so a rollout of hundreds of calls opens at once.
+// One rollout (/ui/rollouts/{id}, ?attempt= another attempt than the latest): its attempts on a timeline with a
+// tick per LLM call, each LLM call of the attempt in sequence order (the request as a chat, the response and its
+// tool calls, the tokens coloured by logprob, latency, model version, errors), the rewards, and the training data
+// the export makes of it (triplets, and merged rows with their loss mask). Spans are read PAGE at a time; a
+// call's body is drawn when it nears the viewport, so a rollout of hundreds of calls opens at once. While the
+// rollout is in progress and "live" is on, the page follows it every LIVE seconds: status, attempts and
+// timeline are drawn again, new spans are added below the calls already drawn, which are left as they are.
 
 import { api } from "../api.js";
-import { badge, clear, duration, failure, h, json, link, number, s, seg, time } from "../dom.js";
+import { badge, clear, duration, every, failure, h, json, link, number, s, seg, time } from "../dom.js";
 import { maskView, tokenView } from "../tokens.js";
 
 const PAGE = 50;
+const LIVE = 5; // seconds between refreshes of a rollout in progress while "live" is on, as on the rollouts list
+const LATE = PAGE; // a span missing this many ids or fewer below the highest shown is looked for at each refresh
 const REWARD = "rollway.reward";
 const FINISHED = ["succeeded", "failed", "cancelled"];
 
@@ -164,9 +168,18 @@ function otherSpan(span) {
   return h("article", { class: "call other", dataset: { sequence: span.sequence_id } }, h("header", {}, h("span", { class: "seq" }, `#${span.sequence_id}`), h("span", {}, span.name)));
 }
 
-function timeline(rollout, attempts) {
+function isCall(span) {
+  return Boolean(span.attributes && span.attributes["gen_ai.operation.name"] && span.attributes["rollway.request"] !== undefined);
+}
+
+// The attempts on a time axis, one row each, and a tick on the shown attempt's row at the start of each of its
+// calls (`calls`, in sequence order): no labels, so hundreds stay readable; each tick's <title> names the call,
+// and a click on one calls `pick` with its sequence id.
+function timeline(rollout, attempts, current, calls, pick) {
   const start = rollout.start_time;
-  const end = Math.max(rollout.end_time ?? Date.now() / 1000, ...attempts.map((a) => a.end_time ?? a.last_heartbeat_time ?? a.start_time));
+  let end = rollout.end_time ?? Date.now() / 1000;
+  for (const a of attempts) end = Math.max(end, a.end_time ?? a.last_heartbeat_time ?? a.start_time);
+  for (const c of calls) end = Math.max(end, c.start_time ?? start);
   const span = Math.max(end - start, 1e-3);
   const W = 600;
   const rowH = 18;
@@ -184,6 +197,28 @@ function timeline(rollout, attempts) {
       s("rect", { x: x(a.start_time), y, width: Math.max(2, x(stop) - x(a.start_time)), height: 10, class: `bar status-${a.status}` }, s("title", {}, `${a.status} ${time(a.start_time)} → ${time(a.end_time)}`)),
     );
   });
+  const row = attempts.findIndex((a) => a.attempt_id === current?.attempt_id);
+  if (row >= 0 && calls.length) {
+    const y = (row + 1) * rowH + 4;
+    const ticks = s("g", { class: "ticks", "aria-label": `calls of attempt ${current.sequence_id}` });
+    for (const c of calls) {
+      if (c.start_time === null || c.start_time === undefined) continue;
+      const a = c.attributes;
+      const took = a["rollway.latency_seconds"] ?? (c.end_time ? c.end_time - c.start_time : null);
+      ticks.append(
+        s(
+          "rect",
+          { x: x(c.start_time) - 0.5, y: y - 2, width: 1, height: 14, class: c.status?.status_code === "ERROR" ? "tick error" : "tick", dataset: { sequence: c.sequence_id } },
+          s("title", {}, `#${c.sequence_id} · ${a["gen_ai.request.model"] ?? c.name} · ${duration(took)}`),
+        ),
+      );
+    }
+    ticks.addEventListener("click", (event) => {
+      const tick = event.target.closest(".tick");
+      if (tick) pick(Number(tick.dataset.sequence));
+    });
+    svg.append(ticks);
+  }
   svg.append(s("text", { x: 90, y: (attempts.length + 1) * rowH + 14, class: "axis" }, time(start)), s("text", { x: W - 10, y: (attempts.length + 1) * rowH + 14, class: "axis", "text-anchor": "end" }, duration(end - start)));
   return svg;
 }
@@ -296,16 +331,25 @@ async function training(box, rollout, attempt, signal) {
 }
 
 export async function render(main, [rolloutId], signal) {
-  const rollout = await api(`/rollouts/${seg(rolloutId)}`, { signal });
-  const attempts = rollout.attempts ?? [];
+  let rollout = await api(`/rollouts/${seg(rolloutId)}`, { signal });
   const wanted = new URL(location.href).searchParams.get("attempt");
-  const attempt = attempts.find((a) => a.attempt_id === wanted) ?? attempts[attempts.length - 1] ?? null;
+  const status = h("span", { id: "rollout-status" }, badge(rollout.status));
+  const ended = h("dd", { id: "rollout-ended" }, time(rollout.end_time));
+  const about = json({ input: rollout.input, config: rollout.config, metadata: rollout.metadata });
+  const attemptsBox = h("div", { id: "attempts" });
+  const callsTitle = h("h2", {}, "Calls");
+  const progress = h("p", { class: "muted", id: "calls-progress" });
+  const trouble = h("div", { id: "calls-trouble" }); // why the last read failed, until one succeeds
   const calls = h("div", { id: "calls" });
+  const noCalls = h("p", { class: "muted", id: "no-calls", hidden: true }, "No LLM call recorded for this attempt.");
   const rewardsBox = h("div", { id: "rewards" }, h("p", { class: "muted" }, "Loading…"));
   const trainingBox = h("div", { id: "training" }, h("p", { class: "muted" }, "Loading…"));
-  const progress = h("p", { class: "muted", id: "calls-progress" });
+  const live = h("input", { type: "checkbox", id: "live", checked: true });
+  const note = h("span", { class: "muted", id: "refreshed" });
   main.append(
-    h("h1", {}, "Rollout ", h("code", { id: "rollout-id" }, rollout.rollout_id), " ", badge(rollout.status)),
+    h("h1", {}, "Rollout ", h("code", { id: "rollout-id" }, rollout.rollout_id), " ", status),
+    // Only a rollout still in progress has anything to follow.
+    ...(FINISHED.includes(rollout.status) ? [] : [h("div", { class: "bar", id: "live-bar" }, h("label", {}, live, " live"), note)]),
     h(
       "dl",
       { class: "facts" },
@@ -318,14 +362,16 @@ export async function render(main, [rolloutId], signal) {
       h("dt", {}, "started"),
       h("dd", {}, time(rollout.start_time)),
       h("dt", {}, "ended"),
-      h("dd", {}, time(rollout.end_time)),
+      ended,
     ),
-    h("details", {}, h("summary", {}, "input, config and metadata"), json({ input: rollout.input, config: rollout.config, metadata: rollout.metadata })),
+    h("details", {}, h("summary", {}, "input, config and metadata"), about),
     h("h2", {}, "Attempts"),
-    attempts.length ? h("div", {}, timeline(rollout, attempts), attemptsTable(rollout, attempts, attempt)) : h("p", { class: "muted" }, "No attempt yet (queued)."),
-    h("h2", {}, "Calls", attempt ? ` of attempt ${attempt.sequence_id}` : ""),
+    attemptsBox,
+    callsTitle,
     progress,
+    trouble,
     calls,
+    noCalls,
     h("h2", {}, "Rewards"),
     rewardsBox,
     h("h2", {}, "Training view"),
@@ -343,42 +389,140 @@ export async function render(main, [rolloutId], signal) {
     },
     { rootMargin: "800px 0px" },
   );
-  const stop = () => observer.disconnect();
-  training(trainingBox, rollout, attempt, signal).catch((error) => error.name !== "AbortError" && clear(trainingBox, failure(error)));
-  if (!attempt) {
-    clear(rewardsBox, h("p", { class: "muted" }, "No attempt yet."));
-    return stop;
-  }
-  const rewards = [];
-  let lastCall = null;
-  let count = 0;
-  let after;
-  for (;;) {
-    const page = await api(`/rollouts/${seg(rollout.rollout_id)}/spans`, { query: { attempt_id: attempt.attempt_id, after_sequence: after, limit: PAGE }, signal });
-    if (signal.aborted) return stop;
-    const part = document.createDocumentFragment();
-    for (const span of page.items) {
+
+  // What the page holds of the attempt it shows: the sequence ids of every span read, the highest of them, and
+  // the calls and rewards among them, each in sequence order. Cards once drawn are never drawn again, so an
+  // opened body or token view stays as the user left it.
+  let attempt = null;
+  let seen = new Set();
+  let high = 0;
+  let callSpans = [];
+  let rewards = [];
+  const follow = (next) => {
+    attempt = next;
+    seen = new Set();
+    high = 0;
+    callSpans = [];
+    rewards = [];
+    observer.disconnect();
+    clear(calls);
+    clear(callsTitle, "Calls", next ? ` of attempt ${next.sequence_id}` : "");
+  };
+  const pick = (sequence) => {
+    const card = calls.querySelector(`#call-${sequence}`);
+    if (!card) return;
+    for (const other of calls.querySelectorAll("article.picked")) other.classList.remove("picked");
+    card.classList.add("picked");
+    card.scrollIntoView({ block: "start" });
+  };
+  // Adds the spans of `items` (ascending sequence ids) not shown yet; answers whether there were any. A span
+  // can come in after one with a higher id (ids are taken when a call arrives, its span written when it ends),
+  // so one below the highest shown goes in its place in the list rather than at the end.
+  const take = (items) => {
+    const tail = document.createDocumentFragment();
+    let added = false;
+    for (const span of items) {
+      const sequence = span.sequence_id;
+      if (seen.has(sequence)) continue;
+      seen.add(sequence);
+      added = true;
+      let card = null;
       if (span.name === REWARD) {
-        rewards.push({ span, call: lastCall });
-      } else if (span.attributes && span.attributes["gen_ai.operation.name"] && span.attributes["rollway.request"] !== undefined) {
-        part.append(callCard(span, observer));
-        lastCall = span.sequence_id;
-        count += 1;
+        rewards.push(span);
+      } else if (isCall(span)) {
+        card = callCard(span, observer);
+        const at = callSpans.findLastIndex((c) => c.sequence_id < sequence);
+        callSpans.splice(at + 1, 0, span);
       } else {
-        part.append(otherSpan(span));
+        card = otherSpan(span);
       }
+      if (card && sequence > high) tail.append(card);
+      else if (card) calls.insertBefore(card, [...calls.children].find((c) => Number(c.dataset.sequence) > sequence) ?? null);
+      high = Math.max(high, sequence);
     }
-    calls.append(part);
-    progress.textContent = `${count} call${count === 1 ? "" : "s"}`;
-    if (page.items.length < PAGE) break;
-    after = page.items[page.items.length - 1].sequence_id;
-  }
-  if (!count) calls.append(h("p", { class: "muted" }, "No LLM call recorded for this attempt."));
-  for (const { span, call } of rewards) {
-    const slot = call === null ? null : calls.querySelector(`#call-${call} .reward-slot`);
-    if (slot) slot.append(h("span", { class: "reward-badge" }, `reward ${number(span.attributes["rollway.reward.value"], 4)}`));
-  }
-  clear(rewardsBox, rewardsTable(rewards));
-  main.dataset.loaded = "true";
-  return stop;
+    calls.append(tail);
+    progress.textContent = `${callSpans.length} call${callSpans.length === 1 ? "" : "s"}`;
+    return added;
+  };
+  // The after_sequence to read from: below the lowest id from `floor` up that is not shown yet, else the highest.
+  const after = (floor) => {
+    for (let q = Math.max(1, floor); q <= high; q++) if (!seen.has(q)) return q - 1;
+    return high;
+  };
+  const read = async (from) => {
+    let added = false;
+    for (;;) {
+      const page = await api(`/rollouts/${seg(rollout.rollout_id)}/spans`, { query: { attempt_id: attempt.attempt_id, after_sequence: from || undefined, limit: PAGE }, signal });
+      if (signal.aborted) return added;
+      added = take(page.items) || added;
+      if (page.items.length < PAGE) return added;
+      from = page.items[page.items.length - 1].sequence_id;
+    }
+  };
+  const drawRewards = () => {
+    rewards.sort((a, b) => a.sequence_id - b.sequence_id);
+    const paired = rewards.map((span) => ({ span, call: callSpans.findLast((c) => c.sequence_id < span.sequence_id)?.sequence_id ?? null }));
+    for (const old of calls.querySelectorAll(".reward-badge")) old.remove();
+    for (const { span, call } of paired) {
+      const slot = call === null ? null : calls.querySelector(`#call-${call} .reward-slot`);
+      if (slot) slot.append(h("span", { class: "reward-badge" }, `reward ${number(span.attributes["rollway.reward.value"], 4)}`));
+    }
+    clear(rewardsBox, rewardsTable(paired));
+  };
+
+  // Draws the rollout and reads the spans it does not show yet. While the rollout is not finished and "live" is
+  // on, it runs again every LIVE seconds: the rollout (status, attempts) is read again, and its spans after
+  // the highest sequence id shown (and after a missing one up to LATE ids below it); once the rollout has
+  // finished, a last read from the lowest missing id, the training view, and no more refreshes.
+  let first = true;
+  let done = false;
+  let halt = null;
+  const refresh = async () => {
+    if (done || (!first && !live.checked)) return;
+    try {
+      if (!first) rollout = await api(`/rollouts/${seg(rollout.rollout_id)}`, { signal });
+      if (signal.aborted) return;
+      const finished = FINISHED.includes(rollout.status);
+      const attempts = rollout.attempts ?? [];
+      const shown = attempts.find((a) => a.attempt_id === wanted) ?? attempts[attempts.length - 1] ?? null;
+      let changed = first || shown?.attempt_id !== attempt?.attempt_id;
+      if (changed) follow(shown);
+      else attempt = shown;
+      if (attempt) changed = (await read(after(finished ? 1 : high - LATE + 1))) || changed;
+      if (signal.aborted) return;
+      clear(status, badge(rollout.status));
+      ended.textContent = time(rollout.end_time);
+      const facts = JSON.stringify({ input: rollout.input, config: rollout.config, metadata: rollout.metadata }, null, 2);
+      if (about.textContent !== facts) about.textContent = facts;
+      clear(attemptsBox, attempts.length ? [timeline(rollout, attempts, attempt, callSpans, pick), attemptsTable(rollout, attempts, attempt)] : h("p", { class: "muted" }, "No attempt yet (queued)."));
+      if (changed) {
+        noCalls.hidden = callSpans.length > 0;
+        if (attempt) drawRewards();
+        else clear(rewardsBox, h("p", { class: "muted" }, "No attempt yet."));
+      }
+      if (first || finished) training(trainingBox, rollout, attempt, signal).catch((error) => error.name !== "AbortError" && clear(trainingBox, failure(error)));
+      clear(trouble);
+      main.dataset.loaded = "true";
+      if (finished) {
+        done = true;
+        if (halt) halt();
+        live.checked = false;
+        live.disabled = true;
+        note.textContent = "finished: no more updates";
+      } else {
+        note.textContent = `updated ${new Date().toLocaleTimeString()}`;
+      }
+    } catch (error) {
+      if (error.name === "AbortError") return;
+      clear(trouble, failure(error));
+    } finally {
+      first = false;
+    }
+  };
+  halt = every(LIVE, refresh);
+  if (done) halt();
+  return () => {
+    halt();
+    observer.disconnect();
+  };
 }
