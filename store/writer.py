@@ -397,6 +397,11 @@ class PgWriter:
 
     def _forget(self, task: asyncio.Task[Any]) -> None:
         self._running.pop(task, None)
+        if not task.cancelled():
+            # Taken here: a write whose caller left has nobody to tell of its failure, and asyncio would log the
+            # failure's traceback as an exception never retrieved (the database's failures are logged, rate
+            # limited, where callers get them).
+            task.exception()
 
     def waiting_since(self) -> float | None:
         """When the oldest write in flight began (a row lock, a database that stopped answering)."""
