@@ -1,12 +1,16 @@
-"""Rollway servers in subprocesses on free loopback ports, ready once uvicorn says ``Uvicorn running on …``
-(the port is read from that line, so there is no race for a free port): ``ServerProcess`` runs any
-``rollway`` command; ``GatewayProcess`` runs ``rollway serve`` (the demo, tests that need a gateway outside
-their own event loop). The mock backend's ``MockBackendProcess`` builds on the same class."""
+"""Servers in subprocesses on free loopback ports, ready once their log says they serve: ``ServerProcess`` runs
+any ``rollway`` command, ready at uvicorn's ``Uvicorn running on …`` (the port is read from that line, so there is
+no race for a free port); ``GatewayProcess`` runs ``rollway serve`` (the demo, tests that need a gateway outside
+their own event loop). The mock backend's ``MockBackendProcess`` builds on the same class, and so can a server
+that is not Rollway's: a subclass names its command (``command``), the log line that says it serves (``ready``)
+and whether it runs in a process group of its own (``own_group``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -22,6 +26,9 @@ class ServerProcess:
     """``rollway *args`` as a child process; ``url`` is where it listens, ``output`` its recent log lines."""
 
     name = "server"
+    #: Start the child in a session of its own, so that ``stop`` signals its whole process group: a server that
+    #: forks workers (nginx) stops with them, and a signal meant for the caller's group does not reach it.
+    own_group = False
 
     def __init__(self, args: Sequence[str], *, env: Mapping[str, str] | None = None, startup_timeout: float = 60.0):
         self.args = list(args)
@@ -29,7 +36,8 @@ class ServerProcess:
         self.startup_timeout = startup_timeout
         self.url = ""
         self.output: deque[str] = deque(maxlen=500)
-        self._ready = threading.Event()
+        self._ready = threading.Event()  # set once the child said it serves, or ended
+        self._serving = False  # the child said it serves
         self._proc: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
 
@@ -48,6 +56,12 @@ class ServerProcess:
         """The child's argv: ``rollway *args`` (a subclass may run another server)."""
         return [sys.executable, "-c", "from rollway.cli import main; main()", *self.args]
 
+    def ready(self, line: str) -> str | None:
+        """Whether the child's log ``line`` says it serves: the URL it serves at (uvicorn's line names it; ``""``
+        for a server whose line does not, its address being the caller's), else None."""
+        match = RUNNING_RE.search(line)
+        return match.group(1) if match else None
+
     def start(self) -> Self:
         self._proc = subprocess.Popen(
             self.command(),
@@ -56,38 +70,41 @@ class ServerProcess:
             stdin=subprocess.DEVNULL,
             text=True,
             env=self.child_env(),
+            start_new_session=self.own_group,
         )
         self._reader = threading.Thread(target=self._read, name=f"rollway-{self.name}-output", daemon=True)
         self._reader.start()
-        if not self._ready.wait(self.startup_timeout) or not self.url:
+        if not self._ready.wait(self.startup_timeout) or not self._serving:
             output = "\n".join(self.output)
             self.stop()
             raise RuntimeError(f"the {self.name} did not start:\n{output}")
         return self
 
     def _read(self) -> None:
-        """Keep draining the child's output (a full pipe would block it); set ``url`` from uvicorn's line."""
+        """Keep draining the child's output (a full pipe would block it); watch it for the line that says the
+        child serves (``ready``)."""
         assert self._proc is not None and self._proc.stdout is not None
         for line in self._proc.stdout:
             self.output.append(line.rstrip("\n"))
-            if not self.url:
-                match = RUNNING_RE.search(line)
-                if match:
-                    self.url = match.group(1)
+            if not self._serving:
+                url = self.ready(line)
+                if url is not None:
+                    self.url, self._serving = url, True
                     self._ready.set()
         self._ready.set()  # the process ended: wake start()
 
     def stop(self, timeout: float = 15.0) -> int | None:
-        """SIGTERM (graceful), SIGKILL after ``timeout``; the exit status."""
+        """SIGTERM (graceful), SIGKILL after ``timeout``; the exit status. With ``own_group`` each signal goes to
+        the whole group, even once the child itself has ended (what it forked may not have)."""
         proc = self._proc
         if proc is None:
             return None
-        if proc.poll() is None:
-            proc.terminate()
+        if self.own_group or proc.poll() is None:
+            self._signal(proc, signal.SIGTERM)
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                self._signal(proc, signal.SIGKILL)
                 proc.wait()
         if self._reader is not None:
             self._reader.join(timeout=5)
@@ -95,6 +112,13 @@ class ServerProcess:
             proc.stdout.close()
         self._proc = None
         return proc.returncode
+
+    def _signal(self, proc: subprocess.Popen[str], signum: int) -> None:
+        if not self.own_group:
+            proc.send_signal(signum)
+            return
+        with contextlib.suppress(ProcessLookupError):  # the whole group has already gone
+            os.killpg(proc.pid, signum)
 
     def __enter__(self) -> Self:
         return self.start()

@@ -7,19 +7,16 @@ Without nginx the tests skip with one line, unless ``ROLLWAY_REQUIRE_NGINX=1`` (
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import signal
-import subprocess
-import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Self
 
 import pytest
+
+from rollway.process import ServerProcess
 
 NGINX_CONF = Path(__file__).resolve().parent.parent / "deploy" / "nginx.conf"
 #: Where Debian's package puts the binary (``/usr/sbin`` is not on every user's PATH).
@@ -76,70 +73,33 @@ def _replace_once(text: str, pattern: str, replacement: Callable[[re.Match[str]]
     return result
 
 
-class NginxProcess:
+class NginxProcess(ServerProcess):
     """nginx in the foreground (``daemon off``) on ``config``, in its own process group (its master and
-    workers stop together), logging to its stderr, which is read into ``output``."""
+    workers stop together), logging to its stderr, which is read into ``output``. Its ``url`` stays empty: the
+    address it listens on is the caller's (``nginx_config``'s ``listen``)."""
+
+    name = "nginx server"
+    own_group = True
 
     def __init__(self, binary: str, config: str, scratch: Path, startup_timeout: float = 15.0) -> None:
+        super().__init__([], startup_timeout=startup_timeout)
         self.binary = binary
         self.config = config
         self.scratch = scratch
-        self.startup_timeout = startup_timeout
-        self.output: deque[str] = deque(maxlen=500)
-        self._started = threading.Event()
-        self._proc: subprocess.Popen[str] | None = None
-        self._reader: threading.Thread | None = None
 
-    def start(self) -> Self:
-        self.scratch.mkdir(parents=True, exist_ok=True)
-        conf = self.scratch / "nginx.conf"
-        conf.write_text(self.config)
+    def command(self) -> list[str]:
         # pid file and error log are the command line's (the shipped file leaves them to the distribution);
         # as root the workers run as root too, so that they can use the temporary directories under the test's
         # own, which nginx's default user could not enter.
         main = f"daemon off; pid {self.scratch / 'nginx.pid'}; error_log stderr notice;"
         if os.geteuid() == 0:
             main += " user root;"
-        self._proc = subprocess.Popen(
-            [self.binary, "-p", str(self.scratch), "-c", str(conf), "-g", main],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            start_new_session=True,
-        )
-        self._reader = threading.Thread(target=self._read, name="nginx-output", daemon=True)
-        self._reader.start()
-        if not self._started.wait(self.startup_timeout) or self._proc.poll() is not None:
-            output = "\n".join(self.output)
-            self.stop()
-            raise RuntimeError(f"nginx did not start:\n{output}")
-        return self
+        return [self.binary, "-p", str(self.scratch), "-c", str(self.scratch / "nginx.conf"), "-g", main]
 
-    def _read(self) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
-        for line in self._proc.stdout:
-            self.output.append(line.rstrip("\n"))
-            if STARTED_RE.search(line):
-                self._started.set()
-        self._started.set()  # nginx ended: wake start()
+    def ready(self, line: str) -> str | None:
+        return "" if STARTED_RE.search(line) else None
 
-    def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM to the group (nginx's fast shutdown), SIGKILL after ``timeout``; the master's exit status."""
-        proc = self._proc
-        if proc is None:
-            return None
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-            with contextlib.suppress(ProcessLookupError):  # the whole group has already gone
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        if self._reader is not None:
-            self._reader.join(timeout=5)
-        if proc.stdout is not None:
-            proc.stdout.close()
-        self._proc = None
-        return proc.returncode
+    def start(self) -> Self:
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        (self.scratch / "nginx.conf").write_text(self.config)
+        return super().start()

@@ -172,7 +172,9 @@ async def test_replicas_behind_nginx_swap_and_fail_over_when_one_is_killed_under
 ) -> None:
     port = _free_port()
     public = f"http://127.0.0.1:{port}"  # nginx: what the claims hand to agents
-    env = {"ROLLWAY_PUBLIC_URL": public}
+    # No access lines from the replicas (nginx's access log has every request, with the replica that answered it):
+    # their output keeps their own warnings and errors (a traceback is one line), shown if the test fails.
+    env = {"ROLLWAY_PUBLIC_URL": public, "ROLLWAY_ACCESS_LOG": "false"}
     replicas = [GatewayProcess(pg_url, admin_token=TOKEN, env=env) for _ in range(2)]
     nginx: NginxProcess | None = None
     try:
@@ -192,6 +194,9 @@ async def test_replicas_behind_nginx_swap_and_fail_over_when_one_is_killed_under
                 await _dead_then_back(replicas, scratch / "access.log", admin, http)
     except BaseException:
         logs = {replica.url: replica.output for replica in replicas} | ({"nginx": nginx.output} if nginx else {})
+        access = tmp_path / "nginx" / "access.log"
+        if access.exists():  # every answer but a 200, with the replica that gave it (upstream=, upstream_status=)
+            logs["nginx: answers but 200"] = [line for line in access.read_text().splitlines() if '" 200 ' not in line]
         for name, lines in logs.items():  # shown with the failure (its captured stdout)
             print(f"--- {name} ---", *list(lines)[-40:], sep="\n")
         raise
