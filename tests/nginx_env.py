@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Self
 
-import pytest
+from components import missing
 
 from rollway.process import ServerProcess
 
@@ -40,9 +40,7 @@ def require_nginx() -> str:
     if binary is not None:
         return binary
     reason = "no nginx binary on PATH or at /usr/sbin/nginx (Debian: apt-get install nginx-light)"
-    if os.environ.get("ROLLWAY_REQUIRE_NGINX") == "1":
-        pytest.fail(f"nginx tests required (ROLLWAY_REQUIRE_NGINX=1) but {reason}", pytrace=False)
-    pytest.skip(f"nginx tests skipped: {reason}", allow_module_level=True)
+    missing("nginx tests", "ROLLWAY_REQUIRE_NGINX", reason)
 
 
 def nginx_config(template: str, *, listen: str, replicas: Sequence[str], scratch: Path) -> str:

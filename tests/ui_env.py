@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
-import pytest
+from components import missing
 from rich.console import Console
 
 from rollway.cli.demo import DemoOptions, run_loop
@@ -60,9 +60,7 @@ def require_browser() -> None:
     reason = unavailable_reason()
     if reason is None:
         return
-    if os.environ.get("ROLLWAY_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"browser tests required (ROLLWAY_REQUIRE_BROWSER=1) but {reason}", pytrace=False)
-    pytest.skip(f"browser tests skipped: {reason}", allow_module_level=True)
+    missing("browser tests", "ROLLWAY_REQUIRE_BROWSER", reason)
 
 
 def launch(playwright: Playwright) -> Browser:

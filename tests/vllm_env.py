@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from components import missing
 from filelock import FileLock
 
 VLLM_VERSION = "0.32.0"
@@ -91,9 +92,7 @@ def require_vllm() -> None:
     reason = unavailable_reason()
     if reason is None:
         return
-    if os.environ.get("ROLLWAY_REQUIRE_VLLM") == "1":
-        pytest.fail(f"real-vLLM suite required (ROLLWAY_REQUIRE_VLLM=1) but {reason}", pytrace=False)
-    pytest.skip(f"real-vLLM suite skipped: {reason}", allow_module_level=True)
+    missing("real-vLLM suite", "ROLLWAY_REQUIRE_VLLM", reason)
 
 
 def tiny_model() -> Path:
