@@ -162,8 +162,8 @@ async def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="rollway-admin-bench-") as tmp:
         app = create_app(Settings(database_url=f"sqlite:///{Path(tmp) / 'bench.db'}"))
-        async with app.router.lifespan_context(app):
-            store: Store = app.state.rollway.store
+        async with app.lifespan():
+            store: Store = app.state.store
             tune_gc()
             started = time.perf_counter()
             await fill(store, n, random.Random(7))

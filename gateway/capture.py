@@ -8,10 +8,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
+from rollway.gateway.errors import UpstreamFailure
 from rollway.gateway.litellm_backend import ALLOWED_FIELDS
 from rollway.gateway.record import choice_token_ids, response_logprobs
+from rollway.gateway.upstream import Answer
 from rollway.store import Backend
 
 OPERATIONS = {
@@ -56,41 +56,48 @@ class Injected:
 
 
 log = logging.getLogger("rollway.gateway")
-#: Backends (ids) that refused the ``stream_options`` the gateway added (an OpenAI-compatible server that does not
-#: know it): not sent to them again by this process.
-NO_STREAM_OPTIONS: set[str] = set()
 
 
-async def refused_stream_options(response: Any, backend: Backend) -> bool:
-    """Whether ``response`` is a 400 that names ``stream_options``, from an ``openai``-kind backend (vLLM and
-    SGLang know it): the response is then released, and the call asked again without it (``asked_again``)."""
-    if backend.kind != "openai" or response.status != 400:
-        return False
-    try:
-        body = await response.read()  # kept by the response: read again when it is passed on
-    except (aiohttp.ClientError, TimeoutError):
-        return False
-    if b"stream_options" not in body:
-        return False
-    response.release()
-    return True
+class StreamOptionsRefusals:
+    """The backends (ids) that refused the ``stream_options`` the gateway added (an OpenAI-compatible server that
+    does not know it): not sent to them again by this gateway, whose streams' spans then have no usage."""
 
+    def __init__(self) -> None:
+        self._backends: set[str] = set()
 
-def asked_again(backend: Backend, status: int) -> None:
-    """The answer to a call asked again without ``stream_options``: if the backend took it, it is the one that
-    does not know them (remembered); if it refused that too, the first refusal was about something else (a
-    client's own ``stream_options``, an error message that quotes the request) and nothing is remembered."""
-    if status < 400 and backend.backend_id not in NO_STREAM_OPTIONS:
-        NO_STREAM_OPTIONS.add(backend.backend_id)
-        log.warning("backend '%s' refused stream_options: its streams' spans have no usage", backend.backend_id)
+    def __contains__(self, backend_id: object) -> bool:
+        return backend_id in self._backends
+
+    async def refused(self, answer: Answer, backend: Backend, limit: int) -> bool:
+        """Whether ``answer`` is a 400 that names ``stream_options``, from an ``openai``-kind backend (vLLM and
+        SGLang know it): the answer is then released, and the call asked again without it (``remember``)."""
+        if backend.kind != "openai" or answer.status != 400:
+            return False
+        try:
+            body = await answer.read(limit)  # kept by the answer: read again when it is passed on
+        except UpstreamFailure:
+            return False
+        if b"stream_options" not in body:
+            return False
+        answer.release()
+        return True
+
+    def remember(self, backend: Backend, status: int) -> None:
+        """Take the answer to a call asked again without ``stream_options``: if the backend took it, it is one
+        that does not know them (remembered); if it refused that too, the first refusal was about something
+        else (a client's own ``stream_options``, an error message that quotes the request): nothing is kept."""
+        if status < 400 and backend.backend_id not in self._backends:
+            self._backends.add(backend.backend_id)
+            log.warning("backend '%s' refused stream_options: its streams' spans have no usage", backend.backend_id)
 
 
 def prepare(
     operation: str, body: dict[str, Any], backend: Backend, sampling: dict[str, Any] | None, usage: bool = True
 ) -> tuple[dict[str, Any], Injected]:
     """The body sent upstream: upstream model name, alias sampling defaults, capture fields (stream usage only
-    when ``usage``). A ``litellm`` backend gets only the defaults it takes (``litellm_backend.ALLOWED_FIELDS``):
-    an alias's vLLM defaults would otherwise fail every call it serves."""
+    when ``usage``: not for a backend that refused ``stream_options``). A ``litellm`` backend gets only the
+    defaults it takes (``litellm_backend.ALLOWED_FIELDS``): an alias's vLLM defaults would otherwise fail every
+    call it serves."""
     upstream = dict(body)
     upstream.pop("rollout_id", None)
     upstream["model"] = backend.model
@@ -108,7 +115,6 @@ def prepare(
     echo = operation == "text_completion" and upstream.get("echo") and not upstream.get("return_token_ids")
     token_ids = backend.kind in TOKEN_ID_KINDS and not echo
     options = upstream.get("stream_options") or {}
-    usage = usage and backend.backend_id not in NO_STREAM_OPTIONS
     usage = usage and backend.kind not in NO_USAGE_ASKED
     if upstream.get("stream") and isinstance(options, dict) and usage:
         # Usage (tokens, cached tokens) for the span, from every OpenAI-compatible kind; a ``stream_options``

@@ -7,26 +7,25 @@ Routes: ``POST /v1/{chat/completions,completions,responses,embeddings}`` and ``G
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import re
-import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
 import orjson
 
 from rollway import logs
-from rollway.gateway import capture, outcome
+from rollway.gateway import capture
 from rollway.gateway.attribution import KeyCache, attribute, check_key
 from rollway.gateway.bounds import Bound
+from rollway.gateway.call import Call, call_error
 from rollway.gateway.errors import AuthError, CallError, ClientStalled, UnknownAlias
 from rollway.gateway.proxy import Gateway
-from rollway.gateway.record import CallRecord, parse_traceparent
+from rollway.gateway.record import parse_traceparent
+from rollway.gateway.reply import Reply
 from rollway.store import ModelAlias, NotFoundError, StoreError
-from rollway.store.faults import unavailable
 
 log = logging.getLogger("rollway.gateway")
 
@@ -40,56 +39,26 @@ PATH = re.compile(
     r"^(?:/rollout/(?P<rollout>[^/]+)(?:/attempt/(?P<attempt>[^/]+))?)?"
     r"/v1/(?P<op>chat/completions|completions|responses|embeddings|models)(?:(?<=models)/(?P<model>.+?))?/?$"
 )
-#: How long a call ended by the server's shutdown waits for its client to take the news.
-SHUTDOWN_WRITE_TIMEOUT = 1.0
 
 
-class AsgiReply:
-    """Sends one HTTP response over ASGI, remembering whether it started.
+@dataclass
+class Serving:
+    """What the data plane serves with, once the lifespan has started it: the gateway and its key cache."""
 
-    A send waits while the client does not read (uvicorn's flow control: the backend's answer is not piled up in
-    memory), but not for ever: one that waits ``write_timeout`` seconds, or past ``deadline`` (the rollout's, wall
-    clock), raises ``ClientStalled`` (``bound``: the handler task's, kept by the gateway's ``Sweeper``)."""
-
-    def __init__(self, send: Send, write_timeout: float, bound: Bound) -> None:
-        self._send = send
-        self.started = False
-        self.sized = False  # a whole answer (its length said): nothing may be added to it
-        self.ended = False
-        self.write_timeout = write_timeout
-        self.deadline: float | None = None
-        self.bound = bound
-
-    async def _put(self, message: Message) -> None:
-        try:
-            with self.bound.within(self.write_timeout, self.deadline):
-                await self._send(message)
-        except TimeoutError:
-            if self.deadline is not None and time.time() >= self.deadline:
-                raise ClientStalled("the client did not read the answer before the rollout's deadline") from None
-            raise ClientStalled(f"the client did not read the answer for {self.write_timeout:g} s") from None
-
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.started = True
-        await self._put({"type": "http.response.start", "status": status, "headers": headers})
-
-    async def body(self, data: bytes, more: bool) -> None:
-        self.ended = self.ended or not more
-        await self._put({"type": "http.response.body", "body": data, "more_body": more})
-
-    async def whole(self, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:
-        """A response in one piece, with its length (not chunked: an HTTP/1.0 client cannot read chunks)."""
-        self.sized = True
-        await self.start(status, [*headers, (b"content-length", str(len(data)).encode())])
-        await self.body(data, more=False)
+    gateway: Gateway
+    keys: KeyCache
 
 
 class DataPlane:
-    """Pure ASGI middleware: serves the data-plane paths, hands everything else to ``app``. The running
-    gateway is found on the application state (``scope["app"].state.rollway``), set up by the lifespan."""
+    """Pure ASGI middleware: serves the data-plane paths, hands everything else to ``fallback``. It serves with
+    what the lifespan hands it (``serve_with``); until then, and once the lifespan has ended, a call is a 503."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.fallback = app
+    def __init__(self, fallback: ASGIApp) -> None:
+        self.fallback = fallback
+        self.serving: Serving | None = None
+
+    def serve_with(self, serving: Serving | None) -> None:
+        self.serving = serving
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -103,33 +72,36 @@ class DataPlane:
             if match is None:
                 await self.fallback(scope, receive, _with_header(send, rid_header))
                 return
-            gateway = scope["app"].state.rollway.gateway
-            reply = AsgiReply(send, gateway.settings.write_timeout, gateway.sweeper.bound())
+            serving = self.serving
+            if serving is None:
+                await _not_serving(send, rid_header)
+                return
+            gateway = serving.gateway
+            reply = Reply(send, gateway.settings.write_timeout, gateway.sweeper.bound())
             try:
                 try:
-                    await self._serve(scope, receive, reply, match, rid_header)
-                except Exception as exc:
-                    err = _call_error(exc, gateway)
-                    if err is None:
-                        raise
-                    if not err.counted:
-                        gateway.metrics.observe_rejected(match["op"], err.status)
-                    if not reply.started:
-                        headers = [rid_header, *err.headers]
-                        if not any(name == b"content-type" for name, _ in err.headers):  # a backend's has its own
-                            headers.insert(0, (b"content-type", b"application/json"))
-                        await reply.whole(err.status, headers, err.body)
+                    await self._serve(serving, scope, receive, reply, match, rid_header)
+                except ClientStalled:
+                    raise
+                except Exception as exc:  # refused before the call began: no span, counted as a rejection
+                    err = call_error(exc, gateway)
+                    gateway.metrics.observe_rejected(match["op"], err.status)
+                    await reply.error(err, [rid_header])
             except ClientStalled as exc:  # (an answer or an error) left unfinished: uvicorn closes the connection
                 log.warning("%s: answer abandoned, connection closed", exc)
         finally:
             logs.REQUEST_ID.reset(token)
 
     async def _serve(
-        self, scope: Scope, receive: Receive, reply: AsgiReply, match: re.Match[str], rid_header: tuple[bytes, bytes]
+        self,
+        serving: Serving,
+        scope: Scope,
+        receive: Receive,
+        reply: Reply,
+        match: re.Match[str],
+        rid_header: tuple[bytes, bytes],
     ) -> None:
-        state = scope["app"].state.rollway
-        gateway: Gateway = state.gateway
-        keys: KeyCache = state.keys
+        gateway, keys = serving.gateway, serving.keys
         op_path = match["op"]
         method = scope["method"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
@@ -172,7 +144,8 @@ class DataPlane:
         attempt = unquote(match["attempt"]) if match["attempt"] else None
         try:
             who = attribute(rollout, attempt, headers, parsed, key)
-            prepared = await gateway.begin(
+            call = await Call.begin(
+                gateway,
                 capture.OPERATIONS[op_path],
                 op_path,
                 parsed,
@@ -183,21 +156,20 @@ class DataPlane:
             raise exc.refusal() from None
         except StoreError as exc:
             raise CallError.of_store(exc) from None
-        record = prepared.record
-        reply.deadline = record.deadline  # a client that does not read is not waited for past it either
+        record = call.record
         out_headers = [rid_header, (b"x-rollway-sequence-id", str(record.sequence_id).encode())]
         if record.rollout_id:
             out_headers.append((b"x-rollway-rollout-id", record.rollout_id.encode()))
             out_headers.append((b"x-rollway-attempt-id", (record.attempt_id or "").encode()))
-        await self._run_watched(gateway, prepared, parsed, receive, reply, out_headers)
+        await call.run(reply, receive, out_headers)
 
-    async def _models(self, gateway: Gateway, reply: AsgiReply, rid_header: tuple[bytes, bytes]) -> None:
+    async def _models(self, gateway: Gateway, reply: Reply, rid_header: tuple[bytes, bytes]) -> None:
         data = [_model_object(m) for m in await gateway.store.list_models()]
         await reply.whole(
             200, [(b"content-type", b"application/json"), rid_header], orjson.dumps({"object": "list", "data": data})
         )
 
-    async def _model(self, gateway: Gateway, alias: str, reply: AsgiReply, rid_header: tuple[bytes, bytes]) -> None:
+    async def _model(self, gateway: Gateway, alias: str, reply: Reply, rid_header: tuple[bytes, bytes]) -> None:
         """``GET /v1/models/{alias}`` (the SDK's ``models.retrieve``)."""
         try:
             model = await gateway.store.get_model(alias)
@@ -207,103 +179,13 @@ class DataPlane:
             ) from None
         await reply.whole(200, [(b"content-type", b"application/json"), rid_header], orjson.dumps(_model_object(model)))
 
-    async def _run_watched(
-        self,
-        gateway: Gateway,
-        prepared: Any,
-        body: dict[str, Any],
-        receive: Receive,
-        reply: AsgiReply,
-        headers: list[tuple[bytes, bytes]],
-    ) -> None:
-        """Run the call in this task; a client disconnect cancels it at once (and with it the upstream request).
 
-        The call is not a task of its own: starting one costs a turn of the event loop before the request
-        goes upstream. A watcher task cancels this one when the client goes away."""
-        record = prepared.record
-        task = asyncio.current_task()
-        assert task is not None
-        state = {"over": False, "disconnected": False}
-
-        def client_gone(watcher: asyncio.Future[None]) -> None:
-            if state["over"] or watcher.cancelled() or watcher.exception() is not None:
-                return
-            state["disconnected"] = True
-            task.cancel()
-
-        watcher = asyncio.ensure_future(_disconnected(receive))
-        watcher.add_done_callback(client_gone)
-        gateway.running.started()
-        try:
-            await gateway.run(prepared, body, reply, headers)
-        except asyncio.CancelledError:
-            task.uncancel()
-            state["over"] = True
-            if not state["disconnected"]:  # the server's graceful shutdown ran out of time with the call in flight
-                await _shut_down(gateway, record, reply, headers)
-                return
-            if not outcome.ended(record):
-                outcome.unfinished(record, "cancelled", cancelled=True)
-                await gateway.finish(record)
-        except ClientStalled as exc:
-            state["over"] = True
-            if not outcome.ended(record):
-                outcome.unfinished(record, "client_stalled", str(exc))
-                await gateway.finish(record)
-            raise
-        except Exception as exc:
-            state["over"] = True
-            err = _call_error(exc, gateway)
-            if err is None:
-                raise
-            if not outcome.ended(record):
-                outcome.failed(record, err)
-                await gateway.finish(record)
-            err.counted = True
-            # The call has its ids (and its span): the error tells them like any answer (not the request id:
-            # the caller adds that to every answer).
-            own = {name for name, _ in err.headers}  # a refusal already names its sequence id
-            err.headers = [*(h for h in headers if h[0].startswith(b"x-rollway-") and h[0] not in own), *err.headers]
-            raise err from None
-        finally:
-            state["over"] = True
-            watcher.cancel()
-            prepared.release()
-            gateway.running.done()
-
-
-async def _shut_down(
-    gateway: Gateway, record: CallRecord, reply: AsgiReply, headers: list[tuple[bytes, bytes]]
-) -> None:
-    """A call uvicorn cancelled as it stops (``ROLLWAY_SHUTDOWN_TIMEOUT`` passed): its span says so (with the
-    tokens that went by), and its client is told, as for any error — an envelope, or for a stream that started a
-    final error event instead of ``[DONE]`` — if it takes it within ``SHUTDOWN_WRITE_TIMEOUT``. The lifespan waits
-    for these calls before it closes the store (``Running.ended``)."""
-    err = outcome.shutting_down()
-    if not outcome.ended(record):
-        outcome.unfinished(record, "shutdown", err.body.decode(), status=None if reply.started else err.status)
-        await gateway.finish(record)
-    reply.write_timeout = min(reply.write_timeout, SHUTDOWN_WRITE_TIMEOUT)
-    with contextlib.suppress(ClientStalled):
-        if not reply.started:
-            await reply.whole(503, [(b"content-type", b"application/json"), *headers], err.body)
-        elif not reply.sized and not reply.ended:
-            await reply.body(b"data: " + err.body + b"\n\n", more=False)
-
-
-def _call_error(exc: Exception, gateway: Gateway) -> CallError | None:
-    """The answer to an exception of a call: itself if it is one; a store error (or a database failure the store
-    did not name, 503) by its kind; anything else a 500 in the envelope, logged (once per kind per interval). None
-    for ``ClientStalled``: nothing more can be said to that client."""
-    if isinstance(exc, CallError):
-        return exc
-    if isinstance(exc, ClientStalled):
-        return None
-    failure = exc if isinstance(exc, StoreError) else unavailable(exc)
-    if failure is not None:
-        return CallError.of_store(failure)
-    gateway.store.failures.log(log, f"call:{type(exc).__name__}", "call failed", exc_info=exc)
-    return CallError.of(500, f"internal error: {type(exc).__name__}", "server_error")
+async def _not_serving(send: Send, rid_header: tuple[bytes, bytes]) -> None:
+    """A call before the lifespan started the gateway, or after it stopped it."""
+    body = CallError.of(503, "the server is not serving yet (or any more)", "service_unavailable").body
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), rid_header]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
@@ -315,13 +197,6 @@ def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
         await send(message)
 
     return wrapped
-
-
-async def _disconnected(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 async def _read_body(receive: Receive, headers: dict[str, str], limit: int, timeout: float, bound: Bound) -> bytes:

@@ -10,7 +10,7 @@
     └── ResponseTooLarge  a backend's answer past ``ROLLWAY_MAX_RESPONSE_BYTES``
 
 Only ``CallError`` reaches the client as it is; the ASGI layer (``gateway.dataplane``) and the call
-(``gateway.proxy``) turn each of the others into one, and ``gateway.outcome`` turns every way a call ends into its
+(``gateway.call``) turn each of the others into one, and ``gateway.outcome`` turns every way a call ends into its
 span. A store error is answered with the status of its kind (``rollway.envelope.STORE_ERROR_STATUS``).
 """
 
@@ -29,12 +29,19 @@ class GatewayError(Exception):
 class CallError(GatewayError):
     """The call ends with this status and body (OpenAI's envelope, or the backend's own error body)."""
 
-    def __init__(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]] | None = None,
+        error_type: str | None = None,
+    ) -> None:
         super().__init__(body.decode(errors="replace"))
         self.status = status
         self.body = body
         self.headers = headers or []
-        self.counted = False  # True once the call's span (and metrics) are recorded
+        #: Why the call was refused, for its span (``model_paused``, ``model_busy``); ``http_<status>`` if None.
+        self.error_type = error_type
 
     @classmethod
     def of(
@@ -91,6 +98,7 @@ class AliasPaused(GatewayError):
     def refusal(self) -> CallError:
         err = CallError.of(429, str(self), "rate_limit_exceeded", code="model_paused")
         err.headers.append((b"retry-after", str(int(self.retry_after)).encode()))
+        err.error_type = "model_paused"
         return err
 
 

@@ -3,8 +3,9 @@ reached through LiteLLM's translation.
 
 LiteLLM is heavy (seconds and ~165 MB to import), so it is imported here, lazily, the first time such a
 backend serves a call — never at start-up and never on the path of an OpenAI-compatible backend. Its answers
-are turned back into OpenAI JSON and handed to the proxy behind the small part of aiohttp's response
-interface the proxy uses, so retries, streaming capture and spans work the same for every kind.
+are turned back into OpenAI JSON and handed to the call as an ``upstream.Answer`` (``LiteLLMAnswer``), the
+same seam aiohttp's answers come through, so retries, streaming capture and spans work the same for every kind.
+One ``LiteLLMBackend`` per gateway holds the imported module and the provider streams being closed.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import importlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import orjson
@@ -32,46 +33,29 @@ STREAM_BROKE = {
 }
 log = logging.getLogger("rollway.gateway")
 TRACEBACK = "Traceback (most recent call last):"
-_litellm: Any = None
-_closing: set[asyncio.Task[Any]] = set()  # streams being closed (a task needs a reference until it is done)
 
 
-async def _load() -> Any:
-    """LiteLLM, imported once and off the event loop: its import takes seconds, during which every other call
-    of the gateway would stall. Its model cost map is read from the installed package (by default LiteLLM
-    fetches it from GitHub at import, with retries: a network call, and seconds more, on the serving path)."""
-    global _litellm
-    if _litellm is None:
-        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        os.environ.setdefault("LITELLM_DISABLE_BUG_REPORT_LINK", "True")  # its errors reach clients and spans
-        module: Any = await asyncio.to_thread(importlib.import_module, "litellm")
-        module.suppress_debug_info = True  # no banners printed to stdout on provider errors
-        _litellm = module
-    return _litellm
+class LiteLLMAnswer:
+    """``upstream.Answer`` over LiteLLM's result: a whole answer's JSON, or the provider's stream as events."""
 
-
-class _Content:
-    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
-        self._chunks = chunks
-
-    def iter_any(self) -> AsyncIterator[bytes]:
-        return self._chunks
-
-
-class LiteLLMResponse:
-    """Looks like the unread ``aiohttp.ClientResponse`` the proxy expects."""
-
-    def __init__(self, status: int, body: bytes | None = None, stream: Any = None) -> None:
+    def __init__(
+        self, status: int, body: bytes | None = None, stream: Any = None, closing: set[asyncio.Task[Any]] | None = None
+    ) -> None:
         self.status = status
-        self.headers = {"Content-Type": "text/event-stream" if stream is not None else "application/json"}
+        self.headers: Mapping[str, str] = {
+            "Content-Type": "text/event-stream" if stream is not None else "application/json"
+        }
         self._body = body or b""
         self._stream = stream
-        self.content = _Content(self._events())
+        self._closing = closing if closing is not None else set()
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int) -> bytes:
         return self._body
 
-    async def _events(self) -> AsyncIterator[bytes]:
+    async def read_error(self) -> bytes:
+        return self._body
+
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         if self._stream is None:
             return
         try:
@@ -87,18 +71,19 @@ class LiteLLMResponse:
         return None
 
     def close(self) -> None:
-        """Stop the provider's stream, and with it the provider's request (the proxy calls this when the client
-        went away or the call failed). ``aclose`` is a coroutine: it runs as a task of the running loop."""
+        """Stop the provider's stream, and with it the provider's request (the call closes its answer when the
+        client went away or the call failed). ``aclose`` is a coroutine: it runs as a task of the running loop,
+        held by its backend until done."""
         closer = getattr(self._stream, "aclose", None)
         if closer is not None:
             task = asyncio.get_running_loop().create_task(closer())
-            _closing.add(task)
-            task.add_done_callback(_closing.discard)
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
 
-def _error(status: int, message: str, type_: str, code: str | None = None, param: str | None = None) -> LiteLLMResponse:
+def _error(status: int, message: str, type_: str, code: str | None = None, param: str | None = None) -> LiteLLMAnswer:
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    return LiteLLMResponse(status, orjson.dumps(body))
+    return LiteLLMAnswer(status, orjson.dumps(body))
 
 
 #: The request fields a ``litellm`` backend takes: OpenAI's parameters of chat completions, completions and
@@ -137,37 +122,64 @@ def _plain(obj: Any) -> Any:
     return dump() if dump is not None else obj
 
 
-async def call(backend: Backend, path: str, body: dict[str, Any], timeout: float | None) -> LiteLLMResponse:
-    """Run the call through LiteLLM; provider errors come back as responses with their status and an
-    OpenAI-style error body, so the proxy's retry rules apply unchanged."""
-    function_name = CALLS.get(path)
-    if function_name is None:
-        return _error(400, f"/v1/{path} is not available for litellm backends", "invalid_request_error")
-    try:
-        litellm = await _load()
-    except ModuleNotFoundError:
-        message = "backend kind 'litellm' needs LiteLLM, which is not installed: pip install 'rollway[litellm]'"
-        return _error(501, message, "server_error", "litellm_not_installed")
-    refused = next((k for k in body if k not in ALLOWED_FIELDS and k not in DROPPED_FIELDS), None)
-    if refused is not None:
-        message = (
-            f"'{refused}' is not accepted by this model (a LiteLLM backend takes OpenAI's parameters and "
-            "top_k, thinking, safety_settings, min_p, repetition_penalty; how it is called is the gateway's setting)"
-        )
-        return _error(400, message, "invalid_request_error", "field_not_allowed", refused)
-    params = {k: v for k, v in body.items() if k not in DROPPED_FIELDS}
-    params.update(model=backend.model, api_base=backend.base_url, timeout=timeout)
-    if backend.api_key is not None:
-        params["api_key"] = backend.api_key.get_secret_value()
-    try:
-        result = await getattr(litellm, function_name)(**params)
-    except litellm.Timeout as exc:  # no answer within the timeout: a 504, like an aiohttp backend's
-        raise UpstreamFailure("timeout", f"backend '{backend.backend_id}' timed out") from exc
-    except Exception as exc:
-        status = int(getattr(exc, "status_code", 500) or 500)
-        message = _without_traceback(str(getattr(exc, "message", exc)))
-        error = {"error": {"message": message, "type": type(exc).__name__, "param": None, "code": None}}
-        return LiteLLMResponse(status, orjson.dumps(error))
-    if body.get("stream"):
-        return LiteLLMResponse(200, stream=result)
-    return LiteLLMResponse(200, orjson.dumps(_plain(result)))
+class LiteLLMBackend:
+    """The calls of this gateway's ``litellm`` backends: LiteLLM imported on the first one, and the provider streams
+    being closed (a task needs a reference until it is done)."""
+
+    def __init__(self) -> None:
+        self._litellm: Any = None
+        self._closing: set[asyncio.Task[Any]] = set()
+
+    async def _load(self) -> Any:
+        """LiteLLM, imported once and off the event loop: its import takes seconds, during which every other call
+        of the gateway would stall. Its model cost map is read from the installed package (by default LiteLLM
+        fetches it from GitHub at import, with retries: a network call, and seconds more, on the serving path);
+        both settings are environment variables LiteLLM reads as it is imported."""
+        if self._litellm is None:
+            os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+            os.environ.setdefault("LITELLM_DISABLE_BUG_REPORT_LINK", "True")  # its errors reach clients and spans
+            module: Any = await asyncio.to_thread(importlib.import_module, "litellm")
+            module.suppress_debug_info = True  # no banners printed to stdout on provider errors
+            self._litellm = module
+        return self._litellm
+
+    async def close(self) -> None:
+        """Wait for the provider streams still being closed."""
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+
+    async def call(self, backend: Backend, path: str, body: dict[str, Any], timeout: float | None) -> LiteLLMAnswer:
+        """Run the call through LiteLLM; provider errors come back as answers with their status and an
+        OpenAI-style error body, so the call's retry rules apply unchanged."""
+        function_name = CALLS.get(path)
+        if function_name is None:
+            return _error(400, f"/v1/{path} is not available for litellm backends", "invalid_request_error")
+        try:
+            litellm = await self._load()
+        except ModuleNotFoundError:
+            message = "backend kind 'litellm' needs LiteLLM, which is not installed: pip install 'rollway[litellm]'"
+            return _error(501, message, "server_error", "litellm_not_installed")
+        refused = next((k for k in body if k not in ALLOWED_FIELDS and k not in DROPPED_FIELDS), None)
+        if refused is not None:
+            message = (
+                f"'{refused}' is not accepted by this model (a LiteLLM backend takes OpenAI's parameters and "
+                "top_k, thinking, safety_settings, min_p, repetition_penalty; how it is called is the gateway's "
+                "setting)"
+            )
+            return _error(400, message, "invalid_request_error", "field_not_allowed", refused)
+        params = {k: v for k, v in body.items() if k not in DROPPED_FIELDS}
+        params.update(model=backend.model, api_base=backend.base_url, timeout=timeout)
+        if backend.api_key is not None:
+            params["api_key"] = backend.api_key.get_secret_value()
+        try:
+            result = await getattr(litellm, function_name)(**params)
+        except litellm.Timeout as exc:  # no answer within the timeout: a 504, like an aiohttp backend's
+            raise UpstreamFailure("timeout", f"backend '{backend.backend_id}' timed out") from exc
+        except Exception as exc:
+            status = int(getattr(exc, "status_code", 500) or 500)
+            message = _without_traceback(str(getattr(exc, "message", exc)))
+            error = {"error": {"message": message, "type": type(exc).__name__, "param": None, "code": None}}
+            return LiteLLMAnswer(status, orjson.dumps(error))
+        if body.get("stream"):
+            return LiteLLMAnswer(200, stream=result, closing=self._closing)
+        return LiteLLMAnswer(200, orjson.dumps(_plain(result)))

@@ -1,24 +1,124 @@
-"""Calls to backends: one pooled aiohttp session for the process, one function per try.
+"""Calls to backends: one pooled aiohttp session for the process, one function per try, and the answer of a try
+as the call sees it (``Answer``), whatever carried it.
 
-Retries and failover live in ``gateway.proxy`` and ``gateway.failover``; this module only knows how to send a
-request, how a failure should be classified, and the backoff and ``Retry-After`` arithmetic.
+``Answer`` is the seam between a call and its transport: aiohttp's answers (``AiohttpAnswer``) and LiteLLM's
+(``gateway.litellm_backend``) both implement it, and each maps its transport's failures to ``UpstreamFailure`` in
+one place, so nothing above this module sees aiohttp's (or httpx's) exception types. Retries and failover live in
+``gateway.proxy`` and ``gateway.failover``; this module knows how to send a request, how a failure is classified,
+and the backoff and ``Retry-After`` arithmetic.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
-import functools
 import os
 import random
-import re
 import time
-from typing import Any
+from collections.abc import AsyncGenerator, Mapping
+from typing import Protocol
 
 import aiohttp
 
 from rollway.gateway.errors import ResponseTooLarge, UpstreamFailure
 from rollway.store import Backend
+
+
+class Answer(Protocol):
+    """A backend's answer to one try, unread: its status and headers, then its body, read whole or as it comes.
+    Every failure of the transport while reading is an ``UpstreamFailure``."""
+
+    status: int
+    headers: Mapping[str, str]
+
+    async def read(self, limit: int) -> bytes:
+        """The whole body. One that breaks off or stalls is an ``UpstreamFailure`` of the try, before any byte
+        reached the client; so is one over ``limit`` bytes, left unread past it (a backend sending without end
+        would have the process hold it all). Read again, it is the same bytes."""
+        ...
+
+    async def read_error(self) -> bytes:
+        """An error answer's body (empty when it broke off); the connection goes back to the pool."""
+        ...
+
+    def chunks(self) -> AsyncGenerator[bytes, None]:
+        """The body as it arrives; a body that breaks off or stalls ends in ``UpstreamFailure`` (``broken``)."""
+        ...
+
+    def release(self) -> None:
+        """The body is read: the connection goes back to the pool."""
+
+    def close(self) -> None:
+        """Drop the connection (the client left, or the call failed): the backend stops generating."""
+
+
+#: What breaks an aiohttp body off: the connection dropped or reset, a chunked body cut short, the read timeout.
+_BROKEN = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, TimeoutError)
+
+
+class AiohttpAnswer:
+    """``Answer`` over aiohttp's response (an OpenAI-compatible backend: vLLM, SGLang, OpenAI, ...)."""
+
+    __slots__ = ("_body", "_response", "headers", "status")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+        self.headers: Mapping[str, str] = response.headers
+        self._body: bytes | None = None
+
+    async def read(self, limit: int) -> bytes:
+        if self._body is not None:
+            return self._body
+        response = self._response
+        try:
+            declared = response.content_length
+            if declared is None and not response.content.at_eof():
+                parts, size = [], 0
+                async for part in response.content.iter_any():
+                    size += len(part)
+                    if size > limit:
+                        raise ResponseTooLarge(limit)
+                    parts.append(part)
+                body = b"".join(parts)
+            elif (declared or 0) > limit:
+                raise ResponseTooLarge(limit)
+            else:
+                body = await response.read()
+        except ResponseTooLarge as exc:
+            response.close()
+            raise UpstreamFailure("response_too_large", str(exc)) from exc
+        except TimeoutError as exc:  # headers came, the body stalled
+            response.close()
+            raise UpstreamFailure("read_timeout", "the backend timed out sending its answer") from exc
+        except aiohttp.ClientError as exc:  # the body broke off (connection dropped)
+            response.close()
+            raise UpstreamFailure("broken", f"the backend answer broke: {type(exc).__name__}") from exc
+        self._body = body
+        return body
+
+    async def read_error(self) -> bytes:
+        try:
+            if self._body is None:
+                self._body = await self._response.read()
+            return self._body
+        except (aiohttp.ClientError, TimeoutError):
+            return b""
+        finally:
+            self._response.release()
+
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
+        try:
+            async for part in self._response.content.iter_any():
+                yield part
+        except _BROKEN as exc:
+            raise UpstreamFailure("broken", f"the backend stream broke: {type(exc).__name__}") from exc
+
+    def release(self) -> None:
+        self._response.release()
+
+    def close(self) -> None:
+        self._response.close()
 
 
 class Upstream:
@@ -48,9 +148,9 @@ class Upstream:
         *,
         trace: tuple[str, str | None],
         deadline: float | None,
-    ) -> aiohttp.ClientResponse:
+    ) -> AiohttpAnswer:
         """POST ``payload`` to ``{backend.base_url}/{path}`` with ``trace`` (``traceparent``, ``tracestate``); the
-        response is returned unread."""
+        answer is returned unread."""
         assert self._session is not None, "upstream session not started"
         headers = {"Content-Type": "application/json", "traceparent": trace[0]}
         if trace[1]:
@@ -69,7 +169,7 @@ class Upstream:
             )
         url = backend.base_url.rstrip("/") + "/" + path
         try:
-            return await self._session.post(url, data=payload, headers=headers, timeout=timeout)
+            return AiohttpAnswer(await self._session.post(url, data=payload, headers=headers, timeout=timeout))
         except aiohttp.ConnectionTimeoutError as exc:  # no connection: safe to fail over, like a refused one
             raise UpstreamFailure("connect", f"cannot reach backend '{backend.backend_id}': connect timeout") from exc
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
@@ -115,129 +215,9 @@ async def wait(seconds: float) -> None:
         await asyncio.sleep(seconds)
 
 
-#: Keys shorter than this are not looked for in error bodies: masking ``null`` would break the JSON around it.
-MASKED_KEY_LENGTH = 8
-#: What a backend's key is replaced with, wherever it is found.
-MASK = "***"
-
-
-def backend_key(backend: Backend | None) -> str:
-    """The backend's API key, to look for in what the backend sends back; empty for no key or a placeholder for a
-    keyless server ("x", "null"), which is not a secret to look for."""
-    key = backend.api_key.get_secret_value() if backend is not None and backend.api_key is not None else ""
-    return key if len(key) >= MASKED_KEY_LENGTH else ""
-
-
-def key_bytes(backend: Backend | None) -> bytes:
-    """``backend_key`` as UTF-8: how the key reads in a body that does not escape it."""
-    return backend_key(backend).encode()
-
-
-def without_key(raw: bytes, backend: Backend | None) -> bytes:
-    """A backend's body (an error, or an answer quoting its request) with the backend's API key, should the
-    backend echo it (``you sent Bearer sk-...``), masked: the body is passed to the client and recorded in the
-    span, neither may hold the key. ``masked`` says in which forms."""
-    return masked(raw, backend_key(backend))
-
-
-def masked(raw: bytes, key: str) -> bytes:
-    """``raw`` with every occurrence of ``key`` replaced by ``MASK``: as it is, and as a JSON text may write it,
-    any of its characters escaped (``sk\\u002d...``, ``\\/`` for ``/``), which a client's JSON parser turns back
-    into the key. Valid JSON stays valid: the mask replaces the key inside its string."""
-    if not key:
-        return raw
-    plain = key.encode()
-    if plain not in raw and b"\\" not in raw:  # (an escaped key has a backslash: most bodies are passed at once)
-        return raw
-    return _key_pattern(key).sub(_masking, raw)
-
-
-def _masking(match: re.Match[bytes]) -> bytes:
-    return (match.group(1) or b"") + MASK.encode()
-
-
-@functools.lru_cache(maxsize=64)
-def _key_pattern(key: str) -> re.Pattern[bytes]:
-    """The key written with each character as itself or as a JSON escape. A match that begins with an escape
-    begins where its backslash is not itself escaped: after an even number of backslashes (group 1, kept)."""
-    escaped = b"(?<!\\\\)((?:\\\\\\\\)*)(?:" + b"|".join(_escapes(key[0])) + b")"
-    first = b"(?:" + escaped + b"|" + re.escape(key[0].encode()) + b")"
-    return re.compile(first + b"".join(b"(?:" + b"|".join(_forms(c)) + b")" for c in key[1:]))
-
-
-def _forms(char: str) -> list[bytes]:
-    return [re.escape(char.encode()), *_escapes(char)]
-
-
-#: JSON's two-character escapes (RFC 8259, section 7), beside ``\\uXXXX`` which can write any character.
-_SHORT_ESCAPES = {
-    '"': b'\\"',
-    "\\": b"\\\\",
-    "/": b"\\/",
-    "\b": b"\\b",
-    "\f": b"\\f",
-    "\n": b"\\n",
-    "\r": b"\\r",
-    "\t": b"\\t",
-}
-
-
-def _escapes(char: str) -> list[bytes]:
-    """Patterns of the JSON escapes of ``char``: ``\\uXXXX`` with hex digits of either case (a character beyond
-    the Basic Multilingual Plane: its UTF-16 surrogate pair), and its short escape if it has one."""
-    units = char.encode("utf-16-be")
-    hexes = (f"{int.from_bytes(units[i : i + 2]):04x}" for i in range(0, len(units), 2))
-    unicode = b"".join(
-        b"\\\\u" + b"".join(f"[{d}{d.upper()}]".encode() if d.isalpha() else d.encode() for d in digits)
-        for digits in hexes
-    )
-    short = _SHORT_ESCAPES.get(char)
-    return [unicode] if short is None else [unicode, re.escape(short)]
-
-
-async def read_quietly(response: aiohttp.ClientResponse) -> bytes:
-    """An error answer's body (empty when it broke off); the connection goes back to the pool."""
-    try:
-        return await response.read()
-    except (aiohttp.ClientError, TimeoutError):
-        return b""
-    finally:
-        response.release()
-
-
-def passthrough_headers(response: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
+def passthrough_headers(answer: Answer) -> list[tuple[bytes, bytes]]:
     """The headers of a backend's error answer that the client gets with it."""
-    out = [(b"content-type", response.headers.get("Content-Type", "application/json").encode())]
-    if "Retry-After" in response.headers:
-        out.append((b"retry-after", response.headers["Retry-After"].encode()))
+    out = [(b"content-type", answer.headers.get("Content-Type", "application/json").encode())]
+    if "Retry-After" in answer.headers:
+        out.append((b"retry-after", answer.headers["Retry-After"].encode()))
     return out
-
-
-async def read_whole(response: Any, limit: int) -> bytes:
-    """A whole answer's body: a body that breaks off or stalls is an ``UpstreamFailure`` of its try, before any byte
-    reached the client; so is one over ``limit`` bytes, left unread past it (a backend sending without end would
-    have the process hold it all). A body of a declared length within the limit is read in one go, as is one
-    already read (``capture.refused_stream_options`` reads a 400's: ``read`` gives it again)."""
-    try:
-        declared = getattr(response, "content_length", None)  # (a LiteLLM answer has its body already)
-        if isinstance(response, aiohttp.ClientResponse) and declared is None and not response.content.at_eof():
-            parts, size = [], 0
-            async for part in response.content.iter_any():
-                size += len(part)
-                if size > limit:
-                    raise ResponseTooLarge(limit)
-                parts.append(part)
-            return b"".join(parts)
-        if (declared or 0) > limit:
-            raise ResponseTooLarge(limit)
-        body: bytes = await response.read()
-        return body
-    except ResponseTooLarge as exc:
-        response.close()
-        raise UpstreamFailure("response_too_large", str(exc)) from exc
-    except TimeoutError as exc:  # headers came, the body stalled
-        response.close()
-        raise UpstreamFailure("read_timeout", "the backend timed out sending its answer") from exc
-    except aiohttp.ClientError as exc:  # the body broke off (connection dropped)
-        response.close()
-        raise UpstreamFailure("broken", f"the backend answer broke: {type(exc).__name__}") from exc

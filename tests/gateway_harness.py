@@ -14,10 +14,9 @@ from typing import Any
 
 import httpx
 import uvicorn
-from fastapi import FastAPI
 from openai import AsyncOpenAI
 
-from rollway.app.factory import AppState, create_app
+from rollway.app.factory import AppState, RollwayApp, create_app
 from rollway.mock import MockBackendProcess
 from rollway.settings import Settings
 from rollway.store import Store
@@ -26,13 +25,12 @@ from rollway.store import Store
 @dataclass
 class RunningGateway:
     url: str
-    app: FastAPI
+    app: RollwayApp
     clients: list[AsyncOpenAI] = field(default_factory=list)
 
     @property
     def state(self) -> AppState:
-        state: AppState = self.app.state.rollway
-        return state
+        return self.app.state
 
     @property
     def store(self) -> Store:

@@ -47,7 +47,7 @@ async def put_policy(admin: httpx.AsyncClient, mock: MockBackendProcess, version
 
 def admin_routes(gw: RunningGateway) -> list[tuple[str, str]]:
     """Every admin operation, from the OpenAPI document (so a new route cannot skip this test)."""
-    paths = gw.app.openapi()["paths"]
+    paths = gw.app.api.openapi()["paths"]
     return [(m.upper(), p) for p, ops in paths.items() if p.startswith("/admin/v1") for m in ops]
 
 
@@ -336,7 +336,7 @@ async def test_strings_that_are_not_unicode_are_a_400_not_a_stored_500(tmp_path:
     from rollway.settings import Settings
 
     app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'u.db'}"))
-    async with app.router.lifespan_context(app):
+    async with app.lifespan():
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             started = await client.post("/admin/v1/rollouts/start", json={"input": 1, "rollout_id": "ro-1"})

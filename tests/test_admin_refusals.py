@@ -163,7 +163,7 @@ async def test_unknown_mode_and_backends_that_are_not_http_urls_are_400s(admin: 
 
 
 async def test_a_body_that_is_not_a_json_object_is_a_400_saying_so_on_every_admin_route(gw: RunningGateway) -> None:
-    paths = gw.app.openapi()["paths"]
+    paths = gw.app.api.openapi()["paths"]
     with_body = [
         (method.upper(), path.replace("{", "x-").replace("}", ""))
         for path, operations in paths.items()

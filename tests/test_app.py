@@ -12,10 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
-from fastapi import FastAPI
 from gateway_harness import running_gateway
 
-from rollway.app.factory import create_app
+from rollway.app.factory import RollwayApp, create_app
 from rollway.cli.main import main
 from rollway.mock import MockBackendProcess
 from rollway.settings import Settings
@@ -23,14 +22,14 @@ from rollway.store import Store
 
 
 @pytest.fixture
-async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
+async def app(tmp_path: Path) -> AsyncIterator[RollwayApp]:
     application = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'app.db'}"))
-    async with application.router.lifespan_context(application):
+    async with application.lifespan():
         yield application
 
 
 @pytest.fixture
-async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+async def client(app: RollwayApp) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
         yield c
@@ -43,11 +42,11 @@ async def test_healthz_and_readyz_answer(client: httpx.AsyncClient) -> None:
     assert ready.json()["store"] == "ok"
 
 
-async def test_readyz_reports_an_unreachable_store(app: FastAPI, client: httpx.AsyncClient) -> None:
+async def test_readyz_reports_an_unreachable_store(app: RollwayApp, client: httpx.AsyncClient) -> None:
     async def broken() -> None:
         raise ConnectionError("database is gone")
 
-    app.state.rollway.store.ping = broken
+    app.state.store.ping = broken
     response = await client.get("/readyz")
     assert response.status_code == 503
     assert response.json()["error"]["type"] == "service_unavailable"

@@ -366,8 +366,8 @@ from rollway.settings import Settings
 
 async def main(db, base_url):
     app = create_app(Settings(database_url=f"sqlite:///{db}"))
-    async with app.router.lifespan_context(app):
-        store = app.state.rollway.store
+    async with app.lifespan():
+        store = app.state.store
         await store.put_model("policy", [{"backend_id": "m", "base_url": base_url, "kind": "vllm", "model": "m"}])
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from rollway.gateway.relay import KeyGuard
+from rollway.gateway.masking import KeyGuard
 from rollway.mock import MockBackendProcess
 
 BACKEND_KEY = "sk-backend-4f1c9a7e2b"

@@ -128,11 +128,7 @@ async def test_the_body_timeout_bounds_the_body_not_the_wait_for_the_client_to_l
     triplet export: Starlette's ``StreamingResponse`` waits on ``receive()`` for ``http.disconnect`` the whole
     time under ASGI 2.3, as uvicorn speaks it) still hears its client leave, not a 408 in the middle of it."""
     settings = SimpleNamespace(max_body_bytes=LIMIT, body_timeout=0.1)
-    scope = {
-        "type": "http",
-        "headers": [],
-        "app": SimpleNamespace(state=SimpleNamespace(rollway=SimpleNamespace(settings=settings))),
-    }
+    scope = {"type": "http", "headers": []}
     body = [{"type": "http.request", "body": b"{}", "more_body": False}]
     left = asyncio.Event()
     heard: list[str] = []
@@ -151,5 +147,5 @@ async def test_the_body_timeout_bounds_the_body_not_the_wait_for_the_client_to_l
     async def send(message: Any) -> None:
         raise AssertionError(message)
 
-    await asyncio.wait_for(BodyLimit(route)(scope, receive, send), 5)
+    await asyncio.wait_for(BodyLimit(route, settings)(scope, receive, send), 5)  # type: ignore[arg-type]
     assert heard == ["http.disconnect"]

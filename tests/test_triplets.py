@@ -12,11 +12,10 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from fastapi import FastAPI
 
 from rollway.admin import triplets as admin_triplets
 from rollway.admin.adapters import dumps, merged_rows, triplets
-from rollway.app.factory import create_app
+from rollway.app.factory import RollwayApp, create_app
 from rollway.settings import Settings
 from rollway.store import RolloutConfig, Span, Store, TaskSpec
 from rollway.store.exports import RawJson, read_attributes
@@ -261,21 +260,21 @@ def test_merge_has_no_logprobs_when_a_call_lacks_them() -> None:
 
 
 @pytest.fixture
-async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
+async def app(tmp_path: Path) -> AsyncIterator[RollwayApp]:
     application = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'app.db'}"))
-    async with application.router.lifespan_context(application):
+    async with application.lifespan():
         yield application
 
 
 @pytest.fixture
-async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+async def client(app: RollwayApp) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
         yield c
 
 
 @pytest.fixture
-def app_store(app: FastAPI) -> Store:
-    store: Store = app.state.rollway.store
+def app_store(app: RollwayApp) -> Store:
+    store: Store = app.state.store
     return store
 
 
@@ -524,7 +523,7 @@ async def test_a_rollout_that_finishes_again_while_a_large_page_streams_is_rende
 
 
 async def test_a_failure_mid_stream_ends_the_body_with_an_error(
-    app: FastAPI, app_store: Store, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+    app: RollwayApp, app_store: Store, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ids = await enqueue(app_store, {}, {})
     for rollout_id in ids:

@@ -241,7 +241,7 @@ async def test_models_show_each_backend_up_or_down_as_the_server_sees_it(
     [backend] = (await admin.get("/admin/v1/models/policy")).json()["backends"]
     assert backend["up"] is True  # the gateway's router routes to it
     ejected = {"mock"}
-    gw.app.state.admin.backend_up = lambda backend_id: backend_id not in ejected
+    gw.app.api.state.admin.backend_up = lambda backend_id: backend_id not in ejected
     [listed] = (await admin.get("/admin/v1/models")).json()["items"]
     assert listed["backends"][0]["up"] is False
     ejected.clear()

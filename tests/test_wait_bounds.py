@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rollway.gateway.bounds import Sweeper
-from rollway.gateway.dataplane import DataPlane
+from rollway.gateway.dataplane import DataPlane, Serving
 
 
 async def test_a_wait_past_its_bound_is_a_timeout_and_the_task_goes_on() -> None:
@@ -82,20 +82,15 @@ async def test_an_error_answer_its_client_does_not_take_ends_the_request_as_a_st
         sweeper=sweeper,
         metrics=SimpleNamespace(observe_rejected=lambda op, status: rejected.append(status)),
     )
-    state = SimpleNamespace(rollway=SimpleNamespace(gateway=gateway, keys=None))
-    scope = {
-        "type": "http",
-        "path": "/v1/chat/completions",
-        "method": "POST",
-        "headers": [],
-        "app": SimpleNamespace(state=state),
-    }
+    scope = {"type": "http", "path": "/v1/chat/completions", "method": "POST", "headers": []}
 
     async def never(*_: Any) -> Any:  # a client that neither sends nor reads
         await asyncio.Event().wait()
 
+    dataplane = DataPlane(never)
+    dataplane.serve_with(Serving(gateway, None))  # type: ignore[arg-type]
     try:
-        await asyncio.wait_for(DataPlane(never)(scope, never, never), 5)
+        await asyncio.wait_for(dataplane(scope, never, never), 5)
     finally:
         await sweeper.close()
     assert rejected == [415]

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 from fastapi import HTTPException, Request
+from pydantic import SecretStr
 
 from rollway.admin.auth import require_admin
 from rollway.admin.context import context_of
@@ -37,15 +38,16 @@ def _reject(status: int, message: str) -> tuple[int, bytes]:
 class PathToken:
     """Serve ``/t/<admin token>/v1/agl/...`` and ``/t/<admin token>/v1/traces`` as the plain paths."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, admin_token: SecretStr | None) -> None:
         self.app = app
+        self.admin_token = admin_token
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/t/"):
             await self.app(scope, receive, send)
             return
         match = PREFIX.match(scope["path"])
-        expected = scope["app"].state.admin.admin_token if match else None
+        expected = self.admin_token if match else None
         if match is None:
             status, body = _reject(404, "not found")
         elif expected is None:

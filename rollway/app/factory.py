@@ -1,6 +1,8 @@
-"""``create_app(settings)``: the one ASGI application. The data plane (``rollway.gateway``) sits in front of the
-FastAPI stack, which serves the control plane (``rollway.admin``), Agent-lightning's routes (``rollway.agl``), the
-Osmosis routes (``rollway.osmosis``) and the probes, behind the request guards.
+"""``create_app(settings)``: the one ASGI application, ``RollwayApp``. The data plane (``rollway.gateway``) sits in
+front of a FastAPI app, which serves the control plane (``rollway.admin``), Agent-lightning's routes
+(``rollway.agl``), the Osmosis routes (``rollway.osmosis``) and the probes, behind the request guards. The two are
+composed, not fused: LLM calls never pass through the framework's error, telemetry and body-limit layers (the data
+plane has its own), the rest of the API does.
 
 The lifespan owns everything long-lived: the store (its writer, watchdog and heartbeat), the backend connections,
 the model registry, the Osmosis dispatcher, the replica report and the span exporter; nothing is created at
@@ -11,11 +13,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, MutableMapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from rollway.admin.api import build_router as admin_router
 from rollway.admin.context import AdminContext
@@ -27,7 +29,7 @@ from rollway.app.guards import BodyLimit, LoopbackOnly
 from rollway.app.replicas import ReplicaReporter, new_replica
 from rollway.app.state import AppState
 from rollway.gateway.attribution import KeyCache
-from rollway.gateway.dataplane import PATH, DataPlane
+from rollway.gateway.dataplane import DataPlane, Serving
 from rollway.gateway.metrics import Metrics
 from rollway.gateway.proxy import Gateway
 from rollway.gateway.registry import ModelRegistry
@@ -47,32 +49,33 @@ log = logging.getLogger("rollway.gateway")
 CALLS_END_GRACE = 5.0
 
 
-class _RollwayApp(FastAPI):
-    """FastAPI with the data plane (``DataPlane``) in front of its whole middleware stack: LLM calls do not pass
-    through the framework's error, telemetry and body-limit layers (the data plane has its own), the rest of
-    the API does."""
+class RollwayApp:
+    """The ASGI application: ``LoopbackOnly`` in front of the data plane (``DataPlane``), which serves the LLM calls
+    itself and hands every other request, and the lifespan, to the FastAPI app (``api``)."""
 
-    def build_middleware_stack(self) -> ASGIApp:
-        return LoopbackOnly(DataPlane(super().build_middleware_stack()))  # LoopbackOnly: without an admin token
+    def __init__(self, api: FastAPI, dataplane: DataPlane, settings: Settings) -> None:
+        self.api = api
+        self.dataplane = dataplane
+        self._stack = LoopbackOnly(dataplane, settings)  # LoopbackOnly: without an admin token
+        #: Why the lifespan could not start, when it is something the user can fix (``create_app``'s lifespan).
+        self.startup_error: str | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # A data-plane call goes straight to the stack (whose front is the data plane): FastAPI's own
-        # ``__call__`` asks OpenTelemetry for its providers on every request, which the data plane (with its own
-        # spans) does not need. Everything else, and the first request (the stack is built lazily), takes the
-        # framework's way in.
-        stack = self.middleware_stack
-        if stack is not None and scope["type"] == "http" and PATH.match(scope["path"]):
-            if self.root_path:
-                scope["root_path"] = self.root_path
-            scope["app"] = self
-            await stack(scope, receive, send)
-            return
         if scope["type"] == "lifespan":
             send = self._startup_failure_in_words(send)
-        await super().__call__(scope, receive, send)
+        await self._stack(scope, receive, send)
 
-    #: Why the lifespan could not start, when it is something the user can fix (``create_app``'s lifespan).
-    startup_error: str | None = None
+    @property
+    def state(self) -> AppState:
+        """The running application's long-lived objects (the lifespan's)."""
+        state: AppState | None = getattr(self.api.state, "rollway", None)
+        if state is None:
+            raise RuntimeError("the application is not running (its lifespan has not started)")
+        return state
+
+    def lifespan(self) -> AbstractAsyncContextManager[Any]:
+        """The lifespan, to run the app in process (tests, ``httpx.ASGITransport``) without an ASGI server."""
+        return self.api.router.lifespan_context(self.api)
 
     def _startup_failure_in_words(self, send: Send) -> Send:
         """The server's start failing on a store that cannot be opened (a SQLite file in a directory that does
@@ -87,9 +90,9 @@ class _RollwayApp(FastAPI):
         return send_in_words
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings) -> RollwayApp:
     @asynccontextmanager
-    async def lifespan(app: _RollwayApp) -> AsyncIterator[None]:
+    async def lifespan(api: FastAPI) -> AsyncIterator[None]:
         try:
             store = await Store.open(
                 settings.database_url,
@@ -129,7 +132,7 @@ def create_app(settings: Settings) -> FastAPI:
         await dispatcher.start()
         reporter = ReplicaReporter(store, registry, replica)
         await reporter.start()
-        app.state.rollway = AppState(
+        api.state.rollway = AppState(
             settings=settings,
             store=store,
             registry=registry,
@@ -140,7 +143,7 @@ def create_app(settings: Settings) -> FastAPI:
             dispatcher=dispatcher,
             reporter=reporter,
         )
-        app.state.admin = AdminContext(
+        api.state.admin = AdminContext(
             store=store,
             models=registry,
             keys=keys,
@@ -148,12 +151,14 @@ def create_app(settings: Settings) -> FastAPI:
             public_url=settings.public_url,
             backend_up=router.is_up,
         )
+        dataplane.serve_with(Serving(gateway, keys))
         try:
             yield
         finally:
             # Calls still running were cancelled by the server's shutdown: their spans are written first.
             if not await gateway.running.ended(CALLS_END_GRACE):
                 log.warning("calls still running at shutdown after %s s: their spans may be lost", CALLS_END_GRACE)
+            dataplane.serve_with(None)
             await reporter.close()  # logs, never raises
             await dispatcher.close()
             await gateway.close()
@@ -163,16 +168,19 @@ def create_app(settings: Settings) -> FastAPI:
             await store.close()
             metrics.close()
 
-    app = _RollwayApp(title="Rollway", version=_version(), lifespan=lifespan)
-    errors.install(app)
-    app.include_router(admin_router(extra=[osmosis_agents.router]))
-    app.include_router(probes.build_router())
-    app.include_router(agl_router())
-    app.include_router(build_traces_router())
-    app.include_router(osmosis.router)
-    app.include_router(ui_router())  # the dashboard's pages (/ui); their data comes through /admin/v1
-    app.add_middleware(BodyLimit)  # the data plane has its own
-    app.add_middleware(PathToken)  # /t/<admin token>/v1/agl/... and /t/<admin token>/v1/traces
+    api = FastAPI(title="Rollway", version=_version(), lifespan=lifespan)
+    errors.install(api)
+    api.include_router(admin_router(extra=[osmosis_agents.router]))
+    api.include_router(probes.build_router())
+    api.include_router(agl_router())
+    api.include_router(build_traces_router())
+    api.include_router(osmosis.router)
+    api.include_router(ui_router())  # the dashboard's pages (/ui); their data comes through /admin/v1
+    api.add_middleware(BodyLimit, settings=settings)  # the data plane has its own
+    # /t/<admin token>/v1/agl/... and /t/<admin token>/v1/traces
+    api.add_middleware(PathToken, admin_token=settings.admin_token)
+    dataplane = DataPlane(api)
+    app = RollwayApp(api, dataplane, settings)
     return app
 
 

@@ -29,14 +29,13 @@ import orjson
 from starlette.exceptions import HTTPException
 
 from rollway.envelope import envelope
+from rollway.settings import Settings
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-DEFAULT_LIMIT = 32 * 1024 * 1024  # the settings' defaults, should a request come before the lifespan set them up
-DEFAULT_BODY_TIMEOUT = 60.0
 
 
 async def _refuse(send: Send, status: int, message: str, type_: str) -> None:
@@ -46,29 +45,26 @@ async def _refuse(send: Send, status: int, message: str, type_: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _settings(scope: Scope) -> Any:
-    return getattr(getattr(scope["app"].state, "rollway", None), "settings", None)
-
-
 class BodyLimit:
     """A declared ``Content-Length`` over the limit is refused before a byte is read; a body sent in chunks is
     counted as it is read, and refused (``HTTPException``, answered by the app's handler) once over."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
+        self.limit = settings.max_body_bytes
+        self.timeout = settings.body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = getattr(_settings(scope), "max_body_bytes", DEFAULT_LIMIT)
+        limit, timeout = self.limit, self.timeout
         message = f"the request body is larger than {limit} bytes"
         declared = next((value for name, value in scope["headers"] if name == b"content-length"), b"")
         if declared.isdigit() and int(declared) > limit:
             await _refuse(send, 413, message, "invalid_request_error")
             return
         size, whole = 0, False
-        timeout = getattr(_settings(scope), "body_timeout", DEFAULT_BODY_TIMEOUT)
         deadline = time.monotonic() + timeout
 
         async def bounded() -> Message:
@@ -96,15 +92,16 @@ class LoopbackOnly:
     """Without an admin token: refuse (403) a request addressed to a host that is not loopback, or sent by a
     browser from a page that is not (see the module docstring). With one, every request passes."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
+        self.open = settings.admin_token is not None
+        self.public = urlsplit(settings.public_url).hostname if settings.public_url else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        settings = _settings(scope) if scope["type"] == "http" else None
-        if settings is None or settings.admin_token is not None:
+        if self.open or scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        public = urlsplit(settings.public_url).hostname if settings.public_url else None
+        public = self.public
         for name, value in scope["headers"]:
             if name == b"host" and not _allowed(_host_of(value.decode("latin-1")), public):
                 await _refuse(send, 403, _REFUSED_HOST, "permission_error")
