@@ -26,7 +26,7 @@ from rollway.gateway.errors import AuthError, CallError, ClientStalled, UnknownA
 from rollway.gateway.proxy import Gateway
 from rollway.gateway.record import CallRecord, parse_traceparent
 from rollway.store import ModelAlias, NotFoundError, StoreError
-from rollway.store.faults import unavailable
+from rollway.store.db.faults import unavailable
 
 log = logging.getLogger("rollway.gateway")
 

@@ -2,7 +2,7 @@
 rollout's latest attempt, in two queries per page (rollouts, then their spans; a third for the groups' positions
 when rollouts are taken one by one) — never one per rollout.
 
-Order and cursor. Every rollout has a ``finish_seq`` (``store.lifecycle.next_finish_seq``) once it finished.
+Order and cursor. Every rollout has a ``finish_seq`` (``store.sql.lifecycle.next_finish_seq``) once it finished.
 An export walks *units* in the order of their ``export_seq``:
 
 - by default a unit is a whole group, exported only once it is complete — every rollout of the group
@@ -16,14 +16,14 @@ Every rollout also carries its group's position, ``group_seq`` (what a SLIME ``g
 ``finish_seq`` of the group's finished members, so the same for all members of a group read together — in
 grouped mode the unit's ``export_seq``; one by one, as of the read (a member that finishes later moves it).
 
-The cursor is the ``export_seq`` of the last unit returned (opaque, ``store.dialect``'s encoding): the next
+The cursor is the ``export_seq`` of the last unit returned (opaque, ``store.db.dialect``'s encoding): the next
 page starts after it, so incremental pulls see every unit once, including a group whose early members
 finished before the previous pull. A page never splits a group: ``limit`` counts rollouts, and a page ends
 before a group that would not fit, except that a first group larger than ``limit`` is returned whole.
 ``next_cursor`` is the position after the last rollout returned; an empty page hands back ``since``, so a
 poller keeps its place. Use one mode (grouped or ``partial``) per cursor. A rollout that finishes again (a
 failed rollout whose late attempt succeeds) gets a new ``finish_seq`` and is exported again; so does a finished
-rollout that gets a primary reward (``reward_value``) afterwards (``store.spans``, in the reward's transaction),
+rollout that gets a primary reward (``reward_value``) afterwards (``store.sql.spans``, in the reward's transaction),
 and with it its group.
 
 Token ids are most of an export's bytes, and turning them into Python ints and back costs more than everything
@@ -41,8 +41,8 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, Select, Text, cast, func, select, union_all
 
-from rollway.store import models
-from rollway.store.dialect import check_limit, decode_cursor, encode_cursor
+from rollway.store.db import models
+from rollway.store.db.dialect import check_limit, decode_cursor, encode_cursor
 
 R = models.rollouts
 S = models.spans

@@ -26,9 +26,9 @@ from typing import Protocol, TypeVar
 
 from sqlalchemy import Connection, and_, bindparam, select, update
 
-from rollway.store import models
+from rollway.store.db import models
 from rollway.store.errors import NotFoundError, UnavailableError
-from rollway.store.lifecycle import load_attempt, load_rollout, record_heartbeat
+from rollway.store.sql.lifecycle import load_attempt, load_rollout, record_heartbeat
 from rollway.store.states import ATTEMPT_TERMINAL, FINISHED, AttemptStatus, RolloutStatus
 
 log = logging.getLogger("rollway.store")

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, delete, select
 
-from rollway.store import catalog, models
-from rollway.store.dialect import upsert
+from rollway.store.db import models
+from rollway.store.db.dialect import upsert
+from rollway.store.sql import catalog
 
 G = models.gateway_replicas
 #: A replica reports at least every ``rollway.app.replicas.HEARTBEAT`` seconds; a row older than this is a dead one

@@ -14,19 +14,18 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from rollway.store import catalog, convert, limits, migrate, queries, queue, watchdog
-from rollway.store.engine import PG_POOL_SIZE, Engines, create_engines, migration_engine, open_error
+from rollway.store.db import limits, migrate
+from rollway.store.db.engine import PG_POOL_SIZE, Engines, create_engines, migration_engine, open_error
+from rollway.store.db.faults import FailureLog, WriteHealth, unavailable
+from rollway.store.db.writer import BatchWriter, PgWriter, Writer
 from rollway.store.errors import ConflictError, StoreValidationError, UnavailableError
-from rollway.store.faults import FailureLog, WriteHealth, unavailable
 from rollway.store.keepalive import INTERVAL, CallsInFlight
-from rollway.store.lifecycle import (
-    apply_attempt_status,
-    load_attempt,
-    load_rollout,
-    record_heartbeat,
-    require_latest,
-    set_rollout_status,
-)
+from rollway.store.parts.agents import AgentsMixin
+from rollway.store.parts.catalog import CatalogMixin
+from rollway.store.parts.edits import EditsMixin
+from rollway.store.parts.reads import MAX_WAIT_SECONDS, ReadsMixin
+from rollway.store.parts.spans import SpansMixin
+from rollway.store.parts.wal import WalMixin
 from rollway.store.schemas import (
     Attempt,
     AttemptedRollout,
@@ -34,14 +33,16 @@ from rollway.store.schemas import (
     TaskSpec,
 )
 from rollway.store.signals import Signal
+from rollway.store.sql import catalog, convert, queue, reads, watchdog
+from rollway.store.sql.lifecycle import (
+    apply_attempt_status,
+    load_attempt,
+    load_rollout,
+    record_heartbeat,
+    require_latest,
+    set_rollout_status,
+)
 from rollway.store.states import AttemptStatus, RolloutStatus
-from rollway.store.store_agents import AgentsMixin
-from rollway.store.store_catalog import CatalogMixin
-from rollway.store.store_edits import EditsMixin
-from rollway.store.store_reads import MAX_WAIT_SECONDS, ReadsMixin
-from rollway.store.store_spans import SpansMixin
-from rollway.store.store_wal import WalMixin
-from rollway.store.writer import BatchWriter, PgWriter, Writer
 
 log = logging.getLogger("rollway.store")
 
@@ -232,7 +233,7 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, ReadsMixin, WalMi
 
     async def write_problem(self) -> str | None:
         """Why the store cannot write now, or None (``/readyz``): a write failed within the last few seconds with
-        none succeeding since, or a write has waited for the database past a bound (``store.faults``). Once the
+        none succeeding since, or a write has waited for the database past a bound (``store.db.faults``). Once the
         last failure is older than that and no write succeeded since, one small write is tried: readiness comes
         back when the database does, without waiting for traffic a load balancer no longer sends."""
         problem = self.health.problem()
@@ -352,7 +353,7 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, ReadsMixin, WalMi
             if worker_id is not UNSET:
                 extra["worker_id"] = worker_id
             if extra:
-                conn.execute(queries.A.update().where(queries.A.c.pk == attempt["pk"]).values(**extra))
+                conn.execute(reads.A.update().where(reads.A.c.pk == attempt["pk"]).values(**extra))
             if new_status is not None:
                 apply_attempt_status(conn, rollout, attempt, new_status, now)
             return convert.attempt(load_attempt(conn, rollout, attempt["attempt_id"], lock=False))

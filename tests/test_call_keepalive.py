@@ -19,7 +19,7 @@ from store_helpers import enqueue_one, span, waiting_for_a_lock
 
 from rollway.mock import MockBackendProcess
 from rollway.store import AttemptStatus, RolloutConfig, RolloutStatus, Span, Store, keepalive
-from rollway.store.calls import CallTicket
+from rollway.store.sql.calls import CallTicket
 
 if TYPE_CHECKING:
     from tests.conftest import FakeClock

@@ -15,14 +15,16 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, Integer, RowMapping, bindparam, case, select, update
 
-from rollway.store import convert, ids, models
-from rollway.store.dialect import prebuilt, serialize_key, sqlite_driver, upsert
-from rollway.store.engine import dumps, loads
+from rollway.store import ids
+from rollway.store.db import models
+from rollway.store.db.dialect import prebuilt, serialize_key, sqlite_driver, upsert
+from rollway.store.db.engine import dumps, loads
 from rollway.store.errors import ConflictError, StoreValidationError
 from rollway.store.exports import reward_value
-from rollway.store.lifecycle import load_attempt, load_rollout, next_finish_seq, record_heartbeat, require_latest
-from rollway.store.replays import other_request
 from rollway.store.schemas import Span
+from rollway.store.sql import convert
+from rollway.store.sql.lifecycle import load_attempt, load_rollout, next_finish_seq, record_heartbeat, require_latest
+from rollway.store.sql.replays import other_request
 
 S = models.spans
 R = models.rollouts
@@ -240,7 +242,7 @@ def _same_request(
     stamped: Collection[str],
 ) -> None:
     """Refuse a request that found spans its key's first try wrote unless it is that request again (see
-    ``store.replays`` for why the stored spans are what it is compared with). The first try wrote all of its
+    ``store.sql.replays`` for why the stored spans are what it is compared with). The first try wrote all of its
     spans in one transaction, so this one must find each of its spans with a derived id, and no derived id at a
     place where it has none; each span with the client's own id must be stored in its rollout (the first try
     wrote it, or found it there); and each span must hold what the request gives it."""

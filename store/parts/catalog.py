@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rollway.store import catalog, replicas, resources
-from rollway.store.plumbing import StorePlumbing
+from rollway.store import replicas
+from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.replicas import ReplicaInfo, ReplicaReport
 from rollway.store.schemas import ApiKey, AttemptedRollout, Backend, KeyScope, ModelAlias, Page, ResourcesUpdate
+from rollway.store.sql import catalog, resources
 
 
 class CatalogMixin(StorePlumbing):

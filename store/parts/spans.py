@@ -1,4 +1,4 @@
-"""The span part of ``Store`` (``store.spans``, ``store.calls``): sequence ids, the gateway's calls, span writes
+"""The span part of ``Store`` (``store.sql.spans``, ``store.sql.calls``): sequence ids, the gateway's calls, span writes
 and reads."""
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from rollway.store import calls, convert, limits, pg_calls, spans
+from rollway.store.db import limits
 from rollway.store.keepalive import CallsInFlight
-from rollway.store.plumbing import StorePlumbing
+from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.schemas import Span
+from rollway.store.sql import calls, convert, pg_calls, spans
 
 _SPAN_LIST: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
 
@@ -38,7 +39,7 @@ class SpansMixin(StorePlumbing):
         return ticket
 
     async def record_call(self, span: Span) -> None:
-        """Write the span of a call that ``begin_call`` admitted (see ``store.calls.record``): the call is over."""
+        """Write the span of a call that ``begin_call`` admitted (see ``store.sql.calls.record``): the call is over."""
         now = self.clock()
         try:
             if self.direct_calls:
