@@ -1,5 +1,5 @@
-"""What the ``Store`` mixins (catalog, edits, agents, spans) use of ``Store``: its clock, its cipher, its write and
-read paths and its waiter wake-up. Declared once here; ``Store`` provides them."""
+"""What the parts of ``Store`` (the mixins of ``store.parts``) use of ``Store``: its clock, its cipher, its write
+and read paths and its waiter wake-up. Declared once here; ``Store`` (``store.store``) provides them."""
 
 from __future__ import annotations
 
