@@ -21,10 +21,10 @@ from rollway.store.db.engine import PG_POOL_SIZE, Engines, create_engines, migra
 from rollway.store.db.faults import FailureLog, WriteHealth, unavailable
 from rollway.store.db.writer import BatchWriter, PgWriter, Writer
 from rollway.store.errors import ConflictError, UnavailableError
-from rollway.store.keepalive import INTERVAL, CallsInFlight
 from rollway.store.parts.agents import AgentsMixin
 from rollway.store.parts.catalog import CatalogMixin
 from rollway.store.parts.edits import EditsMixin
+from rollway.store.parts.keepalive import INTERVAL, CallsInFlight
 from rollway.store.parts.lifecycle import LifecycleMixin
 from rollway.store.parts.queue import QueueMixin
 from rollway.store.parts.reads import ReadsMixin
@@ -83,7 +83,7 @@ class Store(QueueMixin, LifecycleMixin, CatalogMixin, EditsMixin, AgentsMixin, S
         pg_pool_size: int = PG_POOL_SIZE,
     ) -> Store:
         """Open (and create or upgrade) the database at ``url`` and start the writer, the watchdog and the
-        heartbeat of calls in flight (``store.keepalive``; every ``keepalive_interval`` seconds, 0: never). On
+        heartbeat of calls in flight (``store.parts.keepalive``; every ``keepalive_interval`` seconds, 0: never). On
         PostgreSQL the process keeps ``pg_pool_size`` connections open.
         A database that cannot be reached or opened is an ``UnavailableError`` saying why.
 

@@ -9,12 +9,12 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from rollway.store import exports
 from rollway.store.errors import NotFoundError, StoreValidationError
+from rollway.store.exports import ExportPage, ExportRollout
 from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.schemas import Attempt, Page, Rollout, StoreStats, Worker
 from rollway.store.signals import Signal
-from rollway.store.sql import convert, reads
+from rollway.store.sql import convert, exports, reads
 from rollway.store.sql.lifecycle import load_rollout
 from rollway.store.states import FINISHED
 
@@ -71,9 +71,9 @@ class ReadsMixin(StorePlumbing):
         limit: int = 100,
         partial: bool = False,
         with_spans: bool = True,
-    ) -> exports.ExportPage:
+    ) -> ExportPage:
         """Finished rollouts after the cursor ``since`` in finish order (whole complete groups unless
-        ``partial``), each with the spans of its latest attempt; see ``store.exports``."""
+        ``partial``), each with the spans of its latest attempt; see ``store.sql.exports``."""
         return await self._read(
             lambda conn: exports.export(
                 conn,
@@ -86,8 +86,8 @@ class ReadsMixin(StorePlumbing):
             )
         )
 
-    async def export_spans(self, rollouts: list[exports.ExportRollout]) -> None:
-        """Fill in the spans of exported rollouts read ``with_spans=False`` (``store.exports.attach_spans``)."""
+    async def export_spans(self, rollouts: list[ExportRollout]) -> None:
+        """Fill in the spans of exported rollouts read ``with_spans=False`` (``store.sql.exports.attach_spans``)."""
         await self._read(lambda conn: exports.attach_spans(conn, rollouts))
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float) -> tuple[list[Rollout], list[str]]:

@@ -2,7 +2,7 @@
 the group's size (``group_size``) becomes, for enqueues and direct starts (``store.sql.queue``).
 
 A group's size is the largest ``group_size`` of its members: ``GET /groups/{id}`` shows it, and an export takes
-a group once every member finished and at least that many exist (``store.exports``). A task names a group in
+a group once every member finished and at least that many exist (``store.sql.exports``). A task names a group in
 one of three ways:
 
 - *joining* — no ``group_size``: one rollout, at the index after the members the group has; the size grows to

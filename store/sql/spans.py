@@ -4,7 +4,7 @@ Sequence ids are allocated per (rollout, attempt) from a counter row, starting a
 order requests reach the store. A span may arrive with a sequence id it was given earlier (the gateway
 allocates one when a call *arrives* and writes the span when it ends); the counter then only moves forward.
 Every span is a heartbeat for its attempt. Writes to a stale attempt are refused. A primary reward written to
-a finished rollout gives it a new finish position (``store.exports``): it is exported again, with the reward.
+a finished rollout gives it a new finish position (``store.sql.exports``): it is exported again, with the reward.
 """
 
 from __future__ import annotations
@@ -409,7 +409,7 @@ def _share(conn: Connection, rollout_id: str, attempt_id: str, fresh: list[Span]
 
 def _finish_again(conn: Connection, rollout_id: str) -> None:
     """A primary reward reached a finished rollout: give it a new finish position, so the exports' ``since``
-    cursor (``store.exports``) hands it, and its group, out again with the reward."""
+    cursor (``store.sql.exports``) hands it, and its group, out again with the reward."""
     finished = conn.execute(select(R.c.pk, R.c.finish_seq).where(R.c.rollout_id == rollout_id)).first()
     if finished is not None and finished[1] is not None:
         conn.execute(update(R).where(R.c.pk == finished[0]).values(finish_seq=next_finish_seq(conn)))
