@@ -2,7 +2,7 @@
 ``Sample`` records or verl-style rows (``admin.adapters.trainers``), one JSON page or streamed JSON Lines.
 
 Paging, groups (whole and only once complete unless ``partial=true``), the ``since`` cursor and streaming are
-the triplet export's (``admin.triplets``, ``store.exports``): ``limit`` counts rollouts, ``next_cursor`` (also
+the triplet export's (``admin.triplets``, ``store.sql.exports``): ``limit`` counts rollouts, ``next_cursor`` (also
 in the ``x-rollway-next-cursor`` header) continues where the page ended.
 """
 

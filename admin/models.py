@@ -13,7 +13,7 @@ from rollway.admin.context import AdminContext, Context
 from rollway.admin.route import AdminRoute
 from rollway.admin.schemas import CaptureView, DrainRequest, ModelPage, ModelPut, ModelView, SwapRequest
 from rollway.store import Backend, ModelAlias
-from rollway.store.catalog import action_path
+from rollway.store.sql.catalog import action_path
 
 router = APIRouter(tags=["models"], route_class=AdminRoute)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Integer, case, cast, func, select
 
-from rollway.store import models
+from rollway.store.db import models
 
 S = models.spans
 #: Seconds before the window's start at which the primary-key search aims (rows committed out of order).

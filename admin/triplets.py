@@ -2,7 +2,7 @@
 streamed JSON Lines.
 
 The rules that turn spans into rows are in ``admin.adapters.triplets``; which rollouts a page holds, their
-order and the cursor are in ``store.exports``. Rollouts are read and rendered ``CHUNK`` at a time, rendering
+order and the cursor are in ``store.sql.exports``. Rollouts are read and rendered ``CHUNK`` at a time, rendering
 in a worker thread, so a large export neither holds every span in memory nor stalls the event loop the
 gateway's calls run on.
 

@@ -32,7 +32,7 @@ from rollway.gateway.reply import Headers, Reply
 from rollway.gateway.streaming import json_object
 from rollway.gateway.upstream import Answer
 from rollway.store import StoreError
-from rollway.store.faults import unavailable
+from rollway.store.db.faults import unavailable
 
 log = logging.getLogger("rollway.gateway")
 #: How long a call ended by the server's shutdown waits for its client to take the news.

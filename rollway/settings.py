@@ -19,7 +19,7 @@ from pydantic_settings import (
 )
 
 from rollway.store import Backend, StoreValidationError
-from rollway.store.catalog import Cipher
+from rollway.store.sql.catalog import Cipher
 
 
 class ModelSeed(BaseModel):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rollway.store.errors import ConflictError, NotFoundError, StoreError, StoreValidationError, UnavailableError
+    from rollway.store.parts.lifecycle import UNSET
     from rollway.store.schemas import (
         AgentServer,
         ApiKey,
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
         Worker,
     )
     from rollway.store.states import AttemptStatus, RolloutStatus
-    from rollway.store.store import UNSET, Store
+    from rollway.store.store import Store
 
 # name -> the module that defines it
 _PUBLIC = {
@@ -64,7 +65,8 @@ _PUBLIC = {
         "rollway.store.schemas",
     ),
     **dict.fromkeys(("AttemptStatus", "RolloutStatus"), "rollway.store.states"),
-    **dict.fromkeys(("UNSET", "Store"), "rollway.store.store"),
+    "UNSET": "rollway.store.parts.lifecycle",
+    "Store": "rollway.store.store",
 }
 
 __all__ = [

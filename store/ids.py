@@ -69,7 +69,7 @@ def redraw_taken(conn: Connection, column: Column[Any], rows: list[dict[str, Any
     would cost more than the claim's)."""
     from sqlalchemy import select  # here, not at the top: the schemas use this module's ids without SQLAlchemy
 
-    from rollway.store.dialect import sqlite_driver
+    from rollway.store.db.dialect import sqlite_driver
 
     field = column.name
     raw = sqlite_driver(conn)

@@ -58,7 +58,7 @@ class RolloutConfig(BaseModel):
 class TaskSpec(BaseModel):
     """One task to enqueue. ``group_size: n`` expands to n rollouts sharing one ``group_id``, except for a
     declared member of a named group (a direct start, or tasks of one enqueue sharing the ``group_id`` and the
-    size): one rollout, in a group of size n (``store.groups``)."""
+    size): one rollout, in a group of size n (``store.sql.groups``)."""
 
     model_config = ConfigDict(extra="forbid")
 

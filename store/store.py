@@ -1,5 +1,7 @@
-"""``Store``: the one object callers use. It owns the engines, the writer, the watchdog loop and the
-in-process signals, and turns each public method into one read or one write operation."""
+"""``Store``: the one object callers use, assembled from its parts (``store.parts``: its public methods by area).
+It owns the engines, the writer, the background loops (the watchdog's, the WAL checkpoints', the keepalive of
+calls in flight) and the in-process signals, opens and closes them, and gives every part the write and read paths
+that turn each public method into one read or one write operation."""
 
 from __future__ import annotations
 
@@ -8,55 +10,35 @@ import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from rollway.store import catalog, convert, limits, migrate, queries, queue, watchdog
-from rollway.store.engine import PG_POOL_SIZE, Engines, create_engines, migration_engine, open_error
-from rollway.store.errors import ConflictError, StoreValidationError, UnavailableError
-from rollway.store.faults import FailureLog, WriteHealth, unavailable
-from rollway.store.keepalive import INTERVAL, CallsInFlight
-from rollway.store.lifecycle import (
-    apply_attempt_status,
-    load_attempt,
-    load_rollout,
-    record_heartbeat,
-    require_latest,
-    set_rollout_status,
-)
-from rollway.store.schemas import (
-    Attempt,
-    AttemptedRollout,
-    Rollout,
-    TaskSpec,
-)
+from rollway.store.db import migrate
+from rollway.store.db.engine import PG_POOL_SIZE, Engines, create_engines, migration_engine, open_error
+from rollway.store.db.faults import FailureLog, WriteHealth, unavailable
+from rollway.store.db.writer import BatchWriter, PgWriter, Writer
+from rollway.store.errors import ConflictError, UnavailableError
+from rollway.store.parts.agents import AgentsMixin
+from rollway.store.parts.catalog import CatalogMixin
+from rollway.store.parts.edits import EditsMixin
+from rollway.store.parts.keepalive import INTERVAL, CallsInFlight
+from rollway.store.parts.lifecycle import LifecycleMixin
+from rollway.store.parts.queue import QueueMixin
+from rollway.store.parts.reads import ReadsMixin
+from rollway.store.parts.spans import SpansMixin
+from rollway.store.parts.wal import WalMixin
 from rollway.store.signals import Signal
-from rollway.store.states import AttemptStatus, RolloutStatus
-from rollway.store.store_agents import AgentsMixin
-from rollway.store.store_catalog import CatalogMixin
-from rollway.store.store_edits import EditsMixin
-from rollway.store.store_reads import MAX_WAIT_SECONDS, ReadsMixin
-from rollway.store.store_spans import SpansMixin
-from rollway.store.store_wal import WalMixin
-from rollway.store.writer import BatchWriter, PgWriter, Writer
+from rollway.store.sql import catalog, watchdog
 
 log = logging.getLogger("rollway.store")
 
 T = TypeVar("T")
 
 
-class _Unset:
-    def __repr__(self) -> str:
-        return "UNSET"
-
-
-UNSET: Any = _Unset()
-
-
-class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, ReadsMixin, WalMixin):
+class Store(QueueMixin, LifecycleMixin, CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, ReadsMixin, WalMixin):
     """The embedded store over SQLite or PostgreSQL (see the package docstring)."""
 
     def __init__(
@@ -101,7 +83,7 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, ReadsMixin, WalMi
         pg_pool_size: int = PG_POOL_SIZE,
     ) -> Store:
         """Open (and create or upgrade) the database at ``url`` and start the writer, the watchdog and the
-        heartbeat of calls in flight (``store.keepalive``; every ``keepalive_interval`` seconds, 0: never). On
+        heartbeat of calls in flight (``store.parts.keepalive``; every ``keepalive_interval`` seconds, 0: never). On
         PostgreSQL the process keeps ``pg_pool_size`` connections open.
         A database that cannot be reached or opened is an ``UnavailableError`` saying why.
 
@@ -232,7 +214,7 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, ReadsMixin, WalMi
 
     async def write_problem(self) -> str | None:
         """Why the store cannot write now, or None (``/readyz``): a write failed within the last few seconds with
-        none succeeding since, or a write has waited for the database past a bound (``store.faults``). Once the
+        none succeeding since, or a write has waited for the database past a bound (``store.db.faults``). Once the
         last failure is older than that and no write succeeded since, one small write is tried: readiness comes
         back when the database does, without waiting for traffic a load balancer no longer sends."""
         problem = self.health.problem()
@@ -242,174 +224,6 @@ class Store(CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, ReadsMixin, WalMi
             except UnavailableError as exc:
                 return exc.message
         return problem
-
-    # -- queue and lifecycle --------------------------------------------------------------------------
-
-    async def enqueue(
-        self, tasks: Sequence[TaskSpec | Mapping[str, Any]], idempotency_key: str | None = None
-    ) -> list[Rollout]:
-        """Queue tasks (``group_size`` expands); a client ``rollout_id`` that exists is returned as stored. With
-        ``idempotency_key``, the same call again (a client's retry) returns what the first made instead of
-        queueing the tasks twice; the key sent with other tasks is a ``ConflictError``."""
-        specs = [t if isinstance(t, TaskSpec) else TaskSpec.model_validate(t) for t in tasks]
-        if not specs:
-            return []
-        now = self.clock()
-        rows = await self._write(lambda conn: queue.enqueue(conn, specs, now, idempotency_key))
-        self.queued.notify()
-        return [convert.rollout(r) for r in rows]
-
-    async def claim(
-        self,
-        worker_id: str | None = None,
-        limit: int = 1,
-        wait_seconds: float = 0.0,
-        idempotency_key: str | None = None,
-    ) -> list[AttemptedRollout]:
-        """Take up to ``limit`` queued rollouts, waiting up to ``wait_seconds`` (≤ 60) for one to appear. The
-        same ``idempotency_key`` again returns what the first claim with it took (``queue.claim``)."""
-        key = idempotency_key
-        limits.check_worker_id(worker_id)
-        return await self._claim_waiting(
-            limit, wait_seconds, lambda conn: queue.claim(conn, worker_id, limit, self.clock(), key=key)
-        )
-
-    async def claim_with_keys(
-        self,
-        worker_id: str | None = None,
-        limit: int = 1,
-        wait_seconds: float = 0.0,
-        idempotency_key: str | None = None,
-    ) -> list[tuple[AttemptedRollout, str]]:
-        """``claim``, and in the same transaction a rollout-scoped gateway key for each attempt (the key itself,
-        returned only here: the store keeps its hash). A repeated claim gets new keys, and those that earlier
-        tries got are revoked (``catalog.attempt_keys``)."""
-        limits.check_worker_id(worker_id)
-        arrived = None if idempotency_key is None else self.clock()
-
-        def op(conn: Connection) -> list[tuple[AttemptedRollout, str]]:
-            now = self.clock()
-            claimed = queue.claim(conn, worker_id, limit, now, key=idempotency_key)
-            return list(zip(claimed, catalog.attempt_keys(conn, claimed, now, arrived=arrived), strict=True))
-
-        return await self._claim_waiting(limit, wait_seconds, op)
-
-    async def _claim_waiting(self, limit: int, wait_seconds: float, op: Callable[[Connection], list[T]]) -> list[T]:
-        if limit < 1 or limit > 1000:
-            raise StoreValidationError(f"limit must be between 1 and 1000, got {limit}")
-        if wait_seconds < 0:
-            raise StoreValidationError("wait_seconds must not be negative")
-        deadline = time.monotonic() + min(wait_seconds, MAX_WAIT_SECONDS)
-        while True:
-            generation = self.queued.generation()
-            claimed = await self._write(op)
-            remaining = deadline - time.monotonic()
-            if claimed or remaining <= 0:
-                return claimed
-            await Signal.wait(generation, min(remaining, self.poll_interval))
-
-    async def start_rollout(
-        self, task: TaskSpec | Mapping[str, Any], worker_id: str | None = None, idempotency_key: str | None = None
-    ) -> AttemptedRollout:
-        spec = task if isinstance(task, TaskSpec) else TaskSpec.model_validate(task)
-        limits.check_worker_id(worker_id)
-        now = self.clock()
-        return await self._write(lambda conn: queue.start_rollout(conn, spec, worker_id, now, idempotency_key))
-
-    async def start_attempt(
-        self, rollout_id: str, worker_id: str | None = None, idempotency_key: str | None = None
-    ) -> AttemptedRollout:
-        limits.check_worker_id(worker_id)
-        now, key = self.clock(), idempotency_key
-        return await self._write(lambda conn: queue.start_attempt(conn, rollout_id, worker_id, now, key))
-
-    async def update_attempt(
-        self,
-        rollout_id: str,
-        attempt_id: str = "latest",
-        *,
-        status: AttemptStatus | str | None = None,
-        metadata: Any = UNSET,
-        worker_id: Any = UNSET,
-    ) -> Attempt:
-        """Report an attempt's outcome or metadata; the latest attempt's status drives the rollout."""
-        try:
-            new_status = AttemptStatus(status) if status is not None else None
-        except ValueError as exc:
-            raise StoreValidationError(f"unknown attempt status '{status}'") from exc
-        if metadata is not UNSET and metadata is not None and not isinstance(metadata, dict):
-            raise StoreValidationError("attempt metadata must be an object")
-        limits.check_worker_id(worker_id)
-        now = self.clock()
-
-        def op(conn: Connection) -> Attempt:
-            rollout = load_rollout(conn, rollout_id)
-            attempt = load_attempt(conn, rollout, attempt_id)
-            require_latest(rollout, attempt)
-            extra: dict[str, Any] = {}
-            if metadata is not UNSET:
-                extra["metadata"] = metadata
-            if worker_id is not UNSET:
-                extra["worker_id"] = worker_id
-            if extra:
-                conn.execute(queries.A.update().where(queries.A.c.pk == attempt["pk"]).values(**extra))
-            if new_status is not None:
-                apply_attempt_status(conn, rollout, attempt, new_status, now)
-            return convert.attempt(load_attempt(conn, rollout, attempt["attempt_id"], lock=False))
-
-        result = await self._write(op)
-        self._notify_all()
-        return result
-
-    async def heartbeat(self, rollout_id: str, attempt_id: str = "latest") -> Attempt:
-        """An explicit heartbeat: same effect on liveness as a span."""
-        now = self.clock()
-
-        def op(conn: Connection) -> Attempt:
-            rollout = load_rollout(conn, rollout_id)
-            attempt = load_attempt(conn, rollout, attempt_id)
-            require_latest(rollout, attempt)
-            record_heartbeat(conn, rollout, attempt, now)
-            return convert.attempt(load_attempt(conn, rollout, attempt["attempt_id"], lock=False))
-
-        return await self._write(op)
-
-    async def cancel(self, rollout_id: str) -> Rollout:
-        """Cancel a rollout: it leaves the queue and is never claimed; a finished rollout cannot be cancelled."""
-        now = self.clock()
-
-        def op(conn: Connection) -> Rollout:
-            rollout = load_rollout(conn, rollout_id)
-            set_rollout_status(conn, rollout, RolloutStatus.CANCELLED, now)
-            return convert.rollout(load_rollout(conn, rollout_id, lock=False))
-
-        result = await self._write(op)
-        self._notify_all()
-        return result
-
-    async def sweep(self, *, force: bool = False) -> int:
-        """Run the watchdog once (if no process swept within the interval, or when ``force``)."""
-        now = self.clock()
-
-        def op(conn: Connection) -> int:
-            if not force and not watchdog.claim_turn(conn, now, self.watchdog_interval * 0.9):
-                return 0
-            return watchdog.sweep(conn, now)
-
-        changed = await self._write(op)
-        if changed:
-            self._notify_all()
-        return changed
-
-    async def _watchdog_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.watchdog_interval)
-            try:
-                await self.sweep()
-            except UnavailableError:  # logged by ``_write``; the next sweep tries again
-                continue
-            except Exception:
-                log.exception("watchdog sweep failed")
 
     def _notify_all(self) -> None:
         self.finished.notify()

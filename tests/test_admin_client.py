@@ -28,7 +28,8 @@ from rollway.admin.client import (
 from rollway.admin.client_sync import RollwayClient
 from rollway.admin.schemas import Claim, GroupView, MintedKey, ModelView, StatsView, WaitResponse
 from rollway.mock import MockBackendProcess
-from rollway.store import Attempt, ResourcesUpdate, Rollout, Span, models
+from rollway.store import Attempt, ResourcesUpdate, Rollout, Span
+from rollway.store.db import models
 
 TOKEN = "admin-secret-token"
 FAST = RetryPolicy(retries=2, backoff=0.01, max_backoff=0.02)

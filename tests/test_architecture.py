@@ -5,6 +5,10 @@ not know each other, and neither knows the protocol rooms built on them (``rollw
 mock backend or the command line; the composition root (``rollway.app``) puts them together, and the command line
 (``rollway.cli``) reaches the server only through the app and the admin client. No module imports itself
 through a chain of imports, at start-up or later.
+
+Inside ``rollway.store`` the layers import downward only: ``Store`` (``store.py``) is assembled from its parts
+(``parts/``), which run the statements of ``sql/``, which reach the database through ``db/``; the public objects
+at the top (``errors``, ``schemas``, ``states``, ...) import none of those layers.
 """
 
 from __future__ import annotations
@@ -41,6 +45,20 @@ FORBIDDEN: dict[str, set[str]] = {
     "store": {"fastapi", "starlette", "uvicorn", "httpx", "aiohttp", "litellm"},
     "admin.client": {"fastapi", "starlette", "uvicorn", "aiohttp"},
 }
+
+# the layers of rollway.store -> the layers each may import (besides its own). "assembly" is rollway.store and
+# rollway.store.store (Store); "public" the other top-level modules, the objects callers use.
+STORE_LAYERS: dict[str, set[str]] = {
+    "assembly": {"parts", "sql", "db", "public"},
+    "parts": {"sql", "db", "public"},
+    "sql": {"db", "public"},
+    "db": {"public"},
+    "migrations": {"db"},
+    "public": set(),
+}
+# ids.redraw_taken draws ids again where the table holds them already: a query, with SQLAlchemy and the dialect
+# imported inside it, so the schemas' ids come without them
+STORE_LAYER_EXCEPTIONS = {"rollway.store.ids -> rollway.store.db.dialect"}
 
 SOURCES = {"rollway": ROOT / "rollway", "rollway.gateway": ROOT / "gateway", "rollway.store": ROOT / "store"}
 SOURCES["rollway.admin"] = ROOT / "admin"
@@ -90,6 +108,13 @@ def room(module: str) -> str:
     return parts[1] if len(parts) > 1 else "rollway"
 
 
+def store_layer(module: str) -> str:
+    if module in {"rollway.store", "rollway.store.store"}:
+        return "assembly"
+    layer = module.split(".")[2]
+    return layer if layer in STORE_LAYERS else "public"
+
+
 def test_the_rooms_are_the_ones_named_here() -> None:
     assert {room(m) for m in MODULES} == set(ALLOWED)
 
@@ -116,6 +141,31 @@ def test_a_room_does_not_use_the_libraries_it_must_not(prefix: str, forbidden: s
         if imported.split(".")[0] in forbidden
     }
     assert offenders == set()
+
+
+def test_the_store_layers_are_the_ones_named_here() -> None:
+    store = {m for m in MODULES if room(m) == "store"}
+    assert {store_layer(m) for m in store} == set(STORE_LAYERS)
+    # a sub-package of the store is a layer named here, or a module of the public top level
+    assert {m.split(".")[2] for m in store if m.count(".") > 2} <= set(STORE_LAYERS)
+
+
+def test_a_store_layer_imports_only_the_layers_below_it() -> None:
+    offenders = {
+        f"{module} -> {target}"
+        for module, path in MODULES.items()
+        if room(module) == "store"
+        for target in _targets(path)
+        if room(target) == "store"
+        and store_layer(target) != store_layer(module)
+        and store_layer(target) not in STORE_LAYERS[store_layer(module)]
+    }
+    assert offenders == STORE_LAYER_EXCEPTIONS
+
+
+def test_the_store_layers_have_no_cycle() -> None:
+    layers = {layer: below - {layer} for layer, below in STORE_LAYERS.items()}
+    assert _cycles(layers) == []
 
 
 def test_the_arrows_between_rooms_have_no_cycle() -> None:

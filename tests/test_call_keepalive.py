@@ -1,5 +1,5 @@
 """An LLM call in flight is a heartbeat (every span is a heartbeat, docs/store.md; a call's span is only written
-when it ends, so the attempt is kept alive while the call runs: ``store/keepalive.py``). End to end: a real
+when it ends, so the attempt is kept alive while the call runs: ``store/parts/keepalive.py``). End to end: a real
 gateway, the mock backend answering slowly, a watchdog sweeping every 0.1 s. Then the store's side, on SQLite
 and PostgreSQL: which attempts a round touches, how, and that it writes nothing without a long call."""
 
@@ -18,8 +18,9 @@ from gateway_harness import RunningGateway, register, running_gateway, vllm
 from store_helpers import enqueue_one, span, waiting_for_a_lock
 
 from rollway.mock import MockBackendProcess
-from rollway.store import AttemptStatus, RolloutConfig, RolloutStatus, Span, Store, keepalive
-from rollway.store.calls import CallTicket
+from rollway.store import AttemptStatus, RolloutConfig, RolloutStatus, Span, Store
+from rollway.store.sql import keepalive
+from rollway.store.sql.calls import CallTicket
 
 if TYPE_CHECKING:
     from tests.conftest import FakeClock

@@ -23,7 +23,7 @@ from gateway_harness import serving_policy as gateway
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollway.mock import MockBackendProcess
-from rollway.store import writer as store_writer
+from rollway.store.db import writer as store_writer
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 LONG = {"ignore_eos": True}  # the mock then answers exactly max_tokens tokens

@@ -14,7 +14,8 @@ from sqlalchemy import Connection, func, select
 from rollway.app.replicas import ReplicaReporter, new_replica
 from rollway.gateway.errors import AliasPaused
 from rollway.gateway.registry import ARRIVING, ModelRegistry, config_key
-from rollway.store import Store, models
+from rollway.store import Store
+from rollway.store.db import models
 from rollway.store.replicas import FORGET_SECONDS, STALE_SECONDS
 
 ALIAS = "policy"

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from sqlalchemy import select
 
-from rollway.store import AgentServer, AttemptStatus, RolloutStatus, Store, StoreValidationError, models, watchdog
+from rollway.store import AgentServer, AttemptStatus, RolloutStatus, Store, StoreValidationError
+from rollway.store.db import models
+from rollway.store.sql import watchdog
 
 if TYPE_CHECKING:
     from conftest import FakeClock

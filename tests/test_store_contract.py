@@ -28,8 +28,8 @@ from rollway.store import (
     TaskSpec,
     ids,
 )
-from rollway.store import spans as spans_module
 from rollway.store.signals import Signal
+from rollway.store.sql import spans as spans_module
 
 if TYPE_CHECKING:
     from tests.conftest import FakeClock
@@ -1449,7 +1449,8 @@ async def test_claim_with_keys_mints_one_key_per_claimed_attempt(store: Store) -
 
 def test_span_values_follow_the_spans_table_columns() -> None:
     # span_values builds insert tuples positionally: its column list must be the table's, pk aside.
-    from rollway.store import convert, models
+    from rollway.store.db import models
+    from rollway.store.sql import convert
 
     assert set(convert.SPAN_COLUMNS) == {c.name for c in models.spans.columns if c.name != "pk"}
     assert len(convert.SPAN_COLUMNS) == len(set(convert.SPAN_COLUMNS))

@@ -22,9 +22,9 @@ from sqlalchemy import Connection
 from store_helpers import enqueue_one, waiting_for_a_lock
 
 from rollway.store import AttemptStatus, ConflictError, RolloutStatus, Store
-from rollway.store import engine as store_engine
-from rollway.store import writer as store_writer
-from rollway.store.writer import BatchWriter
+from rollway.store.db import engine as store_engine
+from rollway.store.db import writer as store_writer
+from rollway.store.db.writer import BatchWriter
 
 REPO = Path(__file__).resolve().parents[1]
 ACKS_BEFORE_KILL = 300

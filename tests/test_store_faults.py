@@ -28,7 +28,7 @@ from gateway_harness import running_gateway
 from rollway.admin.client import AsyncRollwayClient
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
-from rollway.store.faults import FailureLog
+from rollway.store.db.faults import FailureLog
 
 TOKEN = "admin-secret-token"
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -312,7 +312,7 @@ def test_only_the_databases_own_trouble_is_unavailable() -> None:
     import aiohttp
     from sqlalchemy.exc import OperationalError
 
-    from rollway.store.faults import unavailable
+    from rollway.store.db.faults import unavailable
 
     outages = [
         sqlite.OperationalError("database is locked"),

@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import func, select
 from store_helpers import span
 
-from rollway.store import ConflictError, RolloutConfig, Store, ids, models
+from rollway.store import ConflictError, RolloutConfig, Store, ids
+from rollway.store.db import models
 
 if TYPE_CHECKING:
     from tests.conftest import FakeClock

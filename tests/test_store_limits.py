@@ -10,7 +10,8 @@ import math
 import pytest
 from store_helpers import span
 
-from rollway.store import Store, StoreValidationError, TaskSpec, limits
+from rollway.store import Store, StoreValidationError, TaskSpec
+from rollway.store.db import limits
 
 
 async def _running(store: Store) -> tuple[str, str]:

@@ -13,8 +13,9 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, event, inspect
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rollway.store import ConflictError, RolloutStatus, Store, migrate, models
-from rollway.store.engine import create_engines, migration_engine
+from rollway.store import ConflictError, RolloutStatus, Store
+from rollway.store.db import migrate, models
+from rollway.store.db.engine import create_engines, migration_engine
 
 HEAD_TABLES = {
     "alembic_version",

@@ -11,7 +11,7 @@ from conftest import PG_ADMIN_URL
 
 from rollway.settings import Settings
 from rollway.store import Store
-from rollway.store.engine import PG_POOL_SIZE
+from rollway.store.db.engine import PG_POOL_SIZE
 
 pytestmark = pytest.mark.postgres
 

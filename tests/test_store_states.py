@@ -9,15 +9,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from store_helpers import enqueue_one, span
 
-from rollway.store import (
-    AttemptedRollout,
-    AttemptStatus,
-    ConflictError,
-    RolloutConfig,
-    RolloutStatus,
-    Store,
-    watchdog,
-)
+from rollway.store import AttemptedRollout, AttemptStatus, ConflictError, RolloutConfig, RolloutStatus, Store
+from rollway.store.sql import watchdog
 
 if TYPE_CHECKING:
     from tests.conftest import FakeClock

@@ -6,7 +6,7 @@ Each span's rollout, attempt and sequence id come from its own attributes first,
 ``rollway.sequence_id`` / ``agentlightning.span_sequence_id``. No attempt means the rollout's latest; no (or a
 non-positive) sequence id means the store assigns the next one, in the order the spans arrive (per rollout:
 spans naming its latest attempt and spans naming none are one run); spans may share
-one, as Agent-lightning's LLM proxy sends them (``store.spans._share``). Spans are
+one, as Agent-lightning's LLM proxy sends them (``store.sql.spans._share``). Spans are
 written like any other span (each is a heartbeat). A span without a rollout, or for a rollout or attempt the
 store refuses (unknown, stale), is rejected and counted in ``partial_success`` as OTLP specifies; the others
 are kept.
@@ -246,7 +246,7 @@ def spans_of(message: Any) -> tuple[list[Span], int, list[str]]:
 
 async def ingest(store: Store, message: Any) -> IngestResult:
     """Write the export's spans, per rollout, in the order they came: spans that name the rollout's latest
-    attempt and spans that leave it out are numbered as one run (``store.spans.add``). A rollout whose spans the
+    attempt and spans that leave it out are numbered as one run (``store.sql.spans.add``). A rollout whose spans the
     store refuses is tried again per (rollout, attempt), so only the refused attempt's spans are rejected."""
     spans, rejected, errors = spans_of(message)
     result = IngestResult(rejected=rejected, errors=errors)

@@ -11,7 +11,7 @@ from rollway.agl import shapes
 from rollway.agl.bodies import AttemptQuery, Paging, RolloutQuery, SpanQuery, WorkerQuery
 from rollway.agl.listing import check_paging, contains, exact, matches, page, within
 from rollway.store import NotFoundError, Page, Store
-from rollway.store.queries import ROLLOUT_SORT_COLUMNS
+from rollway.store.sql.reads import ROLLOUT_SORT_COLUMNS
 
 ROLLOUT_SORT = ("rollout_id", "input", "start_time", "end_time", "mode", "resources_id", "status", "config", "metadata")
 ATTEMPT_SORT = (

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from rollway.store import Attempt, AttemptedRollout, ResourcesUpdate, Rollout, Span, TaskSpec, Worker
-from rollway.store.spans import SENT_SEQUENCE
+from rollway.store.sql.spans import SENT_SEQUENCE
 
 PROXY_SPAN_NAME = "raw_gen_ai_request"
 LLM_TYPES = frozenset({"llm", "proxy_llm"})

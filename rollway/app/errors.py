@@ -23,8 +23,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rollway.envelope import envelope, store_error_status, type_for
+from rollway.store.db.faults import FailureLog, unavailable
 from rollway.store.errors import StoreError
-from rollway.store.faults import FailureLog, unavailable
 
 log = logging.getLogger("rollway.app")
 

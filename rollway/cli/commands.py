@@ -128,7 +128,7 @@ def requests(tasks: list[dict[str, Any]], batch: int) -> list[list[dict[str, Any
     """The tasks in requests of up to ``batch``, in file order, except that the lines sharing a ``group_id`` and
     naming a ``group_size`` (``--group-size`` gives it to lines without one) are the members of a group of that
     size, sent together in one request where the group's first line is (even past ``batch``): alone in a
-    request, a member would be a task of ``group_size`` rollouts (``store.groups``). Lines of one group that
+    request, a member would be a task of ``group_size`` rollouts (``store.sql.groups``). Lines of one group that
     give different sizes, a size to some and none to others, or more lines than the size are refused before
     anything is sent."""
     lines: dict[str, list[dict[str, Any]]] = {}

@@ -1,7 +1,7 @@
 """The remote-agent dispatcher (Rollway as Osmosis's TrainGate, docs/remote-agents.md), owned by the app's lifespan.
 
 It claims the tasks enqueued with ``agent: <name>`` for each registered agent server, within the server's
-``max_concurrent`` (``store.agents.claim`` counts its live rollouts in the database, so several gateway
+``max_concurrent`` (``store.sql.agents.claim`` counts its live rollouts in the database, so several gateway
 processes on one database share the limit), mints a rollout-scoped key for the new attempt and sends
 ``POST {url}/v1/rollout/init``::
 
@@ -156,7 +156,7 @@ class Dispatcher:
         return float(self.settings.agent_init_timeout * (retries + 1) + waits + 1.0)
 
     async def resend_lost(self, servers: list[AgentServer]) -> None:
-        """Send again the inits lost with the process that was sending them (``store.agents.undispatched``)."""
+        """Send again the inits lost with the process that was sending them (``store.sql.agents.undispatched``)."""
         started_before = self.store.clock() - self.init_window
         for server in servers:
             for attempted in await self.store.undispatched_attempts(server.name, started_before):

@@ -1,11 +1,11 @@
-"""Alembic environment. Rollway runs migrations itself (``store.migrate``) on a connection it passes in."""
+"""Alembic environment. Rollway runs migrations itself (``store.db.migrate``) on a connection it passes in."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlmodel import SQLModel
 
-import rollway.store.models  # noqa: F401  (registers the tables)
+import rollway.store.db.models  # noqa: F401  (registers the tables)
 
 connection = context.config.attributes["connection"]
 context.configure(

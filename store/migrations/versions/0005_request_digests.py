@@ -1,5 +1,5 @@
 """Keyed requests: the rollouts and attempts a request with an idempotency key makes keep a digest of what it
-asked for, so the same request sent again is recognised after the rows were edited (``store.replays``).
+asked for, so the same request sent again is recognised after the rows were edited (``store.sql.replays``).
 
 Revision ID: 0005
 Revises: 0004

@@ -7,11 +7,12 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, exists, func, select
 
-from rollway.store import convert, models
-from rollway.store.dialect import check_limit, decode_cursor, encode_cursor
+from rollway.store.db import models
+from rollway.store.db.dialect import check_limit, decode_cursor, encode_cursor
 from rollway.store.errors import NotFoundError, StoreValidationError
-from rollway.store.lifecycle import load_attempt, load_rollout
 from rollway.store.schemas import Attempt, Page, Rollout, StoreStats, Worker
+from rollway.store.sql import convert
+from rollway.store.sql.lifecycle import load_attempt, load_rollout
 from rollway.store.states import QUEUED, AttemptStatus, RolloutStatus
 
 R = models.rollouts

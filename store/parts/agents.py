@@ -1,12 +1,12 @@
-"""The remote-agent-server part of ``Store`` (``store.agents``): a mixin over the same plumbing."""
+"""The remote-agent-server part of ``Store`` (``store.sql.agents``): a mixin over the same plumbing."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rollway.store import agents
-from rollway.store.plumbing import StorePlumbing
+from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.schemas import AgentServer, Attempt, AttemptedRollout, RemoteCompletion
+from rollway.store.sql import agents
 
 
 class AgentsMixin(StorePlumbing):

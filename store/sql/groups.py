@@ -1,8 +1,8 @@
 """Named groups: where the rollouts of tasks that name a ``group_id`` go in that group (``group_index``) and what
-the group's size (``group_size``) becomes, for enqueues and direct starts (``store.queue``).
+the group's size (``group_size``) becomes, for enqueues and direct starts (``store.sql.queue``).
 
 A group's size is the largest ``group_size`` of its members: ``GET /groups/{id}`` shows it, and an export takes
-a group once every member finished and at least that many exist (``store.exports``). A task names a group in
+a group once every member finished and at least that many exist (``store.sql.exports``). A task names a group in
 one of three ways:
 
 - *joining* — no ``group_size``: one rollout, at the index after the members the group has; the size grows to
@@ -29,8 +29,8 @@ from typing import Any
 
 from sqlalchemy import Connection, RowMapping, select
 
-from rollway.store import models
-from rollway.store.dialect import serialize_key
+from rollway.store.db import models
+from rollway.store.db.dialect import serialize_key
 from rollway.store.errors import StoreValidationError
 from rollway.store.schemas import TaskSpec
 

@@ -12,10 +12,10 @@ from typing import Any
 
 from sqlalchemy import Connection, select, update
 
-from rollway.store import models
-from rollway.store.dialect import lock_rows, upsert
-from rollway.store.lifecycle import apply_attempt_status
+from rollway.store.db import models
+from rollway.store.db.dialect import lock_rows, upsert
 from rollway.store.schemas import RolloutConfig
+from rollway.store.sql.lifecycle import apply_attempt_status
 from rollway.store.states import ACTIVE, AttemptStatus
 
 R = models.rollouts

@@ -1,6 +1,6 @@
 """Model aliases (what clients put in ``model``) with their backends, and API keys.
 
-Backend API keys (and agent servers', ``store.agents``) are stored so the gateway can use them: in clear, or
+Backend API keys (and agent servers', ``store.sql.agents``) are stored so the gateway can use them: in clear, or
 encrypted with a ``Cipher`` when the store has a secret key (``Store.open(secret_key=...)``,
 ``ROLLWAY_SECRET_KEY``); the public ``Backend`` keeps them as ``SecretStr``, so they never print. Gateway and
 rollout keys are random tokens shown once at mint time and
@@ -18,11 +18,12 @@ from urllib.parse import urlsplit
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from sqlalchemy import Connection, delete, select, update
 
-from rollway.store import ids, models
-from rollway.store.dialect import serialize_key
+from rollway.store import ids
+from rollway.store.db import models
+from rollway.store.db.dialect import serialize_key
 from rollway.store.errors import NotFoundError, StoreValidationError, UnavailableError
-from rollway.store.lifecycle import bump_counter
 from rollway.store.schemas import ApiKey, AttemptedRollout, Backend, KeyScope, ModelAlias
+from rollway.store.sql.lifecycle import bump_counter
 
 M = models.model_aliases
 C = models.counters

@@ -1,4 +1,4 @@
-"""The resources, model-alias and API-key part of ``Store``: a mixin over the same plumbing (each method is
+"""The resources, model-alias, API-key and gateway-replica part of ``Store``: a mixin over the same plumbing (each
 one read or one write operation)."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rollway.store import catalog, replicas, resources
-from rollway.store.plumbing import StorePlumbing
+from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.replicas import ReplicaInfo, ReplicaReport
 from rollway.store.schemas import ApiKey, AttemptedRollout, Backend, KeyScope, ModelAlias, Page, ResourcesUpdate
+from rollway.store.sql import catalog, replicas, resources
 
 
 class CatalogMixin(StorePlumbing):
@@ -110,7 +110,7 @@ class CatalogMixin(StorePlumbing):
 
     async def report_replica(self, info: ReplicaInfo, snapshot: Callable[[], Mapping[str, Mapping[str, int]]]) -> int:
         """Write this gateway process's calls in flight (``snapshot`` is called inside the transaction, after
-        the catalog revision was read — see ``store.replicas``); the revision it was written under."""
+        the catalog revision was read — see ``store.sql.replicas``); the revision it was written under."""
         now = self.clock()
         return await self._write(lambda conn: replicas.report(conn, info, snapshot, now))
 

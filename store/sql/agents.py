@@ -1,7 +1,7 @@
 """Remote agent servers (the Osmosis remote-rollout protocol, docs/remote-agents.md): the registry, the claim that
 hands an agent server its tasks within its concurrency limit, and the completion it reports.
 
-A task enqueued with ``agent: <name>`` waits in a queue of its own (``store.queue``: runner claims never see
+A task enqueued with ``agent: <name>`` waits in a queue of its own (``store.sql.queue``: runner claims never see
 it). ``claim`` locks the server's row, so processes sharing one database take turns, and hands out at most
 ``max_concurrent`` minus the server's live rollouts (``preparing``/``running``). ``complete`` records the
 outcome in one transaction: the reward span, the completion in the attempt's metadata (``completion``), and
@@ -15,13 +15,14 @@ from typing import Any
 
 from sqlalchemy import Connection, RowMapping, delete, func, select, update
 
-from rollway.store import convert, models, queue, spans
-from rollway.store.catalog import Cipher, holds_credentials, read_key, stored_key
-from rollway.store.dialect import lock_rows, serialize_key
+from rollway.store.db import models
+from rollway.store.db.dialect import lock_rows, serialize_key
 from rollway.store.errors import ConflictError, NotFoundError, StoreValidationError
 from rollway.store.exports import REWARD_SPAN
-from rollway.store.lifecycle import apply_attempt_status, load_attempt, load_rollout, require_latest
 from rollway.store.schemas import AgentServer, Attempt, AttemptedRollout, RemoteCompletion, Span
+from rollway.store.sql import convert, queue, spans
+from rollway.store.sql.catalog import Cipher, holds_credentials, read_key, stored_key
+from rollway.store.sql.lifecycle import apply_attempt_status, load_attempt, load_rollout, require_latest
 from rollway.store.states import ACTIVE, ATTEMPT_TERMINAL, AttemptStatus, RolloutStatus
 
 G = models.agent_servers

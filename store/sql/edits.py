@@ -2,7 +2,7 @@
 and ``update_worker``), and the latest attempt of many rollouts in one read.
 
 A field left out of an edit is unchanged; a status goes through the same transition table and side effects
-as every other status change (``store.lifecycle.set_rollout_status``).
+as every other status change (``store.sql.lifecycle.set_rollout_status``).
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from typing import Any
 
 from sqlalchemy import Connection, select, update
 
-from rollway.store import convert, models
-from rollway.store import resources as resources_ops
-from rollway.store.dialect import upsert
+from rollway.store.db import models
+from rollway.store.db.dialect import upsert
 from rollway.store.errors import ConflictError, StoreValidationError
-from rollway.store.lifecycle import load_rollout, set_rollout_status
 from rollway.store.schemas import Attempt, Rollout, RolloutConfig, Worker
+from rollway.store.sql import convert
+from rollway.store.sql import resources as resources_ops
+from rollway.store.sql.lifecycle import load_rollout, set_rollout_status
 from rollway.store.states import ACTIVE, AttemptStatus, RolloutStatus
 
 R = models.rollouts

@@ -4,7 +4,7 @@ Sequence ids are allocated per (rollout, attempt) from a counter row, starting a
 order requests reach the store. A span may arrive with a sequence id it was given earlier (the gateway
 allocates one when a call *arrives* and writes the span when it ends); the counter then only moves forward.
 Every span is a heartbeat for its attempt. Writes to a stale attempt are refused. A primary reward written to
-a finished rollout gives it a new finish position (``store.exports``): it is exported again, with the reward.
+a finished rollout gives it a new finish position (``store.sql.exports``): it is exported again, with the reward.
 """
 
 from __future__ import annotations
@@ -15,14 +15,16 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, Integer, RowMapping, bindparam, case, select, update
 
-from rollway.store import convert, ids, models
-from rollway.store.dialect import prebuilt, serialize_key, sqlite_driver, upsert
-from rollway.store.engine import dumps, loads
+from rollway.store import ids
+from rollway.store.db import models
+from rollway.store.db.dialect import prebuilt, serialize_key, sqlite_driver, upsert
+from rollway.store.db.engine import dumps, loads
 from rollway.store.errors import ConflictError, StoreValidationError
 from rollway.store.exports import reward_value
-from rollway.store.lifecycle import load_attempt, load_rollout, next_finish_seq, record_heartbeat, require_latest
-from rollway.store.replays import other_request
 from rollway.store.schemas import Span
+from rollway.store.sql import convert
+from rollway.store.sql.lifecycle import load_attempt, load_rollout, next_finish_seq, record_heartbeat, require_latest
+from rollway.store.sql.replays import other_request
 
 S = models.spans
 R = models.rollouts
@@ -240,7 +242,7 @@ def _same_request(
     stamped: Collection[str],
 ) -> None:
     """Refuse a request that found spans its key's first try wrote unless it is that request again (see
-    ``store.replays`` for why the stored spans are what it is compared with). The first try wrote all of its
+    ``store.sql.replays`` for why the stored spans are what it is compared with). The first try wrote all of its
     spans in one transaction, so this one must find each of its spans with a derived id, and no derived id at a
     place where it has none; each span with the client's own id must be stored in its rollout (the first try
     wrote it, or found it there); and each span must hold what the request gives it."""
@@ -407,7 +409,7 @@ def _share(conn: Connection, rollout_id: str, attempt_id: str, fresh: list[Span]
 
 def _finish_again(conn: Connection, rollout_id: str) -> None:
     """A primary reward reached a finished rollout: give it a new finish position, so the exports' ``since``
-    cursor (``store.exports``) hands it, and its group, out again with the reward."""
+    cursor (``store.sql.exports``) hands it, and its group, out again with the reward."""
     finished = conn.execute(select(R.c.pk, R.c.finish_seq).where(R.c.rollout_id == rollout_id)).first()
     if finished is not None and finished[1] is not None:
         conn.execute(update(R).where(R.c.pk == finished[0]).values(finish_seq=next_finish_seq(conn)))

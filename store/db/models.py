@@ -67,7 +67,7 @@ class RolloutRow(SQLModel, table=True):
     attempt_count: int = 0
     latest_attempt_id: str | None = Field(default=None, max_length=64)
     updated_time: float
-    #: What the keyed request that made the row asked for, as a digest (``store.replays``; migration 0005).
+    #: What the keyed request that made the row asked for, as a digest (``store.sql.replays``; migration 0005).
     request_digest: str | None = Field(default=None, max_length=32)
 
 

@@ -1,7 +1,7 @@
 """Database engines: SQLite (default, one file, WAL) and PostgreSQL (asyncpg).
 
 Store operations are plain functions over a SQLAlchemy ``Connection``; how they reach the database depends on
-the engine (see ``store.writer``):
+the engine (see ``store.db.writer``):
 
 - SQLite: synchronous ``sqlite3`` connections. One is the writer's, used from the event loop itself (a write
   transaction takes tens of microseconds; per-statement thread hops would cost more than the work). Its
@@ -10,7 +10,7 @@ the engine (see ``store.writer``):
   read while the writer writes). Automatic checkpoints are off on the writer; ``checkpoint()`` runs them in
   a thread instead, so a checkpoint's fsync never stalls the loop.
 - PostgreSQL: an async engine (asyncpg) with a pool of ``PG_POOL_SIZE`` connections; operations run through
-  ``AsyncConnection.run_sync``, the call path's two writes on the driver itself (``store.pg_calls``).
+  ``AsyncConnection.run_sync``, the call path's two writes on the driver itself (``store.sql.pg_calls``).
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def _sqlite_engine(url: str, *, begin: str, synchronous: str, busy_ms: int, writ
         cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
         cursor.close()
 
-    if begin:  # the writer drives BEGIN/COMMIT on the sqlite3 connection itself (store.writer)
+    if begin:  # the writer drives BEGIN/COMMIT on the sqlite3 connection itself (store.db.writer)
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Any) -> None:

@@ -13,12 +13,14 @@ from typing import Any
 
 from sqlalchemy import Connection, Integer, RowMapping, Select, TextClause, bindparam, select, text, update
 
-from rollway.store import convert, groups, ids, models, replays
-from rollway.store import resources as resources_ops
-from rollway.store.dialect import lock_rows, prebuilt, serialize_key, upsert
+from rollway.store import ids
+from rollway.store.db import models
+from rollway.store.db.dialect import lock_rows, prebuilt, serialize_key, upsert
 from rollway.store.errors import ConflictError, StoreValidationError
-from rollway.store.lifecycle import load_rollout, set_rollout_status, sync_worker
 from rollway.store.schemas import AttemptedRollout, RolloutConfig, TaskSpec
+from rollway.store.sql import convert, groups, replays
+from rollway.store.sql import resources as resources_ops
+from rollway.store.sql.lifecycle import load_rollout, set_rollout_status, sync_worker
 from rollway.store.states import QUEUED, AttemptStatus, RolloutStatus
 
 R = models.rollouts
@@ -266,7 +268,7 @@ def claim(
     """Hand up to ``limit`` queued rollouts to ``worker_id``, each with a new attempt in ``preparing``.
 
     Runners (``agent`` None) only get tasks for no agent server; a remote agent server's dispatcher only the
-    tasks enqueued with ``agent: <its name>`` (``store.agents.claim``). With an idempotency ``key``, the
+    tasks enqueued with ``agent: <its name>`` (``store.sql.agents.claim``). With an idempotency ``key``, the
     attempts' ids derive from it, and a claim sent again with it (a retry after a lost answer) gets what the
     first one handed out instead of more rollouts (which nobody would run)."""
     if key is not None:
@@ -330,7 +332,7 @@ def start_rollout(
     rollout and attempt the first one made, as they are now.
 
     It makes one rollout: with a ``group_id``, it joins that group, and a ``group_size`` declares the group's
-    size (``store.groups``: the group is complete once that many members finished)."""
+    size (``store.sql.groups``: the group is complete once that many members finished)."""
     if (spec.group_size or 1) != 1 and not spec.group_id:
         raise StoreValidationError(
             "a direct start makes one rollout: group_size is the size of the group it joins, and needs a group_id"

@@ -1,5 +1,5 @@
-"""What the ``Store`` mixins (catalog, edits, agents, spans) use of ``Store``: its clock, its cipher, its write and
-read paths and its waiter wake-up. Declared once here; ``Store`` provides them."""
+"""What the parts of ``Store`` (the mixins of ``store.parts``) use of ``Store``: its clock, its cipher, its write
+and read paths and its waiter wake-up. Declared once here; ``Store`` (``store.store``) provides them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
-from rollway.store.catalog import Cipher
+from rollway.store.sql.catalog import Cipher
 
 T = TypeVar("T")
 
@@ -16,7 +16,7 @@ T = TypeVar("T")
 class StorePlumbing:
     clock: Callable[[], float]
     cipher: Cipher | None  # encrypts the API keys kept for others (``catalog.Cipher``), when given a secret key
-    direct_calls: bool  # PostgreSQL: the call path's writes go straight to the driver (``store.pg_calls``)
+    direct_calls: bool  # PostgreSQL: the call path's writes go straight to the driver (``store.sql.pg_calls``)
 
     async def _write(self, op: Callable[[Connection], T]) -> T:
         raise NotImplementedError  # provided by Store

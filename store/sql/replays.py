@@ -1,5 +1,5 @@
 """Keyed requests sent again: what an enqueue, claim, direct start or new attempt carrying a client's
-idempotency key gets when its key was used before (see ``store.queue``; spans: ``spans.add_keyed``).
+idempotency key gets when its key was used before (see ``store.sql.queue``; spans: ``spans.add_keyed``).
 
 A first try leaves no record of its request apart from the rows it wrote — all in one transaction, with ids
 derived from the key and their place in the request (``ids.derived``) — and a digest of what it asked for,
@@ -31,13 +31,15 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, RowMapping, bindparam, select
 
-from rollway.store import convert, ids, models
-from rollway.store import resources as resources_ops
-from rollway.store.dialect import prebuilt
-from rollway.store.engine import dumps, loads
+from rollway.store import ids
+from rollway.store.db import models
+from rollway.store.db.dialect import prebuilt
+from rollway.store.db.engine import dumps, loads
 from rollway.store.errors import ConflictError
-from rollway.store.lifecycle import load_rollout
 from rollway.store.schemas import AttemptedRollout, RolloutConfig, TaskSpec
+from rollway.store.sql import convert
+from rollway.store.sql import resources as resources_ops
+from rollway.store.sql.lifecycle import load_rollout
 from rollway.store.states import ATTEMPT_TERMINAL
 
 R = models.rollouts

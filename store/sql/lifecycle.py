@@ -10,8 +10,8 @@ from typing import Any
 
 from sqlalchemy import Connection, RowMapping, bindparam, select, update
 
-from rollway.store import models
-from rollway.store.dialect import upsert
+from rollway.store.db import models
+from rollway.store.db.dialect import upsert
 from rollway.store.errors import ConflictError, NotFoundError
 from rollway.store.schemas import RolloutConfig
 from rollway.store.states import (

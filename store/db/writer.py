@@ -35,8 +35,8 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rollway.store.db.faults import unavailable
 from rollway.store.errors import ConflictError, StoreValidationError, UnavailableError
-from rollway.store.faults import unavailable
 
 log = logging.getLogger("rollway.store")
 
@@ -372,7 +372,7 @@ class PgWriter:
     async def submit_direct(self, op: Callable[[Any], Awaitable[T]]) -> T:
         """``op`` on the driver's own connection (asyncpg), in no transaction: each statement it runs is one
         transaction and one round trip, where SQLAlchemy's ``begin`` adds two more (BEGIN, COMMIT). For the call
-        path's single-statement writes (``store.pg_calls``); retried, shielded and its failures told as
+        path's single-statement writes (``store.sql.pg_calls``); retried, shielded and its failures told as
         ``submit``'s are."""
 
         async def once() -> T:

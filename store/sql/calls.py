@@ -9,11 +9,12 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, update
 
-from rollway.store import catalog, models, spans
-from rollway.store.dialect import sqlite_driver
+from rollway.store.db import models
+from rollway.store.db.dialect import sqlite_driver
 from rollway.store.errors import ConflictError, NotFoundError
-from rollway.store.lifecycle import load_attempt, load_rollout, record_heartbeat
 from rollway.store.schemas import RolloutConfig, Span
+from rollway.store.sql import catalog, spans
+from rollway.store.sql.lifecycle import load_attempt, load_rollout, record_heartbeat
 from rollway.store.states import ATTEMPT_TERMINAL, FINISHED, AttemptStatus, RolloutStatus
 
 A = models.attempts

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollway.store import catalog, convert
-from rollway.store.calls import CallTicket, Target, check
 from rollway.store.errors import NotFoundError
+from rollway.store.sql import catalog, convert
+from rollway.store.sql.calls import CallTicket, Target, check
 from rollway.store.states import ATTEMPT_TERMINAL, FINISHED
 
 _FINISHED = sorted(status.value for status in FINISHED)

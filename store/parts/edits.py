@@ -1,13 +1,14 @@
-"""The edit part of ``Store`` (``store.edits``): rollout and worker edits, latest attempts of many rollouts."""
+"""The edit part of ``Store`` (``store.sql.edits``): rollout and worker edits, latest attempts of many rollouts."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rollway.store import edits, limits
-from rollway.store.plumbing import StorePlumbing
+from rollway.store.db import limits
+from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.schemas import Attempt, Rollout, Worker
+from rollway.store.sql import edits
 
 
 class EditsMixin(StorePlumbing):

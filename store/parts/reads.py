@@ -9,12 +9,13 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from rollway.store import convert, exports, queries
 from rollway.store.errors import NotFoundError, StoreValidationError
-from rollway.store.lifecycle import load_rollout
-from rollway.store.plumbing import StorePlumbing
+from rollway.store.exports import ExportPage, ExportRollout
+from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.schemas import Attempt, Page, Rollout, StoreStats, Worker
 from rollway.store.signals import Signal
+from rollway.store.sql import convert, exports, reads
+from rollway.store.sql.lifecycle import load_rollout
 from rollway.store.states import FINISHED
 
 #: The longest a caller waits in one call (for rollouts to finish, for a task to claim).
@@ -26,40 +27,40 @@ class ReadsMixin(StorePlumbing):
     poll_interval: float
 
     async def get_rollout(self, rollout_id: str, *, with_attempts: bool = False) -> Rollout:
-        return await self._read(lambda conn: queries.get_rollout(conn, rollout_id, with_attempts=with_attempts))
+        return await self._read(lambda conn: reads.get_rollout(conn, rollout_id, with_attempts=with_attempts))
 
     async def list_rollouts(self, **filters: Any) -> Page[Rollout]:
-        return await self._read(lambda conn: queries.list_rollouts(conn, **filters))
+        return await self._read(lambda conn: reads.list_rollouts(conn, **filters))
 
     async def sorted_rollouts(self, **query: Any) -> tuple[list[Rollout], int]:
-        """A page of rollouts in a chosen order, and the number matching (see ``store.queries.sorted_rollouts``)."""
-        return await self._read(lambda conn: queries.sorted_rollouts(conn, **query))
+        """A page of rollouts in a chosen order, and the number matching (see ``store.sql.reads.sorted_rollouts``)."""
+        return await self._read(lambda conn: reads.sorted_rollouts(conn, **query))
 
     async def list_attempts(self, rollout_id: str) -> list[Attempt]:
         def op(conn: Connection) -> list[Attempt]:
             load_rollout(conn, rollout_id, lock=False)
-            return queries.list_attempts(conn, rollout_id)
+            return reads.list_attempts(conn, rollout_id)
 
         return await self._read(op)
 
     async def get_attempt(self, rollout_id: str, attempt_id: str = "latest") -> Attempt:
-        return await self._read(lambda conn: queries.get_attempt(conn, rollout_id, attempt_id))
+        return await self._read(lambda conn: reads.get_attempt(conn, rollout_id, attempt_id))
 
     async def get_group(self, group_id: str) -> list[Rollout]:
-        return await self._read(lambda conn: queries.group(conn, group_id))
+        return await self._read(lambda conn: reads.group(conn, group_id))
 
     async def list_workers(self) -> list[Worker]:
-        return await self._read(queries.list_workers)
+        return await self._read(reads.list_workers)
 
     async def get_worker(self, worker_id: str) -> Worker:
-        return await self._read(lambda conn: queries.get_worker(conn, worker_id))
+        return await self._read(lambda conn: reads.get_worker(conn, worker_id))
 
     async def status_counts(self) -> tuple[dict[str, int], dict[str, int]]:
         """(rollouts by status, attempts by status): cheap enough for every metrics scrape."""
-        return await self._read(queries.status_counts)
+        return await self._read(reads.status_counts)
 
     async def stats(self) -> StoreStats:
-        return await self._read(queries.stats)
+        return await self._read(reads.stats)
 
     async def export_rollouts(
         self,
@@ -70,9 +71,9 @@ class ReadsMixin(StorePlumbing):
         limit: int = 100,
         partial: bool = False,
         with_spans: bool = True,
-    ) -> exports.ExportPage:
+    ) -> ExportPage:
         """Finished rollouts after the cursor ``since`` in finish order (whole complete groups unless
-        ``partial``), each with the spans of its latest attempt; see ``store.exports``."""
+        ``partial``), each with the spans of its latest attempt; see ``store.sql.exports``."""
         return await self._read(
             lambda conn: exports.export(
                 conn,
@@ -85,8 +86,8 @@ class ReadsMixin(StorePlumbing):
             )
         )
 
-    async def export_spans(self, rollouts: list[exports.ExportRollout]) -> None:
-        """Fill in the spans of exported rollouts read ``with_spans=False`` (``store.exports.attach_spans``)."""
+    async def export_spans(self, rollouts: list[ExportRollout]) -> None:
+        """Fill in the spans of exported rollouts read ``with_spans=False`` (``store.sql.exports.attach_spans``)."""
         await self._read(lambda conn: exports.attach_spans(conn, rollouts))
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float) -> tuple[list[Rollout], list[str]]:
@@ -97,7 +98,7 @@ class ReadsMixin(StorePlumbing):
         deadline = time.monotonic() + min(timeout, MAX_WAIT_SECONDS)
         while True:
             generation = self.finished.generation()
-            rows = await self._read(lambda conn: queries.statuses(conn, wanted))
+            rows = await self._read(lambda conn: reads.statuses(conn, wanted))
             unknown = [r for r in wanted if r not in rows]
             if unknown:
                 raise NotFoundError(f"rollouts not found: {', '.join(unknown[:10])}")

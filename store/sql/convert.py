@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import RowMapping
 
-from rollway.store.limits import int32_or_none
+from rollway.store.db.limits import int32_or_none
 from rollway.store.schemas import Attempt, ResourcesUpdate, Rollout, RolloutConfig, Span, SpanStatus
 
 

@@ -10,10 +10,12 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
-from rollway.store import convert, ids, models
-from rollway.store.dialect import check_limit, decode_cursor, encode_cursor, serialize_key
+from rollway.store import ids
+from rollway.store.db import models
+from rollway.store.db.dialect import check_limit, decode_cursor, encode_cursor, serialize_key
 from rollway.store.errors import NotFoundError, StoreValidationError
 from rollway.store.schemas import Page, ResourcesUpdate
+from rollway.store.sql import convert
 
 T = models.resources
 

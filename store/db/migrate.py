@@ -12,7 +12,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-MIGRATIONS = Path(__file__).parent / "migrations"
+MIGRATIONS = Path(__file__).parents[1] / "migrations"  # store/migrations
 PG_MIGRATION_LOCK = 0x526F6C6C  # advisory lock key: one process migrates at a time
 
 

@@ -1,4 +1,4 @@
-"""The span part of ``Store`` (``store.spans``, ``store.calls``): sequence ids, the gateway's calls, span writes
+"""The span part of ``Store`` (``store.sql.spans``, ``store.sql.calls``): sequence ids, the gateway's calls, span writes
 and reads."""
 
 from __future__ import annotations
@@ -8,17 +8,18 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from rollway.store import calls, convert, limits, pg_calls, spans
-from rollway.store.keepalive import CallsInFlight
-from rollway.store.plumbing import StorePlumbing
+from rollway.store.db import limits
+from rollway.store.parts.keepalive import CallsInFlight
+from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.schemas import Span
+from rollway.store.sql import calls, convert, pg_calls, spans
 
 _SPAN_LIST: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
 
 
 class SpansMixin(StorePlumbing):
     span_observer: Callable[[int], None] | None  # told how many spans each add_spans wrote
-    calls_in_flight: CallsInFlight  # admitted, span not written: each keeps its attempt alive (store.keepalive)
+    calls_in_flight: CallsInFlight  # admitted, span not written: each keeps its attempt alive (store.parts.keepalive)
 
     async def allocate_sequence(
         self, rollout_id: str | None, attempt_id: str | None = "latest", count: int = 1
@@ -28,7 +29,7 @@ class SpansMixin(StorePlumbing):
 
     async def begin_call(self, rollout_id: str | None, attempt_id: str | None = None) -> calls.CallTicket:
         """An LLM call arrived: check its attempt is live, allocate its sequence id, tell its deadline. From here
-        until ``record_call`` the call keeps its attempt alive (``store.keepalive``)."""
+        until ``record_call`` the call keeps its attempt alive (``store.parts.keepalive``)."""
         if self.direct_calls:
             ticket = await self._write_direct(lambda driver: pg_calls.begin(driver, rollout_id, attempt_id))
         else:
@@ -38,7 +39,7 @@ class SpansMixin(StorePlumbing):
         return ticket
 
     async def record_call(self, span: Span) -> None:
-        """Write the span of a call that ``begin_call`` admitted (see ``store.calls.record``): the call is over."""
+        """Write the span of a call that ``begin_call`` admitted (see ``store.sql.calls.record``): the call is over."""
         now = self.clock()
         try:
             if self.direct_calls:

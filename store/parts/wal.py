@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from rollway.store.engine import Engines, WalKeeper
-from rollway.store.faults import FailureLog
-from rollway.store.writer import BatchWriter, Writer
+from rollway.store.db.engine import Engines, WalKeeper
+from rollway.store.db.faults import FailureLog
+from rollway.store.db.writer import BatchWriter, Writer
 
 log = logging.getLogger("rollway.store")
 
@@ -24,7 +24,7 @@ class WalMixin:
     async def checkpoint(self) -> None:
         """SQLite: copy the write-ahead log into the database file, in a worker thread (the writer's own
         automatic checkpoints are off so that their fsync never stalls the event loop); a long log is also
-        emptied, with this process's writer paused (``store.engine.WalKeeper`` says why and how)."""
+        emptied, with this process's writer paused (``store.db.engine.WalKeeper`` says why and how)."""
         reader = self.engines.reader
         if reader is None:
             return
