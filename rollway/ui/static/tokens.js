@@ -1,3 +1,4 @@
+// @ts-check
 // Token views. A response's tokens are coloured by probability (exp(logprob)): red for unlikely, green for
 // likely; hovering one shows its id and logprob, clicking pins them below the view, and "ids" shows every
 // token as its id. A merged training sequence is coloured by its loss mask instead. Long sequences are drawn
@@ -7,12 +8,19 @@ import { h } from "./dom.js";
 
 const CHUNK = 1000;
 
+/** @param {number | null | undefined} logprob */
 function shade(logprob) {
   if (logprob === null || logprob === undefined) return "";
   const p = Math.exp(logprob);
   return `p${Math.min(9, Math.floor(p * 10))}`; // ten classes: p0 (< 0.1) … p9 (≥ 0.9)
 }
 
+// Draws `count` items into `container` CHUNK at a time, `draw(i)` each, behind a "show more" button.
+/**
+ * @param {HTMLElement} container
+ * @param {number} count
+ * @param {(i: number) => Node} draw
+ */
 function chunked(container, count, draw) {
   let shown = 0;
   const more = h("button", { type: "button", class: "more" });
@@ -31,6 +39,12 @@ function chunked(container, count, draw) {
 }
 
 // ids: token ids; logprobs: aligned logprobs or null; texts: aligned token strings or null.
+/**
+ * @param {number[]} ids
+ * @param {(number | null | undefined)[] | null | undefined} logprobs
+ * @param {(string | null | undefined)[] | null} texts
+ * @returns {HTMLElement}
+ */
 export function tokenView(ids, logprobs, texts) {
   const detail = h("div", { class: "token-detail muted" }, "Hover or click a token for its id and logprob.");
   const view = h("div", { class: "tokens" });
@@ -49,7 +63,7 @@ export function tokenView(ids, logprobs, texts) {
     );
   });
   view.addEventListener("click", (event) => {
-    const tok = event.target.closest(".tok");
+    const tok = /** @type {HTMLElement | null} */ (/** @type {Element} */ (event.target).closest(".tok"));
     if (tok) detail.textContent = tok.title;
   });
   box.append(h("label", { class: "muted" }, idsToggle, " ids"), view, detail);
@@ -57,6 +71,11 @@ export function tokenView(ids, logprobs, texts) {
 }
 
 // A merged row: every token, those with loss mask 1 (sampled, trained on) marked, the others context.
+/**
+ * @param {number[]} ids
+ * @param {number[]} mask  aligned with `ids`
+ * @returns {HTMLElement}
+ */
 export function maskView(ids, mask) {
   const view = h("div", { class: "tokens masked" });
   chunked(view, ids.length, (i) =>

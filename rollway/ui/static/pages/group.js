@@ -1,3 +1,4 @@
+// @ts-check
 // A group (/ui/groups/{id}): its members in group order with their status and rewards, the spread of the rewards
 // (what GRPO-style training learns from: a group whose rewards are all equal teaches nothing), and whether the
 // group is complete (every declared member finished).
@@ -5,17 +6,26 @@
 import { api } from "../api.js";
 import { badge, clear, failure, h, link, number, seg } from "../dom.js";
 
+/** @import { GroupView, Page, Rollout, Span } from "../api.js" */
+
 const REWARD = "rollway.reward";
 const AT_ONCE = 8; // members whose rewards are read at the same time
 
+// Each member's reward spans, by rollout id (a member with no attempt yet has none to read).
+/**
+ * @param {Rollout[]} rollouts
+ * @param {AbortSignal} signal
+ * @returns {Promise<Map<string, Span[]>>}
+ */
 async function rewardsOf(rollouts, signal) {
+  /** @type {Map<string, Span[]>} */
   const out = new Map();
   let next = 0;
   const worker = async () => {
     while (next < rollouts.length) {
       const r = rollouts[next++];
       if (!r.attempt_count) continue;
-      const page = await api(`/rollouts/${seg(r.rollout_id)}/spans`, { query: { name: REWARD }, signal });
+      const page = /** @type {Page<Span>} */ (await api(`/rollouts/${seg(r.rollout_id)}/spans`, { query: { name: REWARD }, signal }));
       out.set(r.rollout_id, page.items.filter((s) => s.name === REWARD));
     }
   };
@@ -23,6 +33,7 @@ async function rewardsOf(rollouts, signal) {
   return out;
 }
 
+/** @param {number[]} values */
 function spread(values) {
   if (!values.length) return null;
   const mean = values.reduce((a, b) => a + b, 0) / values.length;
@@ -30,8 +41,14 @@ function spread(values) {
   return { mean, std, min: Math.min(...values), max: Math.max(...values), n: values.length };
 }
 
+/**
+ * @param {HTMLElement} main
+ * @param {string[]} params  [the group id]
+ * @param {AbortSignal} signal
+ * @returns {Promise<void>}
+ */
 export async function render(main, [groupId], signal) {
-  const group = await api(`/groups/${seg(groupId)}`, { signal });
+  const group = /** @type {GroupView} */ (await api(`/groups/${seg(groupId)}`, { signal }));
   const rewardsBox = h("div", {}, h("p", { class: "muted" }, "Loading rewards…"));
   main.append(
     h("h1", {}, "Group ", h("code", {}, group.group_id), " ", badge(group.complete ? "complete" : "incomplete")),
@@ -47,7 +64,7 @@ export async function render(main, [groupId], signal) {
   }
   if (signal.aborted) return;
   // A member's reward: its last reward named "primary" (the default name), else its last reward.
-  const rewardOf = (id) => {
+  const rewardOf = (/** @type {string} */ id) => {
     const spans = rewards.get(id) ?? [];
     const primary = spans.filter((s) => (s.attributes["rollway.reward.name"] ?? "primary") === "primary");
     const last = (primary.length ? primary : spans).at(-1);

@@ -1,3 +1,4 @@
+// @ts-check
 // One model alias (/ui/models/{alias}): its backends, version, paused or active, calls in flight (and those
 // still on an earlier configuration), and the actions pause, resume and swap (a new version, and optionally new
 // backends), each behind a confirmation. Refreshed every 3 s.
@@ -5,6 +6,9 @@
 import { api } from "../api.js";
 import { badge, clear, confirmAction, every, failure, h, health, number, seg } from "../dom.js";
 
+/** @import { BackendView, ModelView } from "../api.js" */
+
+/** @param {BackendView[]} items */
 function backends(items) {
   return h(
     "table",
@@ -32,15 +36,26 @@ function backends(items) {
   );
 }
 
+/**
+ * @param {HTMLElement} main
+ * @param {string[]} params  [the alias]
+ * @param {AbortSignal} signal
+ * @returns {Promise<() => void>}
+ */
 export async function render(main, [alias], signal) {
   const path = `/models/${alias.split("/").map(seg).join("/")}`;
   const head = h("div", {});
   const body = h("div", {});
   const message = h("p", { id: "action-result", role: "status" });
+  /**
+   * @param {string} verb  what was done, for the message
+   * @param {string} text  the confirmation's question
+   * @param {() => Promise<unknown>} request  the action; it answers the alias's new ModelView
+   */
   const act = async (verb, text, request) => {
     if (!(await confirmAction(text))) return;
     try {
-      const view = await request();
+      const view = /** @type {ModelView} */ (await request());
       clear(message, `${verb}: ${view.alias} is ${view.state.paused ? "paused" : "active"}, version ${view.version}.`);
       await refresh();
     } catch (error) {
@@ -64,12 +79,13 @@ export async function render(main, [alias], signal) {
   swapForm.addEventListener("submit", (event) => {
     event.preventDefault();
     const data = new FormData(swapForm);
+    /** @type {{ version: string, backends?: unknown[], drain_timeout_seconds?: number }} */
     const body = { version: String(data.get("version")).trim() };
     const raw = String(data.get("backends") ?? "").trim();
     try {
       if (raw) body.backends = JSON.parse(raw);
     } catch (error) {
-      clear(message, failure(new Error(`backends: not JSON (${error.message})`)));
+      clear(message, failure(new Error(`backends: not JSON (${/** @type {SyntaxError} */ (error).message})`)));
       return;
     }
     const drain = String(data.get("drain") ?? "").trim();
@@ -79,11 +95,12 @@ export async function render(main, [alias], signal) {
   main.append(h("h1", {}, "Model ", h("code", {}, alias)), head, h("div", { class: "bar" }, pause, resume), message, body, swapForm);
 
   const refresh = async () => {
+    /** @type {ModelView} */
     let view;
     try {
-      view = await api(path, { signal });
+      view = /** @type {ModelView} */ (await api(path, { signal }));
     } catch (error) {
-      if (error.name !== "AbortError") clear(head, failure(error));
+      if (/** @type {Error} */ (error).name !== "AbortError") clear(head, failure(error));
       return;
     }
     const paused = view.state.paused;

@@ -1,3 +1,4 @@
+// @ts-check
 // Overview (/ui): rollouts by status and the queue depth, the gateway's calls over the last hour as charts,
 // the model aliases, their state and their backends up or down. Refreshed every 10 s.
 
@@ -5,8 +6,11 @@ import { api } from "../api.js";
 import { lineChart } from "../charts.js";
 import { badge, clear, duration, every, failure, h, health, link, number, seg } from "../dom.js";
 
+/** @import { ModelView, Page, SeriesPoint, SeriesView, StatusCounts } from "../api.js" */
+
 const STATUSES = ["queuing", "requeuing", "preparing", "running", "succeeded", "failed", "cancelled"];
 
+/** @param {StatusCounts} view */
 function counts(view) {
   const statuses = [...STATUSES, ...Object.keys(view.rollouts_by_status).filter((s) => !STATUSES.includes(s))];
   return h(
@@ -29,10 +33,11 @@ function counts(view) {
   );
 }
 
+/** @param {SeriesView} view */
 function charts(view) {
   const times = view.points.map((p) => p.start);
-  const pick = (name) => view.points.map((p) => p[name]);
-  const tokens = (v) => (v >= 1000 ? `${number(v / 1000, 1)}k` : number(v, 0));
+  const pick = (/** @type {keyof SeriesPoint} */ name) => view.points.map((p) => p[name]);
+  const tokens = (/** @type {number} */ v) => (v >= 1000 ? `${number(v / 1000, 1)}k` : number(v, 0));
   return h(
     "section",
     { class: "charts" },
@@ -59,6 +64,7 @@ function charts(view) {
   );
 }
 
+/** @param {ModelView[]} models */
 export function modelTable(models) {
   if (!models.length) return h("p", { class: "muted" }, "No model alias yet.");
   return h(
@@ -83,6 +89,12 @@ export function modelTable(models) {
   );
 }
 
+/**
+ * @param {HTMLElement} main
+ * @param {string[]} _params  none
+ * @param {AbortSignal} signal
+ * @returns {Promise<() => void>}
+ */
 export async function render(main, _params, signal) {
   const countsBox = h("div", {}, h("p", { class: "muted" }, "Loading…"));
   const chartsBox = h("div", {});
@@ -98,9 +110,9 @@ export async function render(main, _params, signal) {
   );
   const refresh = async () => {
     const [status, series, models] = await Promise.allSettled([
-      api("/stats/status", { signal }),
-      api("/stats/series", { query: { window_seconds: 3600, step_seconds: 60 }, signal }),
-      api("/models", { signal }),
+      /** @type {Promise<StatusCounts>} */ (api("/stats/status", { signal })),
+      /** @type {Promise<SeriesView>} */ (api("/stats/series", { query: { window_seconds: 3600, step_seconds: 60 }, signal })),
+      /** @type {Promise<Page<ModelView>>} */ (api("/models", { signal })),
     ]);
     if (signal.aborted) return;
     clear(countsBox, status.status === "fulfilled" ? counts(status.value) : failure(status.reason));

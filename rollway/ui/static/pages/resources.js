@@ -1,22 +1,33 @@
+// @ts-check
 // Resources (/ui/resources): the versioned resource bundles (prompts, model names, anything rollouts run with),
 // in the admin API's order, a page at a time, the latest marked; each version's content on demand.
 
 import { api } from "../api.js";
 import { clear, failure, h, json, link, time } from "../dom.js";
 
+/** @import { Page, ResourcesUpdate } from "../api.js" */
+
 const LIMIT = 50;
 
+/**
+ * @param {HTMLElement} main
+ * @param {string[]} _params  none
+ * @param {AbortSignal} signal
+ * @returns {Promise<void>}
+ */
 export async function render(main, _params, signal) {
   const cursor = new URL(location.href).searchParams.get("cursor");
   const box = h("div", {}, h("p", { class: "muted" }, "Loading…"));
   main.append(h("h1", {}, "Resources"), box);
+  /** @type {Page<ResourcesUpdate>} */
   let page;
+  /** @type {ResourcesUpdate | null} */
   let latest = null;
   try {
-    page = await api("/resources", { query: { limit: LIMIT, cursor }, signal });
-    if (page.items.length) latest = await api("/resources/latest", { signal }); // exists once any bundle does
+    page = /** @type {Page<ResourcesUpdate>} */ (await api("/resources", { query: { limit: LIMIT, cursor }, signal }));
+    if (page.items.length) latest = /** @type {ResourcesUpdate} */ (await api("/resources/latest", { signal })); // exists once any bundle does
   } catch (error) {
-    if (error.name !== "AbortError") clear(box, failure(error));
+    if (/** @type {Error} */ (error).name !== "AbortError") clear(box, failure(error));
     return;
   }
   if (!page.items.length) {

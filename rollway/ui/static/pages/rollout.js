@@ -1,3 +1,4 @@
+// @ts-check
 // One rollout (/ui/rollouts/{id}, ?attempt= another attempt than the latest): its attempts on a timeline with a
 // tick per LLM call, each LLM call of the attempt in sequence order (the request as a chat, the response and its
 // tool calls, the tokens coloured by logprob, latency, model version, errors), the rewards, and the training data
@@ -10,12 +11,39 @@ import { api } from "../api.js";
 import { badge, clear, duration, every, failure, h, json, link, number, s, seg, time } from "../dom.js";
 import { maskView, tokenView } from "../tokens.js";
 
+/** @import { Attempt, LlmRequest, LlmResponse, MergedRow, Page, Rollout, Span, Triplet } from "../api.js" */
+
+/**
+ * The recorded request and answer are whatever the agent sent and the engine answered: these name the parts
+ * this page draws, each checked at run time before it is used.
+ *
+ * @typedef {object} ChatItem  a chat message, or an item of a responses request's input
+ * @property {string} [role]
+ * @property {string} [type]  "message", "function_call", "function_call_output", … (responses)
+ * @property {string} [name]
+ * @property {string} [tool_call_id]
+ * @property {unknown} [content]
+ * @property {unknown} [tool_calls]
+ * @property {unknown} [output]
+ *
+ * @typedef {object} Choice  a choice of a chat or completions answer
+ * @property {number} [index]
+ * @property {{ content?: unknown, tool_calls?: unknown }} [message]
+ * @property {string} [text]
+ * @property {string | null} [finish_reason]
+ * @property {{ content?: unknown, tokens?: unknown } | null} [logprobs]
+ *
+ * @typedef {HTMLElement & { span: Span }} CallCard  a call's card, holding its span to draw the body from later
+ */
+
 const PAGE = 50;
 const LIVE = 5; // seconds between refreshes of a rollout in progress while "live" is on, as on the rollouts list
 const LATE = PAGE; // a span missing this many ids or fewer below the highest shown is looked for at each refresh
 const REWARD = "rollway.reward";
 const FINISHED = ["succeeded", "failed", "cancelled"];
 
+// A message's content as text: a string as it is, the parts of a list one a line, anything else as JSON.
+/** @param {unknown} content */
 function text(content) {
   if (content === null || content === undefined) return "";
   if (typeof content === "string") return content;
@@ -32,6 +60,7 @@ function text(content) {
   return JSON.stringify(content, null, 2);
 }
 
+/** @param {unknown} calls  a list of tool calls (chat) or function_call items (responses); null for none */
 function toolCalls(calls) {
   if (!Array.isArray(calls) || !calls.length) return null;
   return h(
@@ -44,6 +73,7 @@ function toolCalls(calls) {
   );
 }
 
+/** @param {ChatItem} m */
 function message(m) {
   const role = m.role ?? m.type ?? "item";
   return h(
@@ -57,6 +87,7 @@ function message(m) {
   );
 }
 
+/** @param {LlmRequest | null | undefined} request */
 function requestView(request) {
   if (!request || typeof request !== "object") return h("p", { class: "muted" }, "No request recorded.");
   if (Array.isArray(request.messages)) return h("div", { class: "chat" }, request.messages.map(message));
@@ -69,6 +100,10 @@ function requestView(request) {
   return json(request);
 }
 
+/**
+ * @param {LlmResponse | null | undefined} response
+ * @param {string | undefined} operation  the span's gen_ai.operation.name: "chat", "text_completion", …
+ */
 function responseView(response, operation) {
   if (!response || typeof response !== "object") return h("p", { class: "muted" }, "No response recorded.");
   if (Array.isArray(response.output)) {
@@ -83,6 +118,7 @@ function responseView(response, operation) {
       }),
     );
   }
+  /** @type {Choice[]} */
   const choices = Array.isArray(response.choices) ? response.choices : [];
   return h(
     "div",
@@ -102,14 +138,20 @@ function responseView(response, operation) {
 }
 
 // Token strings aligned with the ids, when the answer's logprobs carry them.
+/**
+ * @param {LlmResponse | null | undefined} response
+ * @param {number} count  the number of token ids
+ * @returns {string[] | null}
+ */
 function tokenTexts(response, count) {
-  const lp = response?.choices?.[0]?.logprobs;
+  const lp = /** @type {Choice[] | undefined} */ (response?.choices)?.[0]?.logprobs;
   let texts = null;
   if (Array.isArray(lp?.content)) texts = lp.content.map((t) => t.token);
   else if (Array.isArray(lp?.tokens)) texts = lp.tokens;
   return texts && texts.length === count ? texts : null;
 }
 
+/** @param {Span} span */
 function callBody(span) {
   const a = span.attributes;
   const operation = a["gen_ai.operation.name"];
@@ -137,11 +179,16 @@ function callBody(span) {
   return body;
 }
 
+/**
+ * @param {Span} span
+ * @param {IntersectionObserver} observer  draws the card's body when it nears the viewport
+ * @returns {CallCard}
+ */
 function callCard(span, observer) {
   const a = span.attributes;
   const ok = span.status?.status_code !== "ERROR";
   const tokens = `${a["gen_ai.usage.input_tokens"] ?? "?"} → ${a["gen_ai.usage.output_tokens"] ?? "?"} tokens`;
-  const card = h(
+  const card = /** @type {CallCard} */ (h(
     "article",
     { class: "call", dataset: { sequence: span.sequence_id }, id: `call-${span.sequence_id}` },
     h(
@@ -158,16 +205,18 @@ function callCard(span, observer) {
       h("span", { class: "reward-slot" }),
     ),
     h("div", { class: "call-body placeholder" }, "…"),
-  );
+  ));
   card.span = span;
   observer.observe(card);
   return card;
 }
 
+/** @param {Span} span */
 function otherSpan(span) {
   return h("article", { class: "call other", dataset: { sequence: span.sequence_id } }, h("header", {}, h("span", { class: "seq" }, `#${span.sequence_id}`), h("span", {}, span.name)));
 }
 
+/** @param {Span} span */
 function isCall(span) {
   return Boolean(span.attributes && span.attributes["gen_ai.operation.name"] && span.attributes["rollway.request"] !== undefined);
 }
@@ -175,6 +224,13 @@ function isCall(span) {
 // The attempts on a time axis, one row each, and a tick on the shown attempt's row at the start of each of its
 // calls (`calls`, in sequence order): no labels, so hundreds stay readable; each tick's <title> names the call,
 // and a click on one calls `pick` with its sequence id.
+/**
+ * @param {Rollout} rollout
+ * @param {Attempt[]} attempts
+ * @param {Attempt | null} current  the attempt shown
+ * @param {Span[]} calls
+ * @param {(sequence: number) => void} pick
+ */
 function timeline(rollout, attempts, current, calls, pick) {
   const start = rollout.start_time;
   let end = rollout.end_time ?? Date.now() / 1000;
@@ -183,7 +239,7 @@ function timeline(rollout, attempts, current, calls, pick) {
   const span = Math.max(end - start, 1e-3);
   const W = 600;
   const rowH = 18;
-  const x = (t) => 90 + ((t - start) / span) * (W - 100);
+  const x = (/** @type {number} */ t) => 90 + ((t - start) / span) * (W - 100);
   const svg = s("svg", { viewBox: `0 0 ${W} ${(attempts.length + 1) * rowH + 16}`, class: "timeline", role: "img", "aria-label": "status timeline" });
   svg.append(
     s("text", { x: 0, y: 13, class: "axis" }, "rollout"),
@@ -200,7 +256,8 @@ function timeline(rollout, attempts, current, calls, pick) {
   const row = attempts.findIndex((a) => a.attempt_id === current?.attempt_id);
   if (row >= 0 && calls.length) {
     const y = (row + 1) * rowH + 4;
-    const ticks = s("g", { class: "ticks", "aria-label": `calls of attempt ${current.sequence_id}` });
+    // `current` is the attempt of row `row`, found above, so not null here.
+    const ticks = s("g", { class: "ticks", "aria-label": `calls of attempt ${/** @type {Attempt} */ (current).sequence_id}` });
     for (const c of calls) {
       if (c.start_time === null || c.start_time === undefined) continue;
       const a = c.attributes;
@@ -214,7 +271,7 @@ function timeline(rollout, attempts, current, calls, pick) {
       );
     }
     ticks.addEventListener("click", (event) => {
-      const tick = event.target.closest(".tick");
+      const tick = /** @type {SVGElement | null} */ (/** @type {Element} */ (event.target).closest(".tick"));
       if (tick) pick(Number(tick.dataset.sequence));
     });
     svg.append(ticks);
@@ -223,6 +280,11 @@ function timeline(rollout, attempts, current, calls, pick) {
   return svg;
 }
 
+/**
+ * @param {Rollout} rollout
+ * @param {Attempt[]} attempts
+ * @param {Attempt | null} current  the attempt shown
+ */
 function attemptsTable(rollout, attempts, current) {
   return h(
     "table",
@@ -247,6 +309,7 @@ function attemptsTable(rollout, attempts, current) {
   );
 }
 
+/** @param {{ span: Span, call: number | null }[]} rewards  each with the sequence id of the call before it */
 function rewardsTable(rewards) {
   if (!rewards.length) return h("p", { class: "muted", id: "no-rewards" }, "No reward recorded for this attempt.");
   return h(
@@ -270,13 +333,22 @@ function rewardsTable(rewards) {
   );
 }
 
+/**
+ * @param {HTMLElement} box
+ * @param {Rollout} rollout
+ * @param {Attempt | null} attempt  the attempt shown
+ * @param {AbortSignal} signal
+ */
 async function training(box, rollout, attempt, signal) {
   if (!FINISHED.includes(rollout.status)) {
     clear(box, h("p", { class: "muted" }, "Training data is exported once the rollout has finished."));
     return;
   }
   const query = { rollout_id: rollout.rollout_id, partial: true };
-  const [triplets, merged] = await Promise.all([api("/triplets", { query, signal }), api("/triplets", { query: { ...query, merge: true }, signal })]);
+  const [triplets, merged] = await Promise.all([
+    /** @type {Promise<Page<Triplet>>} */ (api("/triplets", { query, signal })),
+    /** @type {Promise<Page<MergedRow>>} */ (api("/triplets", { query: { ...query, merge: true }, signal })),
+  ]);
   const note = attempt && attempt.attempt_id !== triplets.items[0]?.attempt_id && triplets.items.length ? h("p", { class: "muted" }, "The export takes the latest attempt.") : null;
   const tripletTable = triplets.items.length
     ? h(
@@ -330,8 +402,14 @@ async function training(box, rollout, attempt, signal) {
   );
 }
 
+/**
+ * @param {HTMLElement} main
+ * @param {string[]} params  [the rollout id]
+ * @param {AbortSignal} signal
+ * @returns {Promise<() => void>}
+ */
 export async function render(main, [rolloutId], signal) {
-  let rollout = await api(`/rollouts/${seg(rolloutId)}`, { signal });
+  let rollout = /** @type {Rollout} */ (await api(`/rollouts/${seg(rolloutId)}`, { signal }));
   const wanted = new URL(location.href).searchParams.get("attempt");
   const status = h("span", { id: "rollout-status" }, badge(rollout.status));
   const ended = h("dd", { id: "rollout-ended" }, time(rollout.end_time));
@@ -382,9 +460,9 @@ export async function render(main, [rolloutId], signal) {
     (entries) => {
       for (const entry of entries) {
         if (!entry.isIntersecting) continue;
-        const card = entry.target;
+        const card = /** @type {CallCard} */ (entry.target); // only call cards are observed
         observer.unobserve(card);
-        card.querySelector(".call-body.placeholder").replaceWith(callBody(card.span));
+        /** @type {Element} */ (card.querySelector(".call-body.placeholder")).replaceWith(callBody(card.span));
       }
     },
     { rootMargin: "800px 0px" },
@@ -393,11 +471,16 @@ export async function render(main, [rolloutId], signal) {
   // What the page holds of the attempt it shows: the sequence ids of every span read, the highest of them, and
   // the calls and rewards among them, each in sequence order. Cards once drawn are never drawn again, so an
   // opened body or token view stays as the user left it.
+  /** @type {Attempt | null} */
   let attempt = null;
+  /** @type {Set<number>} */
   let seen = new Set();
   let high = 0;
+  /** @type {Span[]} */
   let callSpans = [];
+  /** @type {Span[]} */
   let rewards = [];
+  /** @param {Attempt | null} next */
   const follow = (next) => {
     attempt = next;
     seen = new Set();
@@ -408,6 +491,7 @@ export async function render(main, [rolloutId], signal) {
     clear(calls);
     clear(callsTitle, "Calls", next ? ` of attempt ${next.sequence_id}` : "");
   };
+  /** @param {number} sequence */
   const pick = (sequence) => {
     const card = calls.querySelector(`#call-${sequence}`);
     if (!card) return;
@@ -418,6 +502,10 @@ export async function render(main, [rolloutId], signal) {
   // Adds the spans of `items` (ascending sequence ids) not shown yet; answers whether there were any. A span
   // can come in after one with a higher id (ids are taken when a call arrives, its span written when it ends),
   // so one below the highest shown goes in its place in the list rather than at the end.
+  /**
+   * @param {Span[]} items
+   * @returns {boolean}
+   */
   const take = (items) => {
     const tail = document.createDocumentFragment();
     let added = false;
@@ -426,6 +514,7 @@ export async function render(main, [rolloutId], signal) {
       if (seen.has(sequence)) continue;
       seen.add(sequence);
       added = true;
+      /** @type {HTMLElement | null} */
       let card = null;
       if (span.name === REWARD) {
         rewards.push(span);
@@ -437,7 +526,7 @@ export async function render(main, [rolloutId], signal) {
         card = otherSpan(span);
       }
       if (card && sequence > high) tail.append(card);
-      else if (card) calls.insertBefore(card, [...calls.children].find((c) => Number(c.dataset.sequence) > sequence) ?? null);
+      else if (card) calls.insertBefore(card, [.../** @type {HTMLCollectionOf<HTMLElement>} */ (calls.children)].find((c) => Number(c.dataset.sequence) > sequence) ?? null);
       high = Math.max(high, sequence);
     }
     calls.append(tail);
@@ -445,14 +534,22 @@ export async function render(main, [rolloutId], signal) {
     return added;
   };
   // The after_sequence to read from: below the lowest id from `floor` up that is not shown yet, else the highest.
+  /** @param {number} floor */
   const after = (floor) => {
     for (let q = Math.max(1, floor); q <= high; q++) if (!seen.has(q)) return q - 1;
     return high;
   };
+  // Reads the shown attempt's spans after sequence id `from` to the last; answers whether any was new. Called
+  // only while an attempt is shown (`attempt` is not null).
+  /**
+   * @param {number} from
+   * @returns {Promise<boolean>}
+   */
   const read = async (from) => {
     let added = false;
     for (;;) {
-      const page = await api(`/rollouts/${seg(rollout.rollout_id)}/spans`, { query: { attempt_id: attempt.attempt_id, after_sequence: from || undefined, limit: PAGE }, signal });
+      const query = { attempt_id: /** @type {Attempt} */ (attempt).attempt_id, after_sequence: from || undefined, limit: PAGE };
+      const page = /** @type {Page<Span>} */ (await api(`/rollouts/${seg(rollout.rollout_id)}/spans`, { query, signal }));
       if (signal.aborted) return added;
       added = take(page.items) || added;
       if (page.items.length < PAGE) return added;
@@ -476,11 +573,12 @@ export async function render(main, [rolloutId], signal) {
   // finished, a last read from the lowest missing id, the training view, and no more refreshes.
   let first = true;
   let done = false;
+  /** @type {(() => void) | null} */
   let halt = null;
   const refresh = async () => {
     if (done || (!first && !live.checked)) return;
     try {
-      if (!first) rollout = await api(`/rollouts/${seg(rollout.rollout_id)}`, { signal });
+      if (!first) rollout = /** @type {Rollout} */ (await api(`/rollouts/${seg(rollout.rollout_id)}`, { signal }));
       if (signal.aborted) return;
       const finished = FINISHED.includes(rollout.status);
       const attempts = rollout.attempts ?? [];
@@ -513,7 +611,7 @@ export async function render(main, [rolloutId], signal) {
         note.textContent = `updated ${new Date().toLocaleTimeString()}`;
       }
     } catch (error) {
-      if (error.name === "AbortError") return;
+      if (/** @type {Error} */ (error).name === "AbortError") return;
       clear(trouble, failure(error));
     } finally {
       first = false;
@@ -522,7 +620,7 @@ export async function render(main, [rolloutId], signal) {
   halt = every(LIVE, refresh);
   if (done) halt();
   return () => {
-    halt();
+    /** @type {() => void} */ (halt)(); // set just above
     observer.disconnect();
   };
 }

@@ -1,3 +1,4 @@
+// @ts-check
 // Rollouts (/ui/rollouts): newest first (or oldest first), filtered by status, mode, group and the model alias
 // they called, a page at a time (the admin API's cursor), found by id, and refreshed every 5 s while "live" is on.
 // The filters, the order, the page size and the cursor are in the page's URL
@@ -7,15 +8,24 @@ import { ApiError, api } from "../api.js";
 import { go } from "../app.js";
 import { badge, clear, duration, every, failure, h, link, number, seg, time } from "../dom.js";
 
+/** @import { ModelView, Page, Rollout } from "../api.js" */
+
 const STATUSES = ["queuing", "requeuing", "preparing", "running", "succeeded", "failed", "cancelled"];
 const MODES = ["train", "val", "test"];
 const LIMIT = 50;
 // The admin API's `order` values and their labels; the first is the default, left out of the page's URL.
+/** @type {[string, string][]} */
 const ORDERS = [
   ["desc", "newest first"],
   ["asc", "oldest first"],
 ];
 
+/**
+ * @param {string} name  the form field's name
+ * @param {string} label
+ * @param {string[]} options  besides "any" (the empty value)
+ * @param {string} value  the one selected
+ */
 function select(name, label, options, value) {
   return h(
     "label",
@@ -26,6 +36,7 @@ function select(name, label, options, value) {
   );
 }
 
+/** @param {Rollout} r */
 function row(r) {
   const took = r.end_time ? r.end_time - r.start_time : null;
   return h(
@@ -41,6 +52,7 @@ function row(r) {
   );
 }
 
+/** @param {Rollout[]} items */
 function table(items) {
   if (!items.length) return h("p", { class: "muted", id: "no-rollouts" }, "No rollout matches.");
   return h(
@@ -51,8 +63,15 @@ function table(items) {
   );
 }
 
+/**
+ * @param {HTMLElement} main
+ * @param {string[]} _params  none
+ * @param {AbortSignal} signal
+ * @returns {Promise<() => void>}
+ */
 export async function render(main, _params, signal) {
   const url = new URL(location.href);
+  /** @type {Record<string, string>} the form's fields by name (the admin API calls `group` group_id) */
   const filters = {
     status: url.searchParams.get("status") ?? "",
     mode: url.searchParams.get("mode") ?? "",
@@ -60,7 +79,8 @@ export async function render(main, _params, signal) {
     model: url.searchParams.get("model") ?? "",
   };
   const asked = url.searchParams.get("order");
-  let order = ORDERS.some(([value]) => value === asked) ? asked : ORDERS[0][0]; // an unknown value: the default
+  // An unknown value: the default (`asked` is one of ORDERS' values where it is taken, so not null).
+  let order = ORDERS.some(([value]) => value === asked) ? /** @type {string} */ (asked) : ORDERS[0][0];
   const cursor = url.searchParams.get("cursor");
   const limit = Math.min(1000, Math.max(1, Number(url.searchParams.get("limit")) || LIMIT));
   const back = url.searchParams.getAll("back"); // the cursors of the pages before this one, for "previous"
@@ -87,6 +107,8 @@ export async function render(main, _params, signal) {
   const pager = h("nav", { class: "pager" });
   main.append(h("h1", {}, "Rollouts"), h("div", { class: "bar" }, form, search), h("div", { class: "bar" }, h("label", {}, live, " live"), note), body, pager);
 
+  // The list's URL with the filters and order shown, and `next`: the page to go to (null: the first).
+  /** @param {{ back: string[], cursor: string | null } | null} next */
   const params = (next) => {
     const out = new URLSearchParams();
     for (const [name, value] of Object.entries(filters)) if (value) out.set(name, value);
@@ -122,11 +144,12 @@ export async function render(main, _params, signal) {
   const refresh = async () => {
     if (main.dataset.loaded && !live.checked) return;
     const query = { limit, cursor, order, mode: filters.mode, group_id: filters.group, status: filters.status, model: filters.model };
+    /** @type {Page<Rollout>} */
     let page;
     try {
-      page = await api("/rollouts", { query, signal });
+      page = /** @type {Page<Rollout>} */ (await api("/rollouts", { query, signal }));
     } catch (error) {
-      if (error.name !== "AbortError") clear(body, failure(error));
+      if (/** @type {Error} */ (error).name !== "AbortError") clear(body, failure(error));
       return;
     }
     if (signal.aborted) return;
@@ -142,7 +165,10 @@ export async function render(main, _params, signal) {
     main.dataset.loaded = "true";
   };
   api("/models", { signal })
-    .then((page) => form.querySelector("#model-aliases").append(...page.items.map((m) => h("option", { value: m.alias }))))
+    .then((page) => {
+      const aliases = /** @type {HTMLDataListElement} */ (form.querySelector("#model-aliases"));
+      aliases.append(.../** @type {Page<ModelView>} */ (page).items.map((m) => h("option", { value: m.alias })));
+    })
     .catch(() => {}); // the suggestions are optional
   return every(5, refresh);
 }
