@@ -50,18 +50,25 @@ def test_the_image_copies_every_folder_the_wheel_is_built_from() -> None:
     assert folders <= copied, f"the Dockerfile does not copy {sorted(folders - copied)}"
 
 
+def _modules_on_disk(root: Path) -> dict[str, Path]:
+    """Every module of the package in the tree at ``root``, by its installed name, and its file (``gateway/proxy.py``:
+    ``rollway.gateway.proxy``; ``store/migrations/__init__.py``: ``rollway.store.migrations``)."""
+    mapping: dict[str, str] = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    found: dict[str, Path] = {}
+    for package, folder in mapping.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = path.relative_to(root / folder).with_suffix("").parts
+            if "__pycache__" in parts:
+                continue
+            name = ".".join((package, *parts)).removesuffix(".__init__")
+            assert name not in found, f"{name} is both {found[name]} and {path}"
+            found[name] = path
+    return found
+
+
 def _packages_on_disk() -> set[str]:
     """Every folder with an ``__init__.py``, named as installed (``store/migrations``: ``rollway.store.migrations``)."""
-    found: set[str] = set()
-    for folder in ("rollway", "gateway", "store", "admin"):
-        prefix = ("rollway",) if folder == "rollway" else ("rollway", folder)
-        for init in (ROOT / folder).rglob("__init__.py"):
-            parts = init.parent.relative_to(ROOT / folder).parts
-            if folder == "rollway" and parts[:1] in {("gateway",), ("store",), ("admin",)}:
-                continue  # the links to the top-level folders, counted from those
-            if "__pycache__" not in parts:
-                found.add(".".join(prefix + parts))
-    return found
+    return {name for name, path in _modules_on_disk(ROOT).items() if path.name == "__init__.py"}
 
 
 def test_every_package_folder_is_in_the_wheel() -> None:
@@ -74,12 +81,30 @@ def test_every_package_folder_is_in_the_wheel() -> None:
         assert _source_of(package).is_dir(), package
 
 
-def test_the_source_tree_shows_each_top_level_folder_inside_rollway() -> None:
-    """``rollway/gateway`` etc. are links to the top-level folders, so mypy and a checkout see the installed names."""
+def test_each_top_level_folder_is_the_only_folder_of_its_package() -> None:
+    """``gateway/``, ``store/`` and ``admin/`` are where ``rollway.gateway``, ``rollway.store`` and ``rollway.admin``
+    come from, and from nowhere else: nothing of those names in ``rollway/`` (a link there, or the text file a
+    checkout without links makes of one, would give their files a second path) and no link in the package's
+    folders."""
     for name in ("gateway", "store", "admin"):
-        link = ROOT / "rollway" / name
-        assert link.is_symlink() and link.resolve() == (ROOT / name).resolve(), link
         assert SETUPTOOLS["package-dir"][f"rollway.{name}"] == name
+        assert (ROOT / name).is_dir() and not (ROOT / name).is_symlink(), name
+        assert not os.path.lexists(ROOT / "rollway" / name), f"rollway/{name}"
+        assert not os.path.lexists(ROOT / "rollway" / f"{name}.py"), f"rollway/{name}.py"
+    folders = set(SETUPTOOLS["package-dir"].values())
+    links = [
+        str(path.relative_to(ROOT)) for folder in folders for path in (ROOT / folder).rglob("*") if path.is_symlink()
+    ]
+    assert links == []
+
+
+def test_git_tracks_no_symbolic_link() -> None:
+    """A link checks out as a text file on Windows (git's default there), so the repository has none."""
+    listed = subprocess.run(["git", "ls-files", "--stage"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout: {listed.stderr.strip()}")
+    links = [line.split("\t", 1)[1] for line in listed.stdout.splitlines() if line.startswith("120000 ")]
+    assert links == []
 
 
 # -- the wheel in a fresh virtual environment -------------------------------------------------------------------
