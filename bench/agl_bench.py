@@ -23,15 +23,11 @@ import platform
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from rollway.process import GatewayProcess  # noqa: E402
+from rollway.process import GatewayProcess
 
 CLIENT = Path(__file__).resolve().parent / "agl_bench_client.py"
 DEFAULT_AGL = Path.home() / ".cache" / "rollway" / "agl-0.3.0-venv" / "bin" / "python"

@@ -27,8 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from rollway.admin.client_sync import RollwayClient
 from rollway.process import GatewayProcess
 

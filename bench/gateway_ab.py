@@ -16,9 +16,13 @@ transaction): the least any recording gateway on SQLite can cost per call.
 Prints per target: median CPU per call over the rounds, the median (and interquartile range) of the per-round
 ratio to the bare forwarder, and of the per-round ratio to the first tree; and median p50 latency.
 
-The servers run with ``PYTHONSAFEPATH=1``: ``python -c`` otherwise puts the working directory first on
-``sys.path``, so started from a checkout every server would import *that* checkout, whatever ``PYTHONPATH``
-says. Before a server starts, a probe with the same environment tells which ``gateway`` package it imports.
+Each checkout is installed on its own into a scratch folder (``pip install --no-deps --target``, the folders of
+a wheel: ``rollway/`` with ``gateway/``, ``store/`` and ``admin/`` inside), and its servers run with that folder
+first on ``PYTHONPATH``; the running environment gives the dependencies. A checkout itself on ``PYTHONPATH`` does
+not do: its ``rollway/`` holds no ``gateway/``, so ``rollway.gateway`` would come from whatever checkout the
+running environment has installed. The servers also run with ``PYTHONSAFEPATH=1``: ``python -c`` otherwise puts
+the working directory first on ``sys.path``, so started from a checkout every server would import *that*
+checkout. Before a server starts, a probe with the same environment tells which ``rollway.gateway`` it imports.
 """
 
 from __future__ import annotations
@@ -37,7 +41,6 @@ from typing import Any
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gateway_bench import CHAT, cpu_seconds, forwarder, pct, sequential  # noqa: E402
@@ -47,7 +50,7 @@ from rollway.process import GatewayProcess  # noqa: E402
 
 SAFE = {"PYTHONSAFEPATH": "1"}  # no working directory on sys.path (Python 3.11+)
 PREPARE = (
-    "import asyncio, sys; sys.path[:0] = [{tree!r}, {tree!r} + '/bench']; import gateway_bench; "
+    "import asyncio, sys; sys.path.insert(0, {tree!r} + '/bench'); import gateway_bench; "
     "print(asyncio.run(gateway_bench.prepare_store({db!r}, {mock!r})))"
 )
 
@@ -59,15 +62,20 @@ def _python(code: str, env: dict[str, str]) -> str:
     return out.stdout
 
 
-def prepare(tree: str, db: str, mock_url: str) -> str:
-    """Create ``db`` with ``tree``'s own store code (schema, pragmas; ``tree`` first on ``sys.path``); the attempt
-    path prefix."""
-    return _python(PREPARE.format(tree=tree, db=db, mock=mock_url), SAFE).strip().splitlines()[-1]
+def install(tree: str, into: str) -> dict[str, str]:
+    """Install ``tree`` on its own into the folder ``into``; the environment under which a child imports it."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", into, tree], check=True)
+    env = {"PYTHONPATH": into, **SAFE}
+    imported = _python("import rollway.gateway as g; print(g.__file__)", env).strip()
+    if not Path(imported).resolve().is_relative_to(Path(into).resolve()):
+        raise SystemExit(f"a server for {tree} would import {imported}: not the checkout asked for")
+    return env
 
 
-def _check(tree: str, imported: str) -> None:
-    if not Path(imported.strip()).resolve().is_relative_to(tree):
-        raise SystemExit(f"a server for {tree} would import {imported.strip()}: not the checkout asked for")
+def prepare(tree: str, env: dict[str, str], db: str, mock_url: str) -> str:
+    """Create ``db`` with ``tree``'s own store code (schema, pragmas; imported under ``env``, from ``install``); the
+    attempt path prefix."""
+    return _python(PREPARE.format(tree=tree, db=db, mock=mock_url), env).strip().splitlines()[-1]
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -87,11 +95,10 @@ async def run(args: argparse.Namespace) -> None:
                 forwarder(mock.url, "--record", f"{scratch}/floor.db")
             )
         for index, tree in enumerate(trees):
-            env = {"ROLLWAY_ACCESS_LOG": "false", "PYTHONPATH": tree, **SAFE}
-            _check(tree, _python("import rollway.gateway as g; print(g.__file__)", env))
+            env = install(tree, f"{scratch}/tree{index}")
             db = f"sqlite:///{scratch}/tree{index}.db"
-            prefix = prepare(tree, db, mock.base_url)
-            server = GatewayProcess(db, env=env).start()
+            prefix = prepare(tree, env, db, mock.base_url)
+            server = GatewayProcess(db, env={"ROLLWAY_ACCESS_LOG": "false", **env}).start()
             stack.callback(server.stop)
             assert server.pid is not None
             name = f"{index}: {tree}"

@@ -33,13 +33,11 @@ from typing import Any
 
 import aiohttp
 
+from rollway.mock import MockBackendProcess
+from rollway.process import GatewayProcess
+from rollway.store import Store
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from rollway.mock import MockBackendProcess  # noqa: E402
-from rollway.process import GatewayProcess  # noqa: E402
-from rollway.store import Store  # noqa: E402
-
 CHAT = {
     "model": "policy",
     "messages": [{"role": "user", "content": "What is 2 + 2? Answer briefly."}],

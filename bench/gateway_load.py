@@ -24,7 +24,6 @@ from typing import Any
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gateway_bench import CHAT, cpu_seconds, proxies  # noqa: E402

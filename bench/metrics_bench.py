@@ -12,19 +12,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 import timeit
 from collections.abc import Callable
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from rollway import logs  # noqa: E402
-from rollway.gateway.metrics import Metrics  # noqa: E402
-from rollway.gateway.record import CallRecord  # noqa: E402
-from rollway.store import Backend  # noqa: E402
+from rollway import logs
+from rollway.gateway.metrics import Metrics
+from rollway.gateway.record import CallRecord
+from rollway.store import Backend
 
 HEADERS = [
     (b"host", b"127.0.0.1:8080"),

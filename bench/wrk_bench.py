@@ -15,8 +15,9 @@ token, counted in the backend's own answer) for the streamed run. wrk cuts the c
 CPU is counted and the calls are not, an over-count of at most ``connections`` calls per run.
 
 ``--tree PATH`` (repeatable) adds a Rollway served by another checkout (e.g. a copy of the code before a change)
-as a target of its own, ``rollway@<folder>``, on its own SQLite file created by its own store code (its server runs
-with ``PYTHONPATH=PATH`` and ``PYTHONSAFEPATH=1``, as in ``gateway_ab.py``): an A/B in one run, under the same load.
+as a target of its own, ``rollway@<folder>``, on its own SQLite file created by its own store code (the checkout is
+installed on its own into a scratch folder, which its server imports, as in ``gateway_ab.py``): an A/B in one run,
+under the same load.
 
 Prints the medians over ``--rounds`` (targets in alternating order) and the median per-round ratios of each
 Rollway and of the floor to the forwarder, of each Rollway to the floor, and of each ``--tree`` Rollway to this
@@ -48,10 +49,9 @@ from types import FrameType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gateway_ab import SAFE, _check, _python, prepare  # noqa: E402
+from gateway_ab import install, prepare  # noqa: E402
 from gateway_bench import cpu_seconds, forwarder, prepare_store  # noqa: E402
 
 from rollway.mock import MockBackendProcess  # noqa: E402
@@ -146,10 +146,11 @@ def targets(names: list[str], trees: list[str], tmp: str) -> Iterator[tuple[str,
             assert server.pid is not None
             urls["rollway"], pids["rollway"] = f"{server.url}{prefix}/v1/chat/completions", server.pid
         for index, tree in enumerate(trees):
-            env = {"ROLLWAY_ACCESS_LOG": "false", "PYTHONPATH": tree, **SAFE}
-            _check(tree, _python("import rollway.gateway as g; print(g.__file__)", env))
-            prefix = prepare(tree, f"sqlite:///{tmp}/tree{index}.db", mock.base_url)
-            server = stack.enter_context(GatewayProcess(f"sqlite:///{tmp}/tree{index}.db", env=env))
+            env = install(tree, f"{tmp}/tree{index}")
+            prefix = prepare(tree, env, f"sqlite:///{tmp}/tree{index}.db", mock.base_url)
+            server = stack.enter_context(
+                GatewayProcess(f"sqlite:///{tmp}/tree{index}.db", env={"ROLLWAY_ACCESS_LOG": "false", **env})
+            )
             assert server.pid is not None
             name = tree_name(tree)
             urls[name], pids[name] = f"{server.url}{prefix}/v1/chat/completions", server.pid

@@ -62,7 +62,6 @@ STORE_LAYER_EXCEPTIONS = {"rollway.store.ids -> rollway.store.db.dialect"}
 
 SOURCES = {"rollway": ROOT / "rollway", "rollway.gateway": ROOT / "gateway", "rollway.store": ROOT / "store"}
 SOURCES["rollway.admin"] = ROOT / "admin"
-LINKED = {"gateway", "store", "admin"}  # rollway/<name> are links to the top-level folders
 
 
 def _modules() -> dict[str, Path]:
@@ -71,8 +70,6 @@ def _modules() -> dict[str, Path]:
     for package, folder in SOURCES.items():
         for path in folder.rglob("*.py"):
             parts = path.relative_to(folder).with_suffix("").parts
-            if package == "rollway" and parts[0] in LINKED:
-                continue
             name = ".".join((package, *parts)).removesuffix(".__init__")
             found[name] = path
     return found

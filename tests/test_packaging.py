@@ -1,13 +1,20 @@
-"""What users install: one import package, ``rollway``, built from the folders the repository shows.
+"""What users install: one import package, ``rollway``, built from the folders the repository shows, each of its
+files imported under one name, from the one real file.
 
-The wheel is built and installed into a fresh virtual environment, as a user's ``pip install`` does; the image is
-checked from its Dockerfile (no Docker daemon here, so the build context is checked, not built).
+The source distribution and the wheel are built from a copy of what the image copies, the wheel from the source
+distribution (as ``python -m build`` builds a release). Each is installed into a fresh virtual environment, as a
+user's ``pip install`` does, and so is the copy itself with ``pip install -e``; in each, every module of the package
+is imported and its ``__file__`` compared with the file it must come from. The image is checked from its
+Dockerfile (no Docker daemon here, so the build context is checked, not built).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -15,6 +22,8 @@ import venv
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 import pytest
 
@@ -50,18 +59,25 @@ def test_the_image_copies_every_folder_the_wheel_is_built_from() -> None:
     assert folders <= copied, f"the Dockerfile does not copy {sorted(folders - copied)}"
 
 
+def _modules_on_disk(root: Path) -> dict[str, Path]:
+    """Every module of the package in the tree at ``root``, by its installed name, and its file (``gateway/proxy.py``:
+    ``rollway.gateway.proxy``; ``store/migrations/__init__.py``: ``rollway.store.migrations``)."""
+    mapping: dict[str, str] = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    found: dict[str, Path] = {}
+    for package, folder in mapping.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = path.relative_to(root / folder).with_suffix("").parts
+            if "__pycache__" in parts:
+                continue
+            name = ".".join((package, *parts)).removesuffix(".__init__")
+            assert name not in found, f"{name} is both {found[name]} and {path}"
+            found[name] = path
+    return found
+
+
 def _packages_on_disk() -> set[str]:
     """Every folder with an ``__init__.py``, named as installed (``store/migrations``: ``rollway.store.migrations``)."""
-    found: set[str] = set()
-    for folder in ("rollway", "gateway", "store", "admin"):
-        prefix = ("rollway",) if folder == "rollway" else ("rollway", folder)
-        for init in (ROOT / folder).rglob("__init__.py"):
-            parts = init.parent.relative_to(ROOT / folder).parts
-            if folder == "rollway" and parts[:1] in {("gateway",), ("store",), ("admin",)}:
-                continue  # the links to the top-level folders, counted from those
-            if "__pycache__" not in parts:
-                found.add(".".join(prefix + parts))
-    return found
+    return {name for name, path in _modules_on_disk(ROOT).items() if path.name == "__init__.py"}
 
 
 def test_every_package_folder_is_in_the_wheel() -> None:
@@ -74,27 +90,89 @@ def test_every_package_folder_is_in_the_wheel() -> None:
         assert _source_of(package).is_dir(), package
 
 
-def test_the_source_tree_shows_each_top_level_folder_inside_rollway() -> None:
-    """``rollway/gateway`` etc. are links to the top-level folders, so mypy and a checkout see the installed names."""
+def test_each_top_level_folder_is_the_only_folder_of_its_package() -> None:
+    """``gateway/``, ``store/`` and ``admin/`` are where ``rollway.gateway``, ``rollway.store`` and ``rollway.admin``
+    come from, and from nowhere else: nothing of those names in ``rollway/`` (a link there, or the text file a
+    checkout without links makes of one, would give their files a second path) and no link in the package's
+    folders."""
     for name in ("gateway", "store", "admin"):
-        link = ROOT / "rollway" / name
-        assert link.is_symlink() and link.resolve() == (ROOT / name).resolve(), link
         assert SETUPTOOLS["package-dir"][f"rollway.{name}"] == name
+        assert (ROOT / name).is_dir() and not (ROOT / name).is_symlink(), name
+        assert not os.path.lexists(ROOT / "rollway" / name), f"rollway/{name}"
+        assert not os.path.lexists(ROOT / "rollway" / f"{name}.py"), f"rollway/{name}.py"
+    folders = set(SETUPTOOLS["package-dir"].values())
+    links = [
+        str(path.relative_to(ROOT)) for folder in folders for path in (ROOT / folder).rglob("*") if path.is_symlink()
+    ]
+    assert links == []
 
 
-# -- the wheel in a fresh virtual environment -------------------------------------------------------------------
+def test_git_tracks_no_symbolic_link() -> None:
+    """A link checks out as a text file on Windows (git's default there), so the repository has none."""
+    listed = subprocess.run(["git", "ls-files", "--stage"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout: {listed.stderr.strip()}")
+    links = [line.split("\t", 1)[1] for line in listed.stdout.splitlines() if line.startswith("120000 ")]
+    assert links == []
+
+
+def test_this_test_run_imports_each_package_file_from_its_one_path(pytestconfig: pytest.Config) -> None:
+    """Under ``pip install -e .``, the tests import this checkout's own files, each under its one name:
+    ``rollway.gateway.proxy`` is ``<checkout>/gateway/proxy.py`` with no link in between, and no file of the package
+    is loaded under another name (``gateway.proxy``). Read from the modules loaded so far in this run."""
+    root = pytestconfig.rootpath.resolve()
+    direct = json.loads(importlib.metadata.distribution("rollway").read_text("direct_url.json") or "{}")
+    if not direct.get("dir_info", {}).get("editable"):
+        pytest.skip("rollway is not installed with pip install -e here; the installs below check a wheel's files")
+    source = Path(url2pathname(urlsplit(direct["url"]).path)).resolve()
+    assert source == root, f"the tests of {root} run the code of {source}: pip install -e {root}"
+    modules = _modules_on_disk(root)
+    for package in SETUPTOOLS["package-dir"]:
+        importlib.import_module(package)
+    importlib.import_module("rollway.gateway.proxy")
+    by_file = {str(path): name for name, path in modules.items()}
+    loaded = {name: module.__file__ for name, module in list(sys.modules.items()) if getattr(module, "__file__", None)}
+    wrong = {name: file for name, file in loaded.items() if name in modules and file != str(modules[name])}
+    wrong |= {name: file for name, file in loaded.items() if file in by_file and by_file[file] != name}
+    assert wrong == {}
+    assert loaded["rollway.gateway.proxy"] == str(root / "gateway" / "proxy.py")
+    assert all(os.path.realpath(loaded[name]) == loaded[name] for name in loaded.keys() & modules.keys())
+
+
+# -- the source distribution, the wheel and the editable install, each in a fresh virtual environment -----------
+
+
+def _call(args: list[str]) -> None:
+    result = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, f"{args} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(ROOT)],
-        check=True,
-        timeout=600,
-    )
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the image copies (the Dockerfile's ``COPY`` lines), copied into a fresh folder, links as links: the
+    project as a clone has it, without what earlier builds left in the repository (``build/``, ``*.egg-info``)."""
+    copy = tmp_path_factory.mktemp("checkout")
+    for name in sorted(_copied()):
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, copy / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / name, copy / name)
+    return copy
+
+
+@pytest.fixture(scope="module")
+def dists(checkout: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The source distribution and the wheel built from it."""
+    out = tmp_path_factory.mktemp("dist")
+    _call([sys.executable, "-m", "build", "--outdir", str(out), str(checkout)])
+    [sdist] = out.glob("rollway-*.tar.gz")
     [built] = out.glob("rollway-*.whl")
-    return built
+    return sdist, built
+
+
+@pytest.fixture(scope="module")
+def wheel(dists: tuple[Path, Path]) -> Path:
+    return dists[1]
 
 
 def _fresh_venv(where: Path) -> Path:
@@ -102,16 +180,49 @@ def _fresh_venv(where: Path) -> Path:
     return where / "bin" / "python"
 
 
+def _installed(where: Path, *what: str) -> Path:
+    """A fresh virtual environment at ``where`` with ``pip install *what`` done; its interpreter."""
+    python = _fresh_venv(where)
+    _call([str(python), "-m", "pip", "install", "--quiet", *what])
+    return python
+
+
 @pytest.fixture(scope="module")
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    python = _fresh_venv(tmp_path_factory.mktemp("venv") / "env")
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", str(wheel)], check=True, timeout=900)
+    yield _installed(tmp_path_factory.mktemp("venv") / "env", str(wheel))
+
+
+@pytest.fixture(scope="module")
+def editable_installed(checkout: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield _installed(tmp_path_factory.mktemp("venv-editable") / "env", "-e", str(checkout))
+
+
+def _purelib(python: Path) -> Path:
+    return Path(
+        subprocess.check_output(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], text=True
+        ).strip()
+    )
+
+
+@pytest.fixture(scope="module")
+def sdist_installed(
+    dists: tuple[Path, Path], editable_installed: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    """The source distribution installed without its dependencies, which come from the editable install's
+    environment through a path in a ``.pth`` file: that environment has no ``rollway`` folder, and the ``.pth`` files
+    in a folder so added (the editable install's import hook) are not read. Half a minute less than resolving and
+    installing them again; the wheel's environment resolves them as a user's install does."""
+    python = _installed(tmp_path_factory.mktemp("venv-sdist") / "env", "--no-deps", str(dists[0]))
+    (_purelib(python) / "dependencies.pth").write_text(f"{_purelib(editable_installed)}\n")
     yield python
 
 
-def _run(python: Path, code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _run(python: Path, code: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME"}}
-    return subprocess.run([str(python), "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(python), "-c", code], cwd=cwd, env=env, input=stdin, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_the_wheel_installs_one_top_level_name(wheel: Path) -> None:
@@ -171,3 +282,85 @@ def test_the_wheel_resolves_beside_the_agent_stack(wheel: Path, beside: list[str
     chosen = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in report["install"]}
     assert "rollway" in chosen
     assert int(chosen["openai"].split(".")[0]) >= 3, chosen.get("openai")
+
+
+# -- every module of every install, from its one file ------------------------------------------------------------
+
+INSTALLS = {"wheel": "installed", "sdist": "sdist_installed", "editable": "editable_installed"}
+
+# Modules whose file is checked but which are not imported, and why. A module that needs an optional dependency
+# (an extra) when imported belongs here too: these environments install no extra.
+NOT_IMPORTED = {
+    "rollway.store.migrations.env": "alembic's environment script: alembic runs it by path (store/migrate.py) "
+    "within a migration context, which an import by name does not have",
+}
+
+# Run in each environment, outside any checkout: imports the modules named on stdin, one by one, and reports where
+# each was found, where it was loaded from or why it was not, every module loaded by then, and whether the
+# top-level folders' names import as packages of their own.
+PROBE = """
+import importlib, importlib.util, json, sys, sysconfig
+report = {}
+for name in json.load(sys.stdin):
+    spec = importlib.util.find_spec(name)  # imports the parent packages, not the module
+    entry = report[name] = {"origin": spec and spec.origin}
+    try:
+        entry["file"] = importlib.import_module(name).__file__
+    except Exception as error:
+        entry["error"] = f"{type(error).__name__}: {error}"
+loaded = {name: module.__file__ for name, module in list(sys.modules.items()) if getattr(module, "__file__", None)}
+tops = [name for name in ("gateway", "store", "admin") if importlib.util.find_spec(name) is not None]
+print(json.dumps({"modules": report, "loaded": loaded, "top_level": tops, "purelib": sysconfig.get_path("purelib")}))
+"""
+
+
+def _installed_file(purelib: Path, name: str, source: Path) -> Path:
+    """Where a wheel puts module ``name``, whose file in the checkout is ``source``."""
+    parts = name.split(".")
+    if source.name == "__init__.py":
+        return purelib.joinpath(*parts, "__init__.py")
+    return purelib.joinpath(*parts[:-1], f"{parts[-1]}.py")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(INSTALLS))
+def test_every_module_is_imported_from_its_one_real_file(
+    kind: str, checkout: Path, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """From a wheel or a source distribution, ``rollway.gateway.proxy`` is ``<site-packages>/rollway/gateway/
+    proxy.py``; from ``pip install -e``, it is ``<checkout>/gateway/proxy.py``; the real file in each case (no link
+    in between), no file under a second name, and no ``gateway``, ``store`` or ``admin`` package of its own."""
+    python: Path = request.getfixturevalue(INSTALLS[kind])
+    modules = _modules_on_disk(checkout)
+    result = _run(python, PROBE, tmp_path, stdin=json.dumps(sorted(modules)))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    purelib = Path(report["purelib"])
+    if kind == "editable":
+        expected = {name: str(path) for name, path in modules.items()}
+        folders = [checkout / folder for folder in SETUPTOOLS["package-dir"].values()]
+        assert not (purelib / "rollway").exists()
+    else:
+        expected = {name: str(_installed_file(purelib, name, path)) for name, path in modules.items()}
+        folders = [purelib / "rollway"]
+        in_wheel = {str(path) for path in (purelib / "rollway").rglob("*.py")}
+        assert in_wheel == set(expected.values()), sorted(in_wheel ^ set(expected.values()))
+
+    found = report["modules"]
+    wrong = {name: entry["origin"] for name, entry in found.items() if entry["origin"] != expected[name]}
+    wrong |= {
+        name: entry["file"] for name, entry in found.items() if entry.get("file", expected[name]) != expected[name]
+    }
+    wrong |= {file: "a link" for file in expected.values() if os.path.realpath(file) != file}
+    assert wrong == {}
+    failed = {name: entry["error"] for name, entry in found.items() if "error" in entry}
+    assert failed.keys() == NOT_IMPORTED.keys(), failed
+
+    by_file = {file: name for name, file in expected.items()}
+    in_package = {
+        name: file
+        for name, file in report["loaded"].items()
+        if any(Path(file).is_relative_to(folder) for folder in folders)
+    }
+    assert {name: file for name, file in in_package.items() if by_file.get(file) != name} == {}
+    assert report["top_level"] == []
