@@ -4,7 +4,7 @@ ended: ``Call`` owns it, and ``Call.run`` is the one way through.
 ``run`` answers the call (``_answer``: the alias lease, the backend's answer through ``Gateway.connect``, the
 answer relayed as a stream or passed whole), turns whatever ended it into the record's fields and an ``Ending``
 (``_ending``: an answer, an error, the client gone or stalled, the server stopping), writes the span
-(``_record``, the only place a call's span is written), and then sends the ending. Every way a call ends goes
+(``_write_span``, the only place a call's span is written), and then sends the ending. Every way a call ends goes
 through those three steps once, so each call gets exactly one span, and a completion reaches its client only
 once that span is on disk.
 """
@@ -102,7 +102,7 @@ class Call:
             except (Exception, asyncio.CancelledError) as exc:
                 ending = self._ending(exc, watch, reply, headers)
             try:
-                withheld = await self._record()
+                withheld = await self._write_span()
                 await ending.send(reply, withheld)
             except asyncio.CancelledError:
                 if not watch.gone:  # the server is stopping
@@ -204,7 +204,7 @@ class Call:
         outcome.mark_failed(record, err)
         return ErrorAnswer(err, headers)
 
-    async def _record(self) -> bool:
+    async def _write_span(self) -> bool:
         """Write the call's span, durably, before its client is told the call ended: the one place a call's span
         is written. Whether the call's completion is withheld because the store could not write it (the store
         logs the database's failure itself; ``outcome.withhold``)."""

@@ -211,3 +211,52 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if node not in index:
             visit(node)
     return found
+
+
+def _reads_the_app_state(node: ast.AST) -> bool:
+    """``app.state``, ``request.app.state``, ``scope["app"]``: the application found at run time, untyped."""
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == "app":
+        return True
+    if isinstance(node, ast.Attribute) and node.attr == "state":
+        owner = node.value
+        return (isinstance(owner, ast.Name) and owner.id == "app") or (
+            isinstance(owner, ast.Attribute) and owner.attr == "app"
+        )
+    return False
+
+
+def test_the_data_plane_gets_its_parts_handed_in_not_from_the_app_state() -> None:
+    offenders = {
+        f"{module}:{node.lineno}"
+        for module, path in MODULES.items()
+        if room(module) == "gateway"
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if _reads_the_app_state(node)
+    }
+    assert offenders == set()
+
+
+def _calls_of(method: str) -> list[str]:
+    """Where ``<anything>.<method>(...)`` is called in the data plane: ``module:Class.function`` for each call."""
+    found: list[str] = []
+
+    def visit(node: ast.AST, scope: tuple[str, ...], module: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = scope
+            if isinstance(child, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                inner = (*scope, child.name)
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) and child.func.attr == method:
+                found.append(f"{module}:{'.'.join(scope)}")
+            visit(child, inner, module)
+
+    for module, path in MODULES.items():
+        if room(module) == "gateway":
+            visit(ast.parse(path.read_text(), str(path)), (), module)
+    return sorted(found)
+
+
+def test_a_calls_span_is_written_in_one_place_called_from_one_place() -> None:
+    """``Call._write_span`` is the one place a call's span is written (``Store.record_call``), and ``Call.run`` the one
+    place it is called from, whatever ended the call: one span per call by construction, not by guards."""
+    assert _calls_of("record_call") == ["rollway.gateway.call:Call._write_span"]
+    assert _calls_of("_write_span") == ["rollway.gateway.call:Call.run"]
