@@ -7,18 +7,43 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Protocol
+from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Request
 from pydantic import SecretStr
 
-from rollway.store import ModelAlias, Store
+from rollway.store import Backend, ModelAlias, Store
 
 
 class ModelControl(Protocol):
-    """The live side of model aliases (pause gate, in-flight counts, atomic swap), owned by the gateway."""
+    """Model aliases, stored and live (pause gate, in-flight counts, atomic swap), owned by the gateway: each
+    admin route on models is one call of it."""
+
+    async def put(
+        self,
+        alias: str,
+        backends: Sequence[Backend],
+        *,
+        version: str | None = None,
+        sampling: dict[str, Any] | None = None,
+    ) -> ModelAlias:
+        """Create or replace ``alias``, install it for new calls and detect its ``auto`` backends' engines."""
+        ...
+
+    async def swap(
+        self,
+        alias: str,
+        backends: Sequence[Backend] | None = None,
+        *,
+        version: str | None = None,
+        drain_timeout: float | None = None,
+    ) -> tuple[ModelAlias, bool | None]:
+        """New backends and/or version for new calls; with ``drain_timeout``, whether the old calls drained."""
+        ...
+
+    async def delete(self, alias: str) -> None: ...
 
     async def pause(self, alias: str) -> ModelAlias: ...
 
@@ -26,16 +51,8 @@ class ModelControl(Protocol):
 
     async def drain(self, alias: str, timeout: float, *, old_only: bool = False) -> bool: ...
 
-    async def swap(self, alias: str, config: ModelAlias) -> None: ...
-
     async def in_flight_everywhere(self, models: list[ModelAlias]) -> dict[str, tuple[int, int]]:
         """Per alias: calls in flight in every replica, and those of them on an earlier configuration."""
-        ...
-
-    def invalidate(self, alias: str | None = None) -> None: ...
-
-    async def detect(self, model: ModelAlias) -> None:
-        """Ask each ``auto`` backend of ``model`` what engine it is."""
         ...
 
     def detected_kinds(self) -> dict[str, str]:

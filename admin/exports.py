@@ -19,7 +19,7 @@ from rollway.admin.adapters.trainers import slime_samples, verl_rows
 from rollway.admin.context import Context
 from rollway.admin.route import AdminRoute
 from rollway.admin.triplets import respond
-from rollway.store.exports import MAX_EXPORT_LIMIT, ExportRollout
+from rollway.store.exports import ExportQuery, ExportRollout
 
 router = APIRouter(tags=["exports"], route_class=AdminRoute)
 
@@ -38,23 +38,10 @@ def renderer(build: Builder) -> Callable[[list[ExportRollout]], list[bytes]]:
 async def export(
     kind: Literal["slime", "verl"],
     context: Context,
-    rollout_id: Annotated[list[str] | None, Query()] = None,
-    group_id: str | None = None,
-    since: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_EXPORT_LIMIT)] = 100,
-    partial: bool = False,
+    query: Annotated[ExportQuery, Query()],
     format_: Annotated[Literal["json", "jsonl"], Query(alias="format")] = "json",
 ) -> Response:
     """Finished rollouts as SLIME `Sample` records (`slime`) or verl-style rows (`verl`), one per rollout
     segment; groups come whole and only once complete unless `partial=true`; `since` continues from a
     previous `next_cursor`; `format=jsonl` streams one record per line."""
-    return await respond(
-        context.store,
-        renderer(FORMATS[kind]),
-        format_,
-        rollout_ids=rollout_id,
-        group_id=group_id,
-        since=since,
-        limit=limit,
-        partial=partial,
-    )
+    return await respond(context.store, query, renderer(FORMATS[kind]), format_)

@@ -12,21 +12,10 @@ from fastapi import APIRouter, HTTPException, Response
 from rollway.admin.context import AdminContext, Context
 from rollway.admin.route import AdminRoute
 from rollway.admin.schemas import CaptureView, DrainRequest, ModelPage, ModelPut, ModelView, SwapRequest
-from rollway.store import Backend, ModelAlias
+from rollway.store import ModelAlias
 from rollway.store.sql.catalog import action_path
 
 router = APIRouter(tags=["models"], route_class=AdminRoute)
-
-
-def _kind_kept(backend: Backend, current: ModelAlias) -> Backend:
-    """A swapped-in backend that does not say its kind has the alias's (a vllm alias swapped to new weights
-    stays vllm: its token ids are still captured), when the alias's backends agree on one."""
-    if "kind" in backend.model_fields_set:
-        return backend
-    kinds = {b.kind for b in current.backends}
-    if len(kinds) != 1:
-        raise HTTPException(400, f"model '{current.alias}' has backends of several kinds: give each new backend's kind")
-    return backend.model_copy(update={"kind": kinds.pop()})
 
 
 async def view(context: AdminContext, model: ModelAlias, drained: bool | None = None) -> ModelView:
@@ -66,14 +55,9 @@ async def swap(alias: str, body: SwapRequest, context: Context) -> ModelView:
     """Install new backends and/or a new version for new calls; with `drain_timeout_seconds`, also wait until
     the calls still running on an earlier configuration, in every gateway replica, have finished (`drained`
     says whether they did in time; `state.in_flight_old` counts those left)."""
-    current = await context.store.get_model(alias)
-    backends = current.backends if body.backends is None else [_kind_kept(b, current) for b in body.backends]
-    model = await context.store.put_model(alias, backends, version=body.version, sampling=current.sampling)
-    await context.models.swap(alias, model)
-    await context.models.detect(model)
-    drained = None
-    if body.drain_timeout_seconds is not None:
-        drained = await context.models.drain(alias, body.drain_timeout_seconds, old_only=True)
+    model, drained = await context.models.swap(
+        alias, body.backends, version=body.version, drain_timeout=body.drain_timeout_seconds
+    )
     return await view(context, model, drained)
 
 
@@ -104,15 +88,12 @@ async def get_model(alias: str, context: Context) -> ModelView:
 async def put_model(alias: str, body: ModelPut, context: Context) -> ModelView:
     """Create or replace an alias (a replaced alias gets version + 1 unless one is given)."""
     _not_an_action("PUT", alias)
-    model = await context.store.put_model(alias, body.backends, version=body.version, sampling=body.sampling)
-    await context.models.swap(alias, model)
-    await context.models.detect(model)  # the answer shows each ``auto`` backend's engine
-    return await view(context, model)
+    model = await context.models.put(alias, body.backends, version=body.version, sampling=body.sampling)
+    return await view(context, model)  # it shows each ``auto`` backend's engine, asked as the alias was put
 
 
 @router.delete("/models/{alias:path}", status_code=204)
 async def delete_model(alias: str, context: Context) -> Response:
     _not_an_action("DELETE", alias)
-    await context.store.delete_model(alias)
-    context.models.invalidate(alias)
+    await context.models.delete(alias)
     return Response(status_code=204)

@@ -30,7 +30,7 @@ from rollway.admin.context import Context
 from rollway.admin.route import AdminRoute
 from rollway.envelope import envelope
 from rollway.store import Store
-from rollway.store.exports import MAX_EXPORT_LIMIT, ExportPage, ExportRollout
+from rollway.store.exports import ExportPage, ExportQuery, ExportRollout
 
 log = logging.getLogger("rollway.admin")
 
@@ -99,12 +99,8 @@ async def _document(store: Store, page: ExportPage, render: Renderer, loaded: bo
 @router.get("/triplets", response_model=None)
 async def export_triplets(
     context: Context,
-    rollout_id: Annotated[list[str] | None, Query()] = None,
-    group_id: str | None = None,
-    since: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_EXPORT_LIMIT)] = 100,
+    query: Annotated[ExportQuery, Query()],
     merge: bool = False,
-    partial: bool = False,
     format_: Annotated[Literal["json", "jsonl"], Query(alias="format")] = "json",
 ) -> Response:
     """Triplets of finished rollouts (the latest attempt of each): per LLM call, or with `merge=true` one row
@@ -112,35 +108,14 @@ async def export_triplets(
     `partial=true`; `since` continues from a previous `next_cursor` (also in the `x-rollway-next-cursor`
     header). `format=jsonl` streams one row per line. Pages of more than 500 rollouts are streamed in either
     format; a failure mid-stream ends the body with an error (see the module docstring)."""
-    return await respond(
-        context.store,
-        functools.partial(render, merge=merge),
-        format_,
-        rollout_ids=rollout_id,
-        group_id=group_id,
-        since=since,
-        limit=limit,
-        partial=partial,
-    )
+    return await respond(context.store, query, functools.partial(render, merge=merge), format_)
 
 
-async def respond(
-    store: Store,
-    render: Renderer,
-    format_: Literal["json", "jsonl"],
-    *,
-    rollout_ids: list[str] | None,
-    group_id: str | None,
-    since: str | None,
-    limit: int,
-    partial: bool,
-) -> Response:
-    """One export page rendered by ``render``: a JSON document or JSON Lines, streamed when large (the module
-    docstring); shared by the triplet and trainer exports."""
-    loaded = limit <= CHUNK
-    page = await store.export_rollouts(
-        rollout_ids=rollout_ids, group_id=group_id, since=since, limit=limit, partial=partial, with_spans=loaded
-    )
+async def respond(store: Store, query: ExportQuery, render: Renderer, format_: Literal["json", "jsonl"]) -> Response:
+    """The export page ``query`` asks for, rendered by ``render``: a JSON document or JSON Lines, streamed when
+    large (the module docstring); shared by the triplet and trainer exports."""
+    loaded = query.limit <= CHUNK
+    page = await store.export_rollouts(query, with_spans=loaded)
     headers = {CURSOR_HEADER: page.next_cursor} if page.next_cursor else {}
     if format_ == "jsonl":
         return StreamingResponse(_lines(store, page, render, loaded), media_type=JSONL, headers=headers)

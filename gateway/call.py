@@ -23,10 +23,10 @@ from rollway.gateway.attribution import Attribution
 from rollway.gateway.capture import Injected
 from rollway.gateway.endings import Abandoned, Ending, ErrorAnswer, NoAnswer, WholeAnswer
 from rollway.gateway.errors import AliasPaused, CallError, ClientStalled, UnknownAlias
+from rollway.gateway.leases import Arrival, Lease
 from rollway.gateway.masking import without_key
 from rollway.gateway.proxy import Gateway
 from rollway.gateway.record import CallRecord, Trace
-from rollway.gateway.registry import Arrival, Lease
 from rollway.gateway.relay import StreamRelay
 from rollway.gateway.reply import Headers, Reply
 from rollway.gateway.streaming import json_object

@@ -20,11 +20,12 @@ from rollway.gateway.bounds import Sweeper
 from rollway.gateway.capture import Injected, StreamOptionsRefusals
 from rollway.gateway.errors import CallError, UpstreamFailure
 from rollway.gateway.failover import Tries
+from rollway.gateway.leases import Lease
 from rollway.gateway.litellm_backend import LiteLLMBackend
 from rollway.gateway.masking import without_key
 from rollway.gateway.metrics import Metrics
 from rollway.gateway.record import CallRecord, traceparent
-from rollway.gateway.registry import Lease, ModelRegistry
+from rollway.gateway.registry import ModelRegistry
 from rollway.gateway.routing import Router
 from rollway.gateway.streaming import json_answer
 from rollway.gateway.upstream import Answer, Upstream, passthrough_headers, retry_after, wait

@@ -24,17 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rollway.gateway.errors import AliasPaused, UnknownAlias
 from rollway.gateway.kinds import BackendKinds, Capture, TrainableWatch
-from rollway.store import ModelAlias, NotFoundError, Store, StoreError
+from rollway.gateway.leases import ARRIVING, AliasState, Arrival, Lease, config_key
+from rollway.store import Backend, ModelAlias, NotFoundError, Store, StoreError, StoreValidationError
 from rollway.store.replicas import ReplicaReport
 
 DEFAULT_TTL = 2.0
@@ -44,100 +42,6 @@ PAUSE_POLL = 0.25
 #: How often a drain reads the other replicas' reports, and how much longer than its timeout its reads may take.
 DRAIN_POLL = 0.1
 DRAIN_GRACE = 1.0
-#: The configuration key of calls between their arrival and their lease (their configuration is not known yet) is
-#: this prefix + the catalog revision the process had seen when the call arrived: a drain that began under a
-#: revision no newer than that need not wait for it (its lease comes from a configuration read after the change).
-ARRIVING = "*"
-
-
-def config_key(config: ModelAlias) -> str:
-    """What a call is served by, as a short stable digest: the version and each backend's identity (not its
-    weight, concurrency or credentials). Equal on every replica for the same stored configuration."""
-    served = [config.version, [(b.backend_id, b.base_url, b.kind, b.model, b.version) for b in config.backends]]
-    return hashlib.sha256(json.dumps(served).encode()).hexdigest()[:16]
-
-
-@dataclass
-class AliasState:
-    """The live state of one alias in this process."""
-
-    config: ModelAlias
-    loaded_at: float
-    waiting: int = 0  # calls waiting for it to resume
-    resumed: asyncio.Event = field(default_factory=asyncio.Event)
-    released: asyncio.Event = field(default_factory=asyncio.Event)  # set whenever a lease ends
-    by_key: dict[str, int] = field(default_factory=dict)  # in flight per configuration key
-    key: str = ""
-
-    def __post_init__(self) -> None:
-        self.key = config_key(self.config)
-        self.set_paused(self.config.paused)
-
-    @property
-    def in_flight(self) -> int:
-        return sum(self.by_key.values())
-
-    def old(self, current: str) -> int:
-        """Calls in flight on a configuration other than ``current``."""
-        return sum(n for key, n in self.by_key.items() if key != current)
-
-    @property
-    def paused(self) -> bool:
-        return not self.resumed.is_set()
-
-    def set_paused(self, paused: bool) -> None:
-        if paused:
-            self.resumed.clear()
-        else:
-            self.resumed.set()
-
-
-@dataclass
-class Lease:
-    """One call's hold on an alias: the configuration it runs with."""
-
-    alias: str
-    config: ModelAlias
-    _state: AliasState
-    _key: str = ""
-    _released: bool = False
-
-    @property
-    def version(self) -> str:
-        return self.config.version
-
-    def release(self) -> None:
-        if self._released:
-            return
-        self._released = True
-        _decrement(self._state.by_key, self._key)
-        self._state.released.set()
-
-
-class Arrival:
-    """A call on its way to a lease: counted as in flight (configuration unknown; ``revision``: the catalog
-    revision its process had seen when it arrived) from before its arrival transaction until it holds a lease,
-    waits on a paused alias, or fails (``done``)."""
-
-    __slots__ = ("_counts", "_done", "_slot")
-
-    def __init__(self, counts: dict[tuple[str, int], int], alias: str, revision: int) -> None:
-        self._counts, self._slot, self._done = counts, (alias, revision), False
-        counts[self._slot] = counts.get(self._slot, 0) + 1
-
-    def done(self) -> None:
-        if self._done:
-            return
-        self._done = True
-        _decrement(self._counts, self._slot)
-
-
-def _decrement(counts: dict[Any, int], key: Any) -> None:
-    """One fewer under ``key``; a count that reaches 0 goes (snapshots list only what is in flight)."""
-    if (left := counts[key] - 1) > 0:
-        counts[key] = left
-    else:
-        del counts[key]
 
 
 class ModelRegistry:
@@ -284,7 +188,7 @@ class ModelRegistry:
             self._polled_at = loop.time()
         self.observe(revision)
 
-    # -- control: pause, resume, drain, swap (the admin API calls these) --------------------------------
+    # -- control: put, swap, delete, pause, resume, drain (the admin API calls these, one per route) ------
 
     async def pause(self, alias: str) -> ModelAlias:
         config = await self._store.set_model_paused(alias, True)
@@ -384,9 +288,47 @@ class ModelRegistry:
     def capture(self, alias: str) -> Capture:
         return self.watch.counts(alias)
 
-    async def swap(self, alias: str, config: ModelAlias) -> None:
-        """Install a new configuration: later calls use it, calls in flight keep theirs."""
+    def install(self, alias: str, config: ModelAlias) -> None:
+        """Install a configuration just stored: later calls use it, calls in flight keep theirs."""
         self._install(alias, config, local=True)
+
+    async def put(
+        self,
+        alias: str,
+        backends: Sequence[Backend | dict[str, Any]],
+        *,
+        version: str | None = None,
+        sampling: dict[str, Any] | None = None,
+    ) -> ModelAlias:
+        """Create or replace ``alias`` (a replaced alias gets version + 1 unless one is given): stored, installed
+        for the calls that come next, and each of its ``auto`` backends asked what engine it is."""
+        model = await self._store.put_model(alias, list(backends), version=version, sampling=sampling)
+        self.install(alias, model)
+        await self.detect(model)
+        return model
+
+    async def swap(
+        self,
+        alias: str,
+        backends: Sequence[Backend] | None = None,
+        *,
+        version: str | None = None,
+        drain_timeout: float | None = None,
+    ) -> tuple[ModelAlias, bool | None]:
+        """New backends (None: the same ones) and/or a new version for new calls, the alias's sampling kept; a
+        new backend that does not say its kind takes the alias's. With ``drain_timeout``, then wait until the
+        calls still running on an earlier configuration, in every replica, have finished: whether they did."""
+        current = await self._store.get_model(alias)
+        chosen = current.backends if backends is None else [_kind_kept(b, current) for b in backends]
+        model = await self.put(alias, chosen, version=version, sampling=current.sampling)
+        if drain_timeout is None:
+            return model, None
+        return model, await self.drain(alias, drain_timeout, old_only=True)
+
+    async def delete(self, alias: str) -> None:
+        """Delete ``alias``: calls in flight finish, later ones are refused as for any unknown alias."""
+        await self._store.delete_model(alias)
+        self.invalidate(alias)
 
     def in_flight(self, alias: str) -> int:
         state = self._states.get(alias)
@@ -396,6 +338,19 @@ class ModelRegistry:
         """Calls of this process waiting for ``alias`` to resume."""
         state = self._states.get(alias)
         return 0 if state is None else state.waiting
+
+
+def _kind_kept(backend: Backend, current: ModelAlias) -> Backend:
+    """A swapped-in backend that does not say its kind has the alias's (a vllm alias swapped to new weights
+    stays vllm: its token ids are still captured), when the alias's backends agree on one."""
+    if "kind" in backend.model_fields_set:
+        return backend
+    kinds = {b.kind for b in current.backends}
+    if len(kinds) != 1:
+        raise StoreValidationError(
+            f"model '{current.alias}' has backends of several kinds: give each new backend's kind"
+        )
+    return backend.model_copy(update={"kind": kinds.pop()})
 
 
 def _count(report: ReplicaReport, alias: str, current: str | None, since: int) -> int:

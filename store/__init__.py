@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rollway.store.errors import ConflictError, NotFoundError, StoreError, StoreValidationError, UnavailableError
+    from rollway.store.exports import ExportPage, ExportQuery
     from rollway.store.parts.lifecycle import UNSET
     from rollway.store.schemas import (
         AgentServer,
@@ -65,6 +66,7 @@ _PUBLIC = {
         "rollway.store.schemas",
     ),
     **dict.fromkeys(("AttemptStatus", "RolloutStatus"), "rollway.store.states"),
+    **dict.fromkeys(("ExportPage", "ExportQuery"), "rollway.store.exports"),
     "UNSET": "rollway.store.parts.lifecycle",
     "Store": "rollway.store.store",
 }
@@ -78,6 +80,8 @@ __all__ = [
     "AttemptedRollout",
     "Backend",
     "ConflictError",
+    "ExportPage",
+    "ExportQuery",
     "ModelAlias",
     "NotFoundError",
     "Page",

@@ -1,6 +1,8 @@
-"""What an export hands back: finished rollouts (``ExportRollout``), each with the spans of its latest attempt
-(``ExportSpan``), a page at a time (``ExportPage``), as ``Store.export_rollouts`` reads them (``store.sql.exports``
-says in which order, and how the cursor moves); and the primary reward a span carries (``reward_value``).
+"""What an export asks for and hands back: which finished rollouts a page holds (``ExportQuery``, the same
+object from the admin route's query parameters to the statement), the rollouts (``ExportRollout``), each with the
+spans of its latest attempt (``ExportSpan``), a page at a time (``ExportPage``), as ``Store.export_rollouts``
+reads them (``store.sql.exports`` says in which order, and how the cursor moves); and the primary reward a span
+carries (``reward_value``).
 
 Token ids are most of an export's bytes, and turning them into Python ints and back costs more than everything
 else together. So the attributes in ``RAW_ARRAYS`` (flat arrays of numbers) are handed over as ``RawJson``,
@@ -15,8 +17,32 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from pydantic import BaseModel, ConfigDict, Field
 
 MAX_EXPORT_LIMIT = 10_000
+
+
+class ExportQuery(BaseModel):
+    """Which finished rollouts an export page holds, and from where. The admin exports take it as their query
+    parameters (``?rollout_id=...&group_id=...&since=...&limit=...&partial=...``) and hand it to the store as is."""
+
+    model_config = ConfigDict(frozen=True, validate_by_name=True, validate_by_alias=True)
+
+    rollout_ids: list[str] | None = Field(
+        None,
+        alias="rollout_id",
+        description="only these rollouts (repeat the parameter), each exported once finished, whatever its group",
+    )
+    group_id: str | None = Field(None, description="only this group (whole and once complete, unless `partial`)")
+    since: str | None = Field(None, description="the `next_cursor` of the page before")
+    limit: int = Field(100, ge=1, le=MAX_EXPORT_LIMIT, description="rollouts in the page (a group comes whole)")
+    partial: bool = Field(False, description="each finished rollout as it finishes, not whole complete groups")
+
+    @property
+    def one_by_one(self) -> bool:
+        """Rollouts exported each on its own, not as whole complete groups."""
+        return self.partial or self.rollout_ids is not None
+
 
 REWARD_SPAN = "rollway.reward"
 PRIMARY_REWARD = "primary"

@@ -20,7 +20,7 @@ from test_triplets import conversation, plain
 
 from rollway.admin.adapters import triplets
 from rollway.mock import MockBackendProcess
-from rollway.store import RolloutConfig, Span, Store, TaskSpec
+from rollway.store import ExportQuery, RolloutConfig, Span, Store, TaskSpec
 
 QUESTION = [{"role": "user", "content": "What is 17 + 25?"}]
 OTHER = [{"role": "user", "content": "Tell me a long story about a dragon."}]
@@ -246,21 +246,21 @@ async def test_a_late_reward_moves_a_finished_rollout_and_its_group_forward_alon
     for rollout_id, attempt_id in claimed.items():
         await store.add_spans(conversation(rollout_id, attempt_id))
         await store.update_attempt(rollout_id, status="succeeded")
-    first = await store.export_rollouts(limit=10)
+    first = await store.export_rollouts(ExportQuery(limit=10))
     assert len(first.rollouts) == 2
     late = group[0].rollout_id
     assert [r.finish_seq for r in first.rollouts if r.rollout_id == late] == [1]
 
     await store.add_spans([reward_span(late, 0.5, name="format"), reward_span(late, None)])
-    assert (await store.export_rollouts(since=first.next_cursor)).rollouts == []
+    assert (await store.export_rollouts(ExportQuery(since=first.next_cursor))).rollouts == []
 
     await store.add_spans([reward_span(late, 1.0)])
-    again = await store.export_rollouts(since=first.next_cursor, limit=10)
+    again = await store.export_rollouts(ExportQuery(since=first.next_cursor, limit=10))
     assert sorted(r.rollout_id for r in again.rollouts) == sorted(claimed)  # the group, whole
     [moved] = [r for r in again.rollouts if r.rollout_id == late]
     assert moved.status == "succeeded" and moved.finish_seq > 2
     assert [t["reward"] for t in plain(triplets(late, moved.latest_attempt_id, moved.spans))] == [None, 1.0]
-    assert (await store.export_rollouts(since=again.next_cursor)).rollouts == []
+    assert (await store.export_rollouts(ExportQuery(since=again.next_cursor))).rollouts == []
 
 
 async def test_a_late_reward_reaches_an_incremental_pull_and_a_stale_attempt_is_still_refused(

@@ -63,7 +63,7 @@ async def wait_requests(mock: MockBackendProcess, count: int, timeout: float = 2
 async def swap_to(gw: RunningGateway, mock: MockBackendProcess, backend_id: str, version: str) -> None:
     state = gw.state
     new = await state.store.put_model(ALIAS, [entry(mock, backend_id)], version=version)
-    await state.registry.swap(ALIAS, new)
+    state.registry.install(ALIAS, new)
 
 
 async def call(client: AsyncOpenAI, tag: str, stream: bool) -> str:

@@ -90,7 +90,7 @@ async def test_a_swap_made_through_one_replica_reaches_the_others_new_calls_once
     trainer, replica = ModelRegistry(store, ttl=TTL), ModelRegistry(store, ttl=TTL, clock=clock)
     held = await replica.admit(ALIAS, wait_seconds=0)
     swapped = await store.put_model(ALIAS, [{**BACKEND, "backend_id": "b"}], version="v2")
-    await trainer.swap(ALIAS, swapped)
+    trainer.install(ALIAS, swapped)
     cached = await replica.admit(ALIAS, wait_seconds=0)
     clock.now += 2 * TTL
     later = await replica.admit(ALIAS, wait_seconds=0)
@@ -109,7 +109,7 @@ async def test_a_new_catalog_revision_makes_a_replica_reload_before_its_next_cal
     assert replica.observe(first)  # the first revision it sees
     (await replica.admit(ALIAS, wait_seconds=0)).release()  # cached: v1, and the clock never moves
     swapped = await store.put_model(ALIAS, [{**BACKEND, "backend_id": "b"}], version="v2")
-    await trainer.swap(ALIAS, swapped)
+    trainer.install(ALIAS, swapped)
     assert not replica.observe(first)  # the revision it saw: nothing new, the cache stays
     assert (await replica.admit(ALIAS, wait_seconds=0)).version == "v1"
     assert replica.observe(await store.catalog_revision())  # as a call's arrival would read it

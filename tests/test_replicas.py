@@ -13,7 +13,8 @@ from sqlalchemy import Connection, func, select
 
 from rollway.app.replicas import ReplicaReporter, new_replica
 from rollway.gateway.errors import AliasPaused
-from rollway.gateway.registry import ARRIVING, ModelRegistry, config_key
+from rollway.gateway.leases import ARRIVING, config_key
+from rollway.gateway.registry import ModelRegistry
 from rollway.store import Store
 from rollway.store.db import models
 from rollway.store.replicas import FORGET_SECONDS, STALE_SECONDS
@@ -59,7 +60,7 @@ async def test_a_call_that_waits_on_a_paused_alias_is_not_counted_while_it_waits
     assert registry.waiting(ALIAS) == 1
     assert registry.snapshot() == {}  # it will lease what is current at the resume: nothing for a drain
     v2 = await store.put_model(ALIAS, [B_BACKEND], version="v2")
-    await registry.swap(ALIAS, v2)
+    registry.install(ALIAS, v2)
     await registry.resume(ALIAS)
     lease = await asyncio.wait_for(waiting, 10)
     assert lease.version == "v2" and registry.snapshot() == {ALIAS: {config_key(v2): 1}}
@@ -71,7 +72,7 @@ async def test_a_swap_drain_waits_for_calls_on_earlier_configurations_only(store
     registry, _ = replica(store)
     old = await registry.admit(ALIAS, 0)
     v2 = await store.put_model(ALIAS, [B_BACKEND], version="v2")
-    await registry.swap(ALIAS, v2)
+    registry.install(ALIAS, v2)
     new = await registry.admit(ALIAS, 0)
     assert (old.version, new.version) == ("v1", "v2")
     assert await registry.in_flight_everywhere([v2]) == {ALIAS: (2, 1)}

@@ -19,6 +19,7 @@ from store_helpers import enqueue_one, span
 from rollway.store import (
     AttemptStatus,
     ConflictError,
+    ExportQuery,
     NotFoundError,
     RolloutConfig,
     RolloutStatus,
@@ -1521,7 +1522,7 @@ async def test_a_direct_start_declares_the_size_of_the_group_it_joins(store: Sto
     assert (second.rollout.group_size, second.rollout.group_index) == (3, 1)
     await store.update_attempt(first.rollout.rollout_id, status="succeeded")
     await store.update_attempt(second.rollout.rollout_id, status="succeeded")
-    assert (await store.export_rollouts(group_id="online")).rollouts == []  # two of three finished
+    assert (await store.export_rollouts(ExportQuery(group_id="online"))).rollouts == []  # two of three finished
     joined = await store.start_rollout({"input": 2, "group_id": "online"}, "w3")  # no size: joins as it is
     assert (joined.rollout.group_size, joined.rollout.group_index) == (3, 2)
     for size, message in ((3, "of size 3 has 3 members: no room"), (4, "has size 3 \\(3 members\\), not 4")):
@@ -1530,7 +1531,7 @@ async def test_a_direct_start_declares_the_size_of_the_group_it_joins(store: Sto
     members = await store.get_group("online")
     assert [(r.group_index, r.group_size) for r in members] == [(0, 3), (1, 3), (2, 3)]
     await store.update_attempt(joined.rollout.rollout_id, status="succeeded")
-    exported = await store.export_rollouts(group_id="online")
+    exported = await store.export_rollouts(ExportQuery(group_id="online"))
     assert [r.rollout_id for r in exported.rollouts] == [r.rollout_id for r in members]
 
     # A group whose members joined without a size is as large as they are: a start cannot declare another.

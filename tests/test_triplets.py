@@ -17,7 +17,7 @@ from rollway.admin import triplets as admin_triplets
 from rollway.admin.adapters import dumps, merged_rows, triplets
 from rollway.app.factory import RollwayApp, create_app
 from rollway.settings import Settings
-from rollway.store import RolloutConfig, Span, Store, TaskSpec
+from rollway.store import ExportQuery, RolloutConfig, Span, Store, TaskSpec
 from rollway.store.exports import RawJson, read_attributes
 
 _ids = itertools.count(1)
@@ -460,16 +460,16 @@ async def test_store_export_orders_units_by_their_last_finish(store: Store) -> N
     for rollout_id in order:
         await store.add_spans(conversation(rollout_id, claimed[rollout_id]))
         await store.update_attempt(rollout_id, status="succeeded")
-    page = await store.export_rollouts(limit=10)
+    page = await store.export_rollouts(ExportQuery(limit=10))
     assert [r.rollout_id for r in page.rollouts] == [solo.rollout_id, group[0].rollout_id, group[1].rollout_id]
     assert all(len(r.spans) == 2 and r.spans[0].sequence_id == 1 for r in page.rollouts)
     assert {s.attempt_id for r in page.rollouts for s in r.spans} == set(claimed.values())
     first = page.rollouts[0].spans[0].attributes
     assert first["rollway.prompt_token_ids"] == RawJson("[100,101]")  # as stored, not decoded
     assert first["rollway.request"]["messages"] == [{"role": "user", "content": "hi"}]
-    partial = await store.export_rollouts(partial=True, limit=1)
+    partial = await store.export_rollouts(ExportQuery(partial=True, limit=1))
     assert [r.rollout_id for r in partial.rollouts] == [group[0].rollout_id]
-    rest = await store.export_rollouts(partial=True, since=partial.next_cursor, with_spans=False)
+    rest = await store.export_rollouts(ExportQuery(partial=True, since=partial.next_cursor), with_spans=False)
     assert [r.rollout_id for r in rest.rollouts] == order[1:]
     assert all(r.spans == [] for r in rest.rollouts)
 
@@ -505,8 +505,8 @@ async def test_a_rollout_that_finishes_again_while_a_large_page_streams_is_rende
 
     ran: list[str] = []
 
-    async def page_then_again(**kwargs: Any) -> Any:
-        page = await original(**kwargs)
+    async def page_then_again(*args: Any, **kwargs: Any) -> Any:
+        page = await original(*args, **kwargs)
         if kwargs.get("with_spans") is False and not ran:  # the page is read: now the first rollout runs again
             ran.append(ids[0])
             again = await app_store.start_attempt(ids[0], "w2")

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from rollway.store.errors import NotFoundError, StoreValidationError
-from rollway.store.exports import ExportPage, ExportRollout
+from rollway.store.exports import ExportPage, ExportQuery, ExportRollout
 from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.schemas import Attempt, Page, Rollout, StoreStats, Worker
 from rollway.store.signals import Signal
@@ -62,29 +62,11 @@ class ReadsMixin(StorePlumbing):
     async def stats(self) -> StoreStats:
         return await self._read(reads.stats)
 
-    async def export_rollouts(
-        self,
-        *,
-        rollout_ids: Sequence[str] | None = None,
-        group_id: str | None = None,
-        since: str | None = None,
-        limit: int = 100,
-        partial: bool = False,
-        with_spans: bool = True,
-    ) -> ExportPage:
-        """Finished rollouts after the cursor ``since`` in finish order (whole complete groups unless
-        ``partial``), each with the spans of its latest attempt; see ``store.sql.exports``."""
-        return await self._read(
-            lambda conn: exports.export(
-                conn,
-                rollout_ids=rollout_ids,
-                group_id=group_id,
-                since=since,
-                limit=limit,
-                partial=partial,
-                with_spans=with_spans,
-            )
-        )
+    async def export_rollouts(self, query: ExportQuery | None = None, *, with_spans: bool = True) -> ExportPage:
+        """The finished rollouts ``query`` asks for (by default the first 100, whole complete groups), in finish
+        order after its cursor, each with the spans of its latest attempt; see ``store.sql.exports``."""
+        asked = query or ExportQuery()
+        return await self._read(lambda conn: exports.export(conn, asked, with_spans=with_spans))
 
     async def export_spans(self, rollouts: list[ExportRollout]) -> None:
         """Fill in the spans of exported rollouts read ``with_spans=False`` (``store.sql.exports.attach_spans``)."""

@@ -32,18 +32,16 @@ are public, in ``store.exports``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Select, Text, cast, func, select, union_all
 
 from rollway.store.db import models
-from rollway.store.db.dialect import check_limit, decode_cursor, encode_cursor
+from rollway.store.db.dialect import decode_cursor, encode_cursor
 from rollway.store.exports import (
-    MAX_EXPORT_LIMIT,
     STATUSES,
     ExportPage,
+    ExportQuery,
     ExportRollout,
     ExportSpan,
     ExportStatus,
@@ -64,14 +62,7 @@ _ROLLOUT_COLUMNS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class _Filters:
-    rollout_ids: Sequence[str] | None
-    group_id: str | None
-    partial: bool
-
-
-def _one_by_one(filters: _Filters, since: int, upto: int | None) -> Select[Any]:
+def _one_by_one(filters: ExportQuery, since: int, upto: int | None) -> Select[Any]:
     seq = R.c.finish_seq
     stmt = select(*_ROLLOUT_COLUMNS, seq.label("export_seq")).where(seq > since)
     if upto is not None:
@@ -83,7 +74,7 @@ def _one_by_one(filters: _Filters, since: int, upto: int | None) -> Select[Any]:
     return stmt
 
 
-def _by_group(filters: _Filters, since: int, upto: int | None) -> Select[Any]:
+def _by_group(filters: ExportQuery, since: int, upto: int | None) -> Select[Any]:
     """Ungrouped rollouts at their own position, plus complete groups at the position of their last finish."""
     if filters.group_id is not None:
         touched: Any = [filters.group_id]
@@ -117,9 +108,8 @@ def _by_group(filters: _Filters, since: int, upto: int | None) -> Select[Any]:
     return select(units)
 
 
-def _units(conn: Connection, filters: _Filters, since: int, upto: int | None, limit: int | None) -> list[Any]:
-    one_by_one = filters.partial or filters.rollout_ids is not None
-    inner = _one_by_one(filters, since, upto) if one_by_one else _by_group(filters, since, upto)
+def _units(conn: Connection, filters: ExportQuery, since: int, upto: int | None, limit: int | None) -> list[Any]:
+    inner = _one_by_one(filters, since, upto) if filters.one_by_one else _by_group(filters, since, upto)
     rows = inner.subquery("export")
     stmt = select(rows).order_by(rows.c.export_seq, rows.c.finish_seq)
     if limit is not None:
@@ -127,7 +117,7 @@ def _units(conn: Connection, filters: _Filters, since: int, upto: int | None, li
     return list(conn.execute(stmt).mappings())
 
 
-def _page(conn: Connection, filters: _Filters, since: int, limit: int) -> list[Any]:
+def _page(conn: Connection, filters: ExportQuery, since: int, limit: int) -> list[Any]:
     """Up to ``limit`` rollouts, ending at a unit boundary (a first unit larger than ``limit`` comes whole)."""
     rows = _units(conn, filters, since, None, limit + 1)
     if len(rows) <= limit:
@@ -184,25 +174,12 @@ def attach_spans(conn: Connection, rollouts: list[ExportRollout]) -> None:
         rollout.spans.sort(key=lambda s: s.sequence_id)
 
 
-def export(
-    conn: Connection,
-    *,
-    rollout_ids: Sequence[str] | None = None,
-    group_id: str | None = None,
-    since: str | None = None,
-    limit: int = 100,
-    partial: bool = False,
-    with_spans: bool = True,
-) -> ExportPage:
-    """Finished rollouts after the cursor ``since`` in export order, each with its latest attempt's spans.
-
-    ``rollout_ids`` names rollouts (exported once finished, whatever their group); ``group_id`` keeps one group
-    (only when complete, unless ``partial``). See the module docstring for the order and the cursor.
-    """
-    check_limit(limit, MAX_EXPORT_LIMIT)
+def export(conn: Connection, query: ExportQuery, *, with_spans: bool = True) -> ExportPage:
+    """The finished rollouts ``query`` asks for, after its cursor, in export order, each with its latest
+    attempt's spans (see the module docstring for the order and the cursor)."""
+    since = query.since
     after = decode_cursor(since) or 0
-    filters = _Filters(rollout_ids=rollout_ids, group_id=group_id, partial=partial)
-    rows = _page(conn, filters, after, limit)
+    rows = _page(conn, query, after, query.limit)
     rollouts = [
         ExportRollout(
             rollout_id=r["rollout_id"],
@@ -216,7 +193,7 @@ def export(
         )
         for r in rows
     ]
-    _group_seqs(conn, rollouts, grouped=not (partial or rollout_ids is not None))
+    _group_seqs(conn, rollouts, grouped=not query.one_by_one)
     if with_spans:
         attach_spans(conn, rollouts)
     next_cursor = encode_cursor(rollouts[-1].export_seq) if rollouts else (since or None)
