@@ -1,6 +1,6 @@
 """Prometheus metrics: what the gateway counts on the call path, and what ``/metrics`` reads at scrape time.
 
-- Call path: ``Metrics.observe_call(record)`` once per call that got a span (in ``Gateway.finish``), plus the
+- Call path: ``Metrics.observe_call(record)`` once per call that got a span (``Gateway.observe``), plus the
   in-flight gauge around the call. Labelled children are cached per label tuple, so a call costs dict look-ups
   and a few ``inc``/``observe`` — no label dict building.
 - Labels are bounded: ``alias`` and ``backend`` only ever come from the model registry (a call for an unknown

@@ -1,5 +1,5 @@
-"""The application's typed state (``app.state.rollway``): the long-lived objects the lifespan creates, which the
-routes and probes read through ``request.app.state.rollway``."""
+"""The application's typed state: the long-lived objects the lifespan creates. ``RollwayApp.state`` gives it; the
+FastAPI routes and probes read it through ``request.app.state.rollway``, FastAPI's place for it."""
 
 from __future__ import annotations
 
