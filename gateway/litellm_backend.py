@@ -14,7 +14,7 @@ import asyncio
 import importlib
 import logging
 import os
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import orjson
@@ -55,7 +55,7 @@ class LiteLLMAnswer:
     async def read_error(self) -> bytes:
         return self._body
 
-    async def chunks(self) -> AsyncGenerator[bytes, None]:
+    async def chunks(self) -> AsyncIterator[bytes]:
         if self._stream is None:
             return
         try:
@@ -66,6 +66,9 @@ class LiteLLMAnswer:
             yield b"data: " + orjson.dumps(STREAM_BROKE) + b"\n\n"
             return
         yield b"data: [DONE]\n\n"
+
+    def failure(self, exc: Exception) -> UpstreamFailure | None:
+        return None  # a provider's stream that breaks ends in an error event instead (``chunks``)
 
     def release(self) -> None:
         return None

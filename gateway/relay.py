@@ -4,9 +4,8 @@ usage (``gateway.streaming``) for its span."""
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterator
 
 from rollway.envelope import envelope
 from rollway.gateway import capture, outcome
@@ -54,6 +53,8 @@ class StreamRelay:
         self.guard = KeyGuard(backend_key(record.backend))  # the backend's key, should it echo it: masked
         self.done_event: bytes | None = None  # the stream's last event, held until the span is written
         self.first_output_sent = False
+        # What every event is read with, the same for the whole stream (``_take`` unpacks it once per read).
+        self._fixed = (record, injected, self.responses, injected.any, self.acc.feed)
 
     async def relay(self, headers: Headers) -> StreamEnd:
         """Send the answer's head and its events, up to (not including) its end, which is returned."""
@@ -62,24 +63,37 @@ class StreamRelay:
         content_type = content_type if content_type.startswith("text/event-stream") else "text/event-stream"
         # A reverse proxy in front (nginx) passes the events on as they come rather than buffering the answer.
         await self.reply.start(200, [(b"content-type", content_type.encode()), *STREAM_HEADERS, *headers])
-        decoder, guard, limit = self.decoder, self.guard, self.limit
+        decoder, guard, limit, reply, take = self.decoder, self.guard, self.limit, self.reply, self._take
         try:
-            async with contextlib.aclosing(self.answer.chunks()) as reads:
-                async for data in reads:
-                    await self._pass(guard.feed(decoder.feed(data)))
-                    if decoder.pending() > limit:  # one event without end: not held for ever
-                        raise ResponseTooLarge(limit)
-            await self._pass(guard.flush())
-        except (UpstreamFailure, ResponseTooLarge) as exc:
+            async for data in self.answer.chunks():
+                events = guard.feed(decoder.feed(data))
+                out, stopped = take(events)
+                while stopped:  # the first token: it goes out at once, before the rest of the read is parsed
+                    await reply.body(b"".join(out), more=True)
+                    out, stopped = take(events)
+                if out:
+                    await reply.body(b"".join(out), more=True)
+                if decoder.pending() > limit:  # one event without end: not held for ever
+                    raise ResponseTooLarge(limit)
+            out, _ = take(iter(guard.flush()))
+            if out:
+                await reply.body(b"".join(out), more=True)
+        except ResponseTooLarge as exc:
             return self._broken(exc)
+        except Exception as exc:
+            failure = self.answer.failure(exc)  # the backend's stream broke off, as its transport says
+            if failure is None:
+                raise
+            return self._broken(failure)
         outcome.mark_stream_ended(self.record, self.acc, self.done_event is not None)
         return StreamEnd(self.done_event or b"")
 
-    async def _pass(self, events: Iterable[Event]) -> None:
-        """One read's events: each accumulated, and what the client gets of them sent (in one write)."""
-        record, injected, responses, reply = self.record, self.injected, self.responses, self.reply
-        rewritten = injected.any  # (the same for every event)
-        accumulate = self.acc.feed
+    def _take(self, events: Iterator[Event]) -> tuple[list[bytes], bool]:
+        """The next events of a read: each accumulated, and what the client gets of them (to send in one write).
+        Until the first token is out, it stops after the event that carries it (True): a read may hold many
+        events, and the client's time to first token should not wait for the rest of them to be parsed."""
+        record, injected, responses, rewritten, accumulate = self._fixed
+        early = not self.first_output_sent
         out: list[bytes] = []
         for raw, payload, chunk in events:
             if chunk is None:
@@ -106,14 +120,10 @@ class StreamRelay:
                 out.append(raw)
             elif (shown := capture.shown(chunk, injected)) is not None:
                 out.append(encode_event(shown))
-            if not self.first_output_sent and out and carries_output(chunk):
-                # Until the first token is out, every event goes out as soon as it is read: a read may hold many
-                # events, and time to first token should not wait for the rest of them.
+            if early and out and carries_output(chunk):
                 self.first_output_sent = True
-                await reply.body(b"".join(out), more=True)
-                out = []
-        if out:
-            await reply.body(b"".join(out), more=True)
+                return out, True
+        return out, False
 
     def _broken(self, exc: UpstreamFailure | ResponseTooLarge) -> StreamEnd:
         """The backend's stream broke off, or one event grew past the limit: what was held back (less than the

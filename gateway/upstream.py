@@ -15,7 +15,7 @@ import email.utils
 import os
 import random
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
 import aiohttp
@@ -26,7 +26,8 @@ from rollway.store import Backend
 
 class Answer(Protocol):
     """A backend's answer to one try, unread: its status and headers, then its body, read whole or as it comes.
-    Every failure of the transport while reading is an ``UpstreamFailure``."""
+    Every failure of the transport while reading is an ``UpstreamFailure`` (raised by ``read``, or named by
+    ``failure`` for ``chunks``)."""
 
     status: int
     headers: Mapping[str, str]
@@ -41,8 +42,14 @@ class Answer(Protocol):
         """An error answer's body (empty when it broke off); the connection goes back to the pool."""
         ...
 
-    def chunks(self) -> AsyncGenerator[bytes, None]:
-        """The body as it arrives; a body that breaks off or stalls ends in ``UpstreamFailure`` (``broken``)."""
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives, read straight from the transport (nothing between the relay and each read):
+        a body that breaks off or stalls raises the transport's own error, which ``failure`` names."""
+        ...
+
+    def failure(self, exc: Exception) -> UpstreamFailure | None:
+        """What ``exc``, raised while reading ``chunks``, is to the call: the body broken off or stalled (an
+        ``UpstreamFailure``, kind ``broken``), or None when it is not the transport's."""
         ...
 
     def release(self) -> None:
@@ -107,12 +114,13 @@ class AiohttpAnswer:
         finally:
             self._response.release()
 
-    async def chunks(self) -> AsyncGenerator[bytes, None]:
-        try:
-            async for part in self._response.content.iter_any():
-                yield part
-        except _BROKEN as exc:
-            raise UpstreamFailure("broken", f"the backend stream broke: {type(exc).__name__}") from exc
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self._response.content.iter_any()
+
+    def failure(self, exc: Exception) -> UpstreamFailure | None:
+        if isinstance(exc, _BROKEN):
+            return UpstreamFailure("broken", f"the backend stream broke: {type(exc).__name__}")
+        return None
 
     def release(self) -> None:
         self._response.release()
