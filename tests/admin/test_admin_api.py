@@ -11,14 +11,14 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_harness import RunningGateway, running_gateway
 from openai import AsyncOpenAI
 
 from rollway.mock import MockBackendProcess
+from support.gateway_harness import RunningGateway, running_gateway
 
 TOKEN = "admin-secret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -262,7 +262,7 @@ async def test_full_loop_with_runner_processes(
     assert len(rollouts) == 64
     runners = [
         await asyncio.create_subprocess_exec(
-            sys.executable, str(ROOT / "tests" / "loop_runner.py"), gw.url, TOKEN, f"runner-{i}", cwd=ROOT
+            sys.executable, str(ROOT / "tests" / "support" / "loop_runner.py"), gw.url, TOKEN, f"runner-{i}", cwd=ROOT
         )
         for i in range(4)
     ]

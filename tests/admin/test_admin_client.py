@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_harness import RunningGateway, closed_port, running_gateway
 from openai import AsyncOpenAI
 from sqlalchemy import select
 
@@ -29,6 +28,7 @@ from rollway.admin.client_sync import RollwayClient
 from rollway.admin.schemas import Claim, GroupView, MintedKey, ModelView, StatsView, WaitResponse
 from rollway.mock import MockBackendProcess
 from rollway.store import Attempt, ResourcesUpdate, Rollout, Span, models
+from support.gateway_harness import RunningGateway, closed_port, running_gateway
 
 TOKEN = "admin-secret-token"
 FAST = RetryPolicy(retries=2, backoff=0.01, max_backoff=0.02)

@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_harness import RunningGateway, running_gateway, vllm
 
 from rollway.mock import MockBackendProcess
+from support.gateway_harness import RunningGateway, running_gateway, vllm
 
 TOKEN = "admin-secret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

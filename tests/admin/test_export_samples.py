@@ -14,13 +14,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from gateway_harness import RunningGateway, claim_one, register, running_gateway, vllm
-from test_trainer_exports import load_example
-from test_triplets import conversation, plain
 
 from rollway.admin.adapters import triplets
 from rollway.mock import MockBackendProcess
 from rollway.store import RolloutConfig, Span, Store, TaskSpec
+from support.examples import load_example
+from support.gateway_harness import RunningGateway, claim_one, register, running_gateway, vllm
+from support.spans import conversation, plain
 
 QUESTION = [{"role": "user", "content": "What is 17 + 25?"}]
 OTHER = [{"role": "user", "content": "Tell me a long story about a dragon."}]

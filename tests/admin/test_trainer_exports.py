@@ -5,7 +5,6 @@ rewards as recorded, whole groups in order; ``rollway export slime`` writes them
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,7 +12,6 @@ import sys
 from collections.abc import Iterator
 from itertools import groupby
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
@@ -27,19 +25,10 @@ from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
 from rollway.store import Span
 from rollway.store.exports import ExportRollout
+from support.examples import load_example
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TOKEN = "export-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def load_example(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

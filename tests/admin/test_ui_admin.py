@@ -12,11 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_harness import RunningGateway, running_gateway
 from openai import AsyncOpenAI, BadRequestError
 
 from rollway.admin import series
 from rollway.mock import MockBackendProcess
+from support.gateway_harness import RunningGateway, running_gateway
 
 TOKEN = "ui-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

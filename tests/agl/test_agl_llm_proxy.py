@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
-from agl_env import agl_python, run_script
 
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
+from support.agl_env import agl_python, run_script
 
 pytestmark = pytest.mark.slow
 TOKEN = "agl-proxy-admin-token-7"

@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from gateway_harness import RunningGateway, register, running_gateway
 
 from rollway.mock import MockBackendProcess
+from support.gateway_harness import RunningGateway, register, running_gateway
 
 
 @pytest.fixture

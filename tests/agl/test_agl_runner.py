@@ -16,10 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
-from agl_env import SCRIPTS, agl_python, run_script, script_env
 
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
+from support.agl_env import SCRIPTS, agl_python, run_script, script_env
 
 pytestmark = pytest.mark.slow
 TOKEN = "agl-runner-admin-token-42"

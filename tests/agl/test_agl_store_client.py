@@ -1,7 +1,7 @@
 """Agent-lightning 0.3's real ``LightningStoreClient`` against Rollway, compared call by call with the same
 scenario against Agent-lightning's own ``LightningStoreServer`` + ``InMemoryLightningStore``.
 
-The client runs in its own virtual environment (``tests/agl_env.py``); the test skips, saying why, only when
+The client runs in its own virtual environment (``tests/support/agl_env.py``); the test skips, saying why, only when
 ``agentlightning==0.3.0`` cannot be installed.
 """
 
@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from agl_compare import differences
-from agl_env import agl_python, run_script
 
 from rollway.process import GatewayProcess
+from support.agl_compare import differences
+from support.agl_env import agl_python, run_script
 
 pytestmark = pytest.mark.slow
 TOKEN = "agl-admin-token-0123456789"

@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_harness import RunningGateway, running_gateway
 from google.protobuf import json_format
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http import Compression
@@ -22,6 +21,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
 from rollway.store import AttemptedRollout, Store
+from support.gateway_harness import RunningGateway, running_gateway
 
 TOKEN = "otlp-admin-token-abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

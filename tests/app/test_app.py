@@ -13,13 +13,13 @@ import httpx
 import pytest
 from click.testing import CliRunner
 from fastapi import FastAPI
-from gateway_harness import running_gateway
 
 from rollway.app.factory import create_app
 from rollway.cli.main import main
 from rollway.mock import MockBackendProcess
 from rollway.settings import Settings
 from rollway.store import Store
+from support.gateway_harness import running_gateway
 
 
 @pytest.fixture

@@ -28,7 +28,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from nginx_env import NGINX_CONF, NginxProcess, nginx_config, require_nginx
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -37,6 +36,7 @@ from rollway.admin.schemas import Claim
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
 from rollway.store import Span
+from support.nginx_env import NGINX_CONF, NginxProcess, nginx_config, require_nginx
 
 NGINX = require_nginx()
 pytestmark = pytest.mark.postgres

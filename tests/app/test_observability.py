@@ -11,12 +11,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gateway_harness import closed_port, register, running_gateway, vllm
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
 from rollway.store import Store
+from support.gateway_harness import closed_port, register, running_gateway, vllm
 
 BODY = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 TOKEN = "admin-secret-token-1234"

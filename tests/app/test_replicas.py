@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import FakeClock
 from sqlalchemy import Connection, func, select
 
 from rollway.app.replicas import ReplicaReporter, new_replica
@@ -16,6 +15,7 @@ from rollway.gateway.errors import AliasPaused
 from rollway.gateway.registry import ARRIVING, ModelRegistry, config_key
 from rollway.store import Store, models
 from rollway.store.replicas import FORGET_SECONDS, STALE_SECONDS
+from support.clock import FakeClock
 
 ALIAS = "policy"
 BACKEND = {"backend_id": "a", "base_url": "http://127.0.0.1:9/v1", "kind": "vllm", "model": "m"}

@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_harness import register, running_gateway, vllm
 
 from rollway.app.guards import BodyLimit
 from rollway.mock import MockBackendProcess
+from support.gateway_harness import register, running_gateway, vllm
 
 LIMIT = 4096
 TOKEN = "admin-token-for-guards"

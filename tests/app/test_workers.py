@@ -22,12 +22,12 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_harness import vllm
 
 from rollway.admin.client import AsyncRollwayClient
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
 from rollway.store import Store
+from support.gateway_harness import vllm
 
 WORKERS = 2
 MESSAGES = [{"role": "user", "content": "Count to three."}]

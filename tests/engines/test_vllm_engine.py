@@ -1,5 +1,6 @@
 """The real-engine suite: the official openai SDK → a real gateway (uvicorn, SQLite) → a real vLLM 0.32.0 (CPU
-build, a tiny random-weight model; ``tests/vllm_env.py``), compared with the same request sent to vLLM directly.
+build, a tiny random-weight model; ``tests/support/vllm_env.py``), compared with the same request sent to vLLM
+directly.
 
 Every request carries a ``seed`` (temperature 1.0), so a direct call and a call through Rollway sample the same
 tokens. The client must receive what the direct call answers, except for the fields that differ between any two
@@ -25,9 +26,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from gateway_harness import RunningGateway, claim_one, running_gateway
 from openai import AsyncOpenAI
-from vllm_env import (
+
+from rollway.store import Span
+from support.gateway_harness import RunningGateway, claim_one, running_gateway
+from support.vllm_env import (
     CHAT_MODEL,
     EMBED_MODEL,
     MAX_MODEL_LEN,
@@ -37,8 +40,6 @@ from vllm_env import (
     require_vllm,
     running_engines,
 )
-
-from rollway.store import Span
 
 require_vllm()  # the whole module skips, with one line, without the vLLM environment
 # The first test also waits for the engines to start (``START_TIMEOUT``); each request is bounded by ``TIMEOUT``.

@@ -12,7 +12,6 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_harness import RunningGateway, claim_one, closed_port, running_gateway, serving
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -21,6 +20,7 @@ from starlette.routing import Route
 from rollway.gateway.kinds import BackendKinds, server_root
 from rollway.mock import MockBackendProcess
 from rollway.store import Backend
+from support.gateway_harness import RunningGateway, claim_one, closed_port, running_gateway, serving
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
 

@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import openai
 import pytest
-from gateway_harness import RunningGateway, register, running_gateway, vllm
-from store_helpers import enqueue_one, span, waiting_for_a_lock
 
 from rollway.mock import MockBackendProcess
 from rollway.store import AttemptStatus, RolloutConfig, RolloutStatus, Span, Store, keepalive
 from rollway.store.calls import CallTicket
+from support.gateway_harness import RunningGateway, register, running_gateway, vllm
+from support.store_helpers import enqueue_one, span, waiting_for_a_lock
 
 if TYPE_CHECKING:
-    from tests.conftest import FakeClock
+    from support.clock import FakeClock
 
 MESSAGES = [{"role": "user", "content": "Think for a long time."}]
 RETRY_UNRESPONSIVE = {"max_attempts": 2, "retry_condition": ["unresponsive", "timeout"]}

@@ -4,11 +4,10 @@ and waits for the first to be ready when every backend is asking."""
 
 from __future__ import annotations
 
-from conftest import FakeClock
-
 from rollway.gateway.failover import Tries
 from rollway.gateway.routing import Router
 from rollway.store import Backend
+from support.clock import FakeClock
 
 MAX_WAIT = 10.0
 

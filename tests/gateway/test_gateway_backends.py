@@ -15,10 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_harness import RunningGateway, claim_one, vllm
-from gateway_harness import serving_policy as gateway
 
 from rollway.mock import MockBackendProcess
+from support.gateway_harness import RunningGateway, claim_one, vllm
+from support.gateway_harness import serving_policy as gateway
 
 MESSAGES = [{"role": "user", "content": "What is 17 + 25?"}]
 ENVELOPE_KEYS = {"message", "type", "param", "code"}

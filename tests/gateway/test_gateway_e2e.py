@@ -15,10 +15,10 @@ import httpx
 import openai
 import orjson
 import pytest
-from gateway_harness import RunningGateway, claim_one, register, running_gateway
 from openai import AsyncOpenAI
 
 from rollway.mock import MockBackendProcess
+from support.gateway_harness import RunningGateway, claim_one, register, running_gateway
 
 MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
 VOLATILE = {"id", "created", "system_fingerprint"}

@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from gateway_harness import RunningGateway, claim_one, closed_port, vllm
-from gateway_harness import serving_policy as gateway
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollway.mock import MockBackendProcess
 from rollway.store import writer as store_writer
+from support.gateway_harness import RunningGateway, claim_one, closed_port, vllm
+from support.gateway_harness import serving_policy as gateway
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 LONG = {"ignore_eos": True}  # the mock then answers exactly max_tokens tokens

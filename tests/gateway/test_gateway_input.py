@@ -17,12 +17,12 @@ import httpx
 import openai
 import orjson
 import pytest
-from conftest import FakeClock
-from gateway_harness import RunningGateway, claim_one, register, running_gateway
 
 from rollway.gateway.attribution import KeyCache
 from rollway.mock import MockBackendProcess
 from rollway.store import Store
+from support.clock import FakeClock
+from support.gateway_harness import RunningGateway, claim_one, register, running_gateway
 
 MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
 GOOD = {"model": "policy", "messages": MESSAGES, "max_tokens": 4}

@@ -26,13 +26,13 @@ import httpx
 import openai
 import pytest
 import uvicorn
-from gateway_harness import RunningGateway, claim_one, register, running_gateway
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from rollway.mock import MockBackendProcess
+from support.gateway_harness import RunningGateway, claim_one, register, running_gateway
 
 SECRET = "sk-ant-test"
 UPSTREAM_MODEL = "claude-3-5-haiku-20241022"
@@ -390,7 +390,7 @@ def test_a_gateway_without_litellm_backends_never_imports_litellm(tmp_path: Path
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
         env={**os.environ, "PYTHONWARNINGS": "error"},
     )
     assert result.returncode == 0, result.stderr

@@ -12,14 +12,14 @@ from typing import Any
 
 import asyncpg
 import pytest
-from gateway_harness import claim_one, serving_policy, vllm
 from openai import AsyncOpenAI
-from store_helpers import waiting_for_a_lock
 
 from rollway.admin.client import AsyncRollwayClient
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
 from rollway.store import Span, Store
+from support.gateway_harness import claim_one, serving_policy, vllm
+from support.store_helpers import waiting_for_a_lock
 
 pytestmark = pytest.mark.postgres
 TOKEN = "admin-secret-token"

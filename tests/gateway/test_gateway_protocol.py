@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gateway_harness import RunningGateway, claim_one, running_gateway, serving_policy, vllm
 from openai import AsyncOpenAI
 
 from rollway.mock import MockBackendProcess
+from support.gateway_harness import RunningGateway, claim_one, running_gateway, serving_policy, vllm
 
 VOLATILE = {"id", "created", "system_fingerprint", "model"}
 PROMPT = "Once upon a time"

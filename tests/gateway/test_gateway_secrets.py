@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_harness import register, running_gateway, serving, vllm
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -23,6 +22,7 @@ from starlette.routing import Route
 
 from rollway.gateway.relay import KeyGuard
 from rollway.mock import MockBackendProcess
+from support.gateway_harness import register, running_gateway, serving, vllm
 
 BACKEND_KEY = "sk-backend-4f1c9a7e2b"
 AGENT_KEY = "agent-key-8d2e6b0c93"

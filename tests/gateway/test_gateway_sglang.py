@@ -17,10 +17,10 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_harness import RunningGateway, claim_one, running_gateway
 from openai import AsyncOpenAI
 
 from rollway.mock import MockBackendProcess
+from support.gateway_harness import RunningGateway, claim_one, running_gateway
 
 #: What differs between two calls of the same request.
 VOLATILE = {"id", "created"}

@@ -16,13 +16,13 @@ import openai
 import orjson
 import pytest
 from aiohttp import web
-from gateway_harness import RunningGateway, claim_one, vllm
-from gateway_harness import serving_policy as gateway
 
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
 from rollway.settings import Settings
 from rollway.store import Store
+from support.gateway_harness import RunningGateway, claim_one, vllm
+from support.gateway_harness import serving_policy as gateway
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 

@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from gateway_harness import RunningGateway, claim_one, register, running_gateway
 from openai import AsyncOpenAI
 
 from rollway.mock import MockBackendProcess
+from support.gateway_harness import RunningGateway, claim_one, register, running_gateway
 
 ALIAS = "policy"
 

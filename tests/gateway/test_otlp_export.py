@@ -17,7 +17,6 @@ from typing import Any
 
 import httpx
 from aiohttp import web
-from gateway_harness import RunningGateway, claim_one, closed_port, register, running_gateway
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -25,6 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from rollway.mock import MockBackendProcess
+from support.gateway_harness import RunningGateway, claim_one, closed_port, register, running_gateway
 
 BODY = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 CALLS = 12

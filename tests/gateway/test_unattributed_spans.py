@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-from gateway_harness import claim_one, register, running_gateway, vllm
 
 from rollway.admin.client import AsyncRollwayClient
 from rollway.mock import MockBackendProcess
+from support.gateway_harness import claim_one, register, running_gateway, vllm
 
 
 async def test_unattributed_calls_are_read_back_in_arrival_order_page_by_page(

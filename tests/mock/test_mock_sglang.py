@@ -1,8 +1,8 @@
 """The mock backend's ``sglang`` flavour answers in the shapes a real SGLang 0.5.23 answers in: field sets and their
 order, null vs absent, where the token ids go (per choice, or an ``sglext`` chunk after the last choice's), which
 streamed tokens lose their logprobs, its own routes and its error envelope. The expected key structures come from
-a real server's answers (``tests/sglang_shapes.py``); these tests need no engine (the mock runs in process, and
-once as ``rollway mock-backend --flavor sglang``)."""
+a real server's answers (``tests/support/sglang_shapes.py``); these tests need no engine (the mock runs in process,
+and once as ``rollway mock-backend --flavor sglang``)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
-import sglang_shapes as real
-from test_mock_vs_vllm_shapes import MODEL, TOOL, post, stream
 
 from rollway.mock import MockBackendProcess, MockConfig, create_mock_app
 from rollway.mock import tokenizer as tok
+from support import sglang_shapes as real
+from support.mock_calls import MODEL, TOOL, post, stream
 
 #: Answered with a sentence and the end-of-sequence token (finish ``stop``); ``max_tokens: 3`` cuts it.
 MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]

@@ -10,19 +10,11 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_harness import sse_events
 
 from rollway.mock import MockConfig, create_mock_app
+from support.mock_calls import MODEL, TOOL, post, stream
 
-MODEL = "tiny"
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
-TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]},
-    },
-}
 FLAT_TOOL = {"type": "function", "name": "get_weather", "parameters": TOOL["function"]["parameters"]}
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
@@ -88,23 +80,6 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
     app = create_mock_app(MockConfig(models=(MODEL,), strict_models=True, max_model_len=2048))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://mock") as c:
         yield c
-
-
-async def post(client: httpx.AsyncClient, path: str, **body: Any) -> Any:
-    """A whole answer's body (``post`` and ``stream`` serve the ``sglang`` flavour's tests too)."""
-    response = await client.post(path, json={"model": MODEL, **body})
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-async def stream(
-    client: httpx.AsyncClient, path: str, headers: dict[str, str] | None = None, **body: Any
-) -> list[tuple[str | None, Any]]:
-    """A stream's events as (``event:`` name or None, the data parsed; ``[DONE]`` as is)."""
-    response = await client.post(path, json={"model": MODEL, "stream": True, **body}, headers=headers)
-    assert response.status_code == 200, response.text
-    assert response.headers["content-type"].startswith("text/event-stream")
-    return sse_events(response.text)
 
 
 def chunks(events: list[tuple[str | None, Any]]) -> list[dict[str, Any]]:

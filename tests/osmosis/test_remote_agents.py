@@ -13,11 +13,11 @@ from typing import Any
 
 import httpx
 import pytest
-from agent_server import AgentServerProcess
-from gateway_harness import RunningGateway, register, running_gateway
 
 from rollway.mock import MockBackendProcess
 from rollway.store import AgentServer, Rollout, Span
+from support.agent_server import AgentServerProcess
+from support.gateway_harness import RunningGateway, register, running_gateway
 
 pytestmark = pytest.mark.slow
 

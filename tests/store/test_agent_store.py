@@ -5,7 +5,6 @@ completion report is recorded once (reward span, metadata, status) and refused w
 from __future__ import annotations
 
 import pytest
-from conftest import FakeClock
 
 from rollway.store import (
     AgentServer,
@@ -16,6 +15,7 @@ from rollway.store import (
     Store,
     StoreValidationError,
 )
+from support.clock import FakeClock
 
 
 async def test_the_registry_stores_the_api_key_and_never_prints_it(store: Store) -> None:

@@ -13,7 +13,6 @@ import asyncpg
 import httpx
 import pytest
 from cryptography.fernet import Fernet
-from gateway_harness import running_gateway, serving
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -23,6 +22,7 @@ from starlette.routing import Route
 from rollway.settings import Settings, error_summary
 from rollway.store import Store, StoreValidationError
 from rollway.store.schemas import AgentServer
+from support.gateway_harness import running_gateway, serving
 
 BACKEND_KEY = "sk-at-rest-backend-5e81c2"
 AGENT_KEY = "agent-at-rest-7d03b9e4"

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from rollway.store import AgentServer, AttemptStatus, RolloutStatus, Store, StoreValidationError, models, watchdog
 
 if TYPE_CHECKING:
-    from conftest import FakeClock
+    from support.clock import FakeClock
 
 PROCESSES = 4
 TASKS_PER_PROCESS = 8

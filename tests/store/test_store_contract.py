@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import pydantic
 import pytest
-from store_helpers import enqueue_one, span
 
 from rollway.store import (
     AttemptStatus,
@@ -30,9 +29,10 @@ from rollway.store import (
 )
 from rollway.store import spans as spans_module
 from rollway.store.signals import Signal
+from support.store_helpers import enqueue_one, span
 
 if TYPE_CHECKING:
-    from tests.conftest import FakeClock
+    from support.clock import FakeClock
 
 
 async def claim_ids(store: Store, limit: int = 100) -> list[str]:

@@ -19,14 +19,14 @@ from typing import Any
 import asyncpg
 import pytest
 from sqlalchemy import Connection
-from store_helpers import enqueue_one, waiting_for_a_lock
 
 from rollway.store import AttemptStatus, ConflictError, RolloutStatus, Store
 from rollway.store import engine as store_engine
 from rollway.store import writer as store_writer
 from rollway.store.writer import BatchWriter
+from support.store_helpers import enqueue_one, waiting_for_a_lock
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ACKS_BEFORE_KILL = 300
 READ_TIMEOUT = 60.0  # for the child to start and acknowledge ACKS_BEFORE_KILL writes
 

@@ -23,12 +23,12 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_harness import running_gateway
 
 from rollway.admin.client import AsyncRollwayClient
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
 from rollway.store.faults import FailureLog
+from support.gateway_harness import running_gateway
 
 TOKEN = "admin-secret-token"
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

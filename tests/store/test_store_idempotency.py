@@ -1,6 +1,6 @@
 """A keyed request sent again must be the request first sent with its key: another number of tasks or spans,
 or any field changed, is a conflict that writes nothing, while the same request again still gets what the
-first made (tests/test_store_contract.py). Runs on SQLite and PostgreSQL."""
+first made (tests/store/test_store_contract.py). Runs on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from sqlalchemy import func, select
-from store_helpers import span
 
 from rollway.store import ConflictError, RolloutConfig, Store, ids, models
+from support.store_helpers import span
 
 if TYPE_CHECKING:
-    from tests.conftest import FakeClock
+    from support.clock import FakeClock
 
 TASKS: list[dict[str, Any]] = [
     {"input": {"q": "a"}, "metadata": {"source": "gsm8k"}, "priority": 2, "config": {"max_attempts": 2}},

@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from store_helpers import span
 
 from rollway.store import Store, StoreValidationError, TaskSpec, limits
+from support.store_helpers import span
 
 
 async def _running(store: Store) -> tuple[str, str]:

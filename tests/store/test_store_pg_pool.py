@@ -7,11 +7,11 @@ import asyncio
 
 import asyncpg
 import pytest
-from conftest import PG_ADMIN_URL
 
 from rollway.settings import Settings
 from rollway.store import Store
 from rollway.store.engine import PG_POOL_SIZE
+from support.postgres import PG_ADMIN_URL
 
 pytestmark = pytest.mark.postgres
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from store_helpers import enqueue_one, span
 
 from rollway.store import (
     AttemptedRollout,
@@ -18,9 +17,10 @@ from rollway.store import (
     Store,
     watchdog,
 )
+from support.store_helpers import enqueue_one, span
 
 if TYPE_CHECKING:
-    from tests.conftest import FakeClock
+    from support.clock import FakeClock
 
 
 async def claim_one(store: Store, worker_id: str = "w1") -> AttemptedRollout:

@@ -11,7 +11,7 @@ import httpx
 
 from rollway.process import ServerProcess
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "remote_agent_server.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "remote_agent_server.py"
 
 
 class AgentServerProcess(ServerProcess):

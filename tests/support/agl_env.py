@@ -1,6 +1,6 @@
 """A separate virtual environment with ``agentlightning==0.3.0`` (it pins its own LiteLLM, FastAPI, OpenTelemetry
 ... so it cannot share Rollway's), cached under ``~/.cache/rollway`` between runs and built once under a file
-lock so parallel pytest processes do not race. Scripts in ``tests/agl_scripts`` run in it as subprocesses."""
+lock so parallel pytest processes do not race. Scripts in ``tests/support/agl_scripts`` run in it as subprocesses."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def agl_python() -> str:
 
 
 def run_script(python: str, name: str, *args: str, timeout: float = 180, **env: str) -> Any:
-    """Run ``tests/agl_scripts/<name>`` in the environment; its last stdout line is JSON, returned parsed."""
+    """Run ``tests/support/agl_scripts/<name>`` in the environment; its last stdout line is JSON, returned parsed."""
     proc = subprocess.run(
         [python, str(SCRIPTS / name), *args],
         capture_output=True,

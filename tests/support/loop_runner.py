@@ -1,7 +1,7 @@
 """A runner process for the full-loop test: claims rollouts from the admin API, runs a toy math agent through
 the claim's ``base_url`` with the official ``openai`` SDK (two chat calls), reports a reward and the outcome.
 
-    python tests/loop_runner.py URL TOKEN WORKER_ID
+    python tests/support/loop_runner.py URL TOKEN WORKER_ID
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A real nginx (Debian's ``nginx-light``) for tests/test_nginx_replicas.py, run from the shipped
+"""A real nginx (Debian's ``nginx-light``) for tests/app/test_nginx_replicas.py, run from the shipped
 ``deploy/nginx.conf``: ``nginx_config`` fills in the file's two EDIT places (the replicas, the listen address) and
 moves its log and temporary files under the test's directory, nothing else; ``NginxProcess`` runs it in the
 foreground as a child of the test.
@@ -14,11 +14,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Self
 
-from components import missing
-
 from rollway.process import ServerProcess
+from support.components import missing
 
-NGINX_CONF = Path(__file__).resolve().parent.parent / "deploy" / "nginx.conf"
+NGINX_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nginx.conf"
 #: Where Debian's package puts the binary (``/usr/sbin`` is not on every user's PATH).
 DEBIAN_NGINX = "/usr/sbin/nginx"
 #: The master logs this (at ``notice``) once it listens and has forked a worker: connections are served.

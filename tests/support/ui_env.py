@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
-from components import missing
 from rich.console import Console
 
 from rollway.cli.demo import DemoOptions, run_loop
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
+from support.components import missing
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright

@@ -1,6 +1,6 @@
 """A real vLLM ``0.32.0`` (CPU build) for the real-engine suite: its virtual environment (built by
-``.ci/vllm-venv``, found here), the tiny model it serves (made once by ``tests/vllm_scripts/make_model.py`` into
-a cache directory named by that script's hash) and two servers on loopback ports, one for chat, completions and
+``.ci/vllm-venv``, found here), the tiny model it serves (made once by ``tests/support/vllm_scripts/make_model.py``
+into a cache directory named by that script's hash) and two servers on loopback ports, one for chat, completions and
 responses (``tiny``), one for embeddings (``tiny-embed``), started in parallel.
 
 Without the environment the suite skips with one line, unless ``ROLLWAY_REQUIRE_VLLM=1`` (CI), when it fails."""
@@ -22,8 +22,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from components import missing
 from filelock import FileLock
+
+from support.components import missing
 
 VLLM_VERSION = "0.32.0"
 CACHE = Path(os.environ.get("ROLLWAY_VLLM_CACHE", Path.home() / ".cache" / "rollway"))

@@ -17,7 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
-from ui_env import Filled, Watched, filled_gateway, launch, require_browser, watch
+
+from support.ui_env import Filled, Watched, filled_gateway, launch, require_browser, watch
 
 require_browser()
 

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 
 from rollway.ui.routes import PAGES, build_router
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STATIC = ROOT / "rollway" / "ui" / "static"
 IMPORT = re.compile(r"""(?:from\s+|import\s*\(\s*)["'](\.{1,2}/[^"']+)["']""")
 
