@@ -1,17 +1,23 @@
 """Shared fixtures. Every store contract test runs against SQLite (a real file) and, when reachable, the real
-PostgreSQL on this machine (a fresh database per test). Set ROLLWAY_TEST_PG_URL to point elsewhere."""
+PostgreSQL on this machine (a fresh database per test). Set ROLLWAY_TEST_PG_URL to point elsewhere.
+
+``gw`` is the gateway of the end-to-end tests; a module says what it serves by overriding ``gateway_settings``
+and ``gateway_aliases`` (fixtures of the same names), and marks its tests ``in_process`` when they need no real
+server (nothing streamed, no connection looked at, the address handed to no other process)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rollway.mock import MockBackendProcess
 from rollway.store import Store
 from support.clock import FakeClock
+from support.gateway_harness import Alias, RunningGateway, running_gateway
 from support.postgres import create_database, drop_database, pg_dsn, pg_unavailable_reason
 
 
@@ -78,3 +84,30 @@ def sglang_mock_process() -> Iterator[MockBackendProcess]:
 def sglang_mock(sglang_mock_process: MockBackendProcess) -> MockBackendProcess:
     sglang_mock_process.reset()
     return sglang_mock_process
+
+
+@pytest.fixture
+def gateway_settings() -> dict[str, Any]:
+    """The ``gw`` fixture's settings beyond its defaults (a SQLite file in the test's directory, ``public_url`` its
+    own address). A module overrides this fixture to set them, a test with
+    ``@pytest.mark.parametrize("gateway_settings", [{...}])``."""
+    return {}
+
+
+@pytest.fixture
+def gateway_aliases() -> list[Alias]:
+    """The model aliases the ``gw`` fixture's gateway serves from the start; a module overrides this fixture."""
+    return []
+
+
+@pytest.fixture
+async def gw(
+    request: pytest.FixtureRequest, tmp_path: Path, gateway_settings: dict[str, Any], gateway_aliases: list[Alias]
+) -> AsyncIterator[RunningGateway]:
+    """A gateway of ``gateway_settings`` serving ``gateway_aliases``: uvicorn on a loopback port, or in this process
+    when the test is marked ``in_process``."""
+    in_process = request.node.get_closest_marker("in_process") is not None
+    async with running_gateway(tmp_path, in_process=in_process, **gateway_settings) as gateway:
+        for alias in gateway_aliases:
+            await gateway.store.put_model(alias.name, alias.backends, version=alias.version)
+        yield gateway

@@ -14,7 +14,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from rollway.mock import MockBackendProcess
-from support.gateway_harness import RunningGateway, running_gateway
+from support.gateway_harness import RunningGateway
 
 TOKEN = "admin-secret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -22,9 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-async def gw(tmp_path: Path, mock: MockBackendProcess) -> AsyncIterator[RunningGateway]:
-    async with running_gateway(tmp_path, admin_token=TOKEN, watchdog_interval=0.2) as gateway:
-        yield gateway
+def gateway_settings() -> dict[str, Any]:
+    return {"admin_token": TOKEN, "watchdog_interval": 0.2}
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import asyncio
 import json
 import threading
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,7 +27,7 @@ from rollway.admin.client_sync import RollwayClient
 from rollway.admin.schemas import Claim, GroupView, MintedKey, ModelView, StatsView, WaitResponse
 from rollway.mock import MockBackendProcess
 from rollway.store import Attempt, ResourcesUpdate, Rollout, Span, models
-from support.gateway_harness import RunningGateway, closed_port, running_gateway
+from support.gateway_harness import RunningGateway, closed_port
 
 TOKEN = "admin-secret-token"
 FAST = RetryPolicy(retries=2, backoff=0.01, max_backoff=0.02)
@@ -91,9 +90,8 @@ class Flaky:
 
 
 @pytest.fixture
-async def gw(tmp_path: Path, mock: MockBackendProcess) -> AsyncIterator[RunningGateway]:
-    async with running_gateway(tmp_path, admin_token=TOKEN) as gateway:
-        yield gateway
+def gateway_settings() -> dict[str, Any]:
+    return {"admin_token": TOKEN}
 
 
 @pytest.fixture

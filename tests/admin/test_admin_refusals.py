@@ -5,14 +5,13 @@ that is not an http(s) URL and a body that is not JSON — each in the error env
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from rollway.mock import MockBackendProcess
-from support.gateway_harness import RunningGateway, running_gateway, vllm
+from support.gateway_harness import RunningGateway, vllm
 
 TOKEN = "admin-secret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -23,9 +22,8 @@ TASKS: list[dict[str, Any]] = [
 
 
 @pytest.fixture
-async def gw(tmp_path: Path) -> AsyncIterator[RunningGateway]:
-    async with running_gateway(tmp_path, admin_token=TOKEN) as gateway:
-        yield gateway
+def gateway_settings() -> dict[str, Any]:
+    return {"admin_token": TOKEN}
 
 
 @pytest.fixture

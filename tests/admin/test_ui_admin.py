@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,19 +15,22 @@ from openai import AsyncOpenAI, BadRequestError
 
 from rollway.admin import series
 from rollway.mock import MockBackendProcess
-from support.gateway_harness import RunningGateway, running_gateway
+from support.gateway_harness import Alias, RunningGateway
 
 TOKEN = "ui-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture
-async def gw(store_url: str, tmp_path: Path, mock: MockBackendProcess) -> AsyncIterator[RunningGateway]:
+def gateway_settings(store_url: str) -> dict[str, Any]:
     """A gateway on a SQLite file and on a fresh PostgreSQL database (the series query's SQL differs)."""
-    async with running_gateway(tmp_path, admin_token=TOKEN, database_url=store_url) as gateway:
-        backend = {"backend_id": "mock", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
-        await gateway.store.put_model("policy", [backend], version="v1")
-        yield gateway
+    return {"admin_token": TOKEN, "database_url": store_url}
+
+
+@pytest.fixture
+def gateway_aliases(mock: MockBackendProcess) -> list[Alias]:
+    backend = {"backend_id": "mock", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
+    return [Alias("policy", [backend], version="v1")]
 
 
 @pytest.fixture

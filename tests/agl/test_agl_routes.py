@@ -5,20 +5,13 @@ from __future__ import annotations
 
 import ast
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from rollway.mock import MockBackendProcess
-from support.gateway_harness import RunningGateway, register, running_gateway
-
-
-@pytest.fixture
-async def gw(tmp_path: Path) -> AsyncIterator[RunningGateway]:
-    async with running_gateway(tmp_path) as gateway:
-        yield gateway
+from support.gateway_harness import RunningGateway, register
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ bad input; auth (header or ``/t/<token>`` path prefix)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture
-async def gw(tmp_path: Path) -> AsyncIterator[RunningGateway]:
-    async with running_gateway(tmp_path, admin_token=TOKEN) as gateway:
-        yield gateway
+def gateway_settings() -> dict[str, Any]:
+    return {"admin_token": TOKEN}
 
 
 async def claimed(store: Store, **config: Any) -> AttemptedRollout:

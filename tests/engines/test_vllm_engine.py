@@ -29,7 +29,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from rollway.store import Span
-from support.gateway_harness import RunningGateway, claim_one, running_gateway
+from support.gateway_harness import Alias, RunningGateway, claim_one, running_gateway
 from support.vllm_env import (
     CHAT_MODEL,
     EMBED_MODEL,
@@ -92,12 +92,12 @@ def backend(engine: Engine, model: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def gw(tmp_path: Path, engines: Engines) -> AsyncIterator[RunningGateway]:
-    """A gateway whose alias ``policy`` is the chat engine and ``embedder`` the embedding engine."""
-    async with running_gateway(tmp_path) as gateway:
-        await gateway.store.put_model("policy", [backend(engines.chat, CHAT_MODEL)], version="v1")
-        await gateway.store.put_model("embedder", [backend(engines.embed, EMBED_MODEL)], version="v1")
-        yield gateway
+def gateway_aliases(engines: Engines) -> list[Alias]:
+    """The gateway's alias ``policy`` is the chat engine and ``embedder`` the embedding engine."""
+    return [
+        Alias("policy", [backend(engines.chat, CHAT_MODEL)], version="v1"),
+        Alias("embedder", [backend(engines.embed, EMBED_MODEL)], version="v1"),
+    ]
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,7 +17,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from rollway.mock import MockBackendProcess
-from support.gateway_harness import RunningGateway, claim_one, register, running_gateway
+from support.gateway_harness import Alias, RunningGateway, claim_one, register
 
 MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
 VOLATILE = {"id", "created", "system_fingerprint"}
@@ -30,15 +29,9 @@ def comparable(obj: Any) -> Any:
 
 
 @pytest.fixture
-async def gw(tmp_path: Path, mock: MockBackendProcess) -> AsyncIterator[RunningGateway]:
-    async with running_gateway(tmp_path) as gateway:
-        await register(
-            gateway.store,
-            "policy",
-            {"backend_id": "mock-a", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"},
-            version="v1",
-        )
-        yield gateway
+def gateway_aliases(mock: MockBackendProcess) -> list[Alias]:
+    backend = {"backend_id": "mock-a", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
+    return [Alias("policy", [backend], version="v1")]
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from rollway.gateway.attribution import KeyCache
 from rollway.mock import MockBackendProcess
 from rollway.store import Store
 from support.clock import FakeClock
-from support.gateway_harness import RunningGateway, claim_one, register, running_gateway
+from support.gateway_harness import Alias, RunningGateway, claim_one, register, running_gateway
 
 MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
 GOOD = {"model": "policy", "messages": MESSAGES, "max_tokens": 4}
@@ -30,10 +30,13 @@ MAX_BODY = 4096
 
 
 @pytest.fixture
-async def gw(tmp_path: Path, mock: MockBackendProcess) -> AsyncIterator[RunningGateway]:
-    async with running_gateway(tmp_path, max_body_bytes=MAX_BODY) as gateway:
-        await register(gateway.store, "policy", backend(mock), version="v1")
-        yield gateway
+def gateway_settings() -> dict[str, Any]:
+    return {"max_body_bytes": MAX_BODY}
+
+
+@pytest.fixture
+def gateway_aliases(mock: MockBackendProcess) -> list[Alias]:
+    return [Alias("policy", [backend(mock)], version="v1")]
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from rollway.mock import MockBackendProcess
-from support.gateway_harness import RunningGateway, claim_one, running_gateway, serving_policy, vllm
+from support.gateway_harness import Alias, RunningGateway, claim_one, running_gateway, serving_policy, vllm
 
 VOLATILE = {"id", "created", "system_fingerprint", "model"}
 PROMPT = "Once upon a time"
@@ -31,9 +31,8 @@ def comparable(obj: Any) -> Any:
 
 
 @pytest.fixture
-async def gw(tmp_path: Path, mock: MockBackendProcess) -> AsyncIterator[RunningGateway]:
-    async with serving_policy(tmp_path, vllm(mock)) as gateway:
-        yield gateway
+def gateway_aliases(mock: MockBackendProcess) -> list[Alias]:
+    return [Alias("policy", [vllm(mock)], version="v1")]
 
 
 @pytest.fixture

@@ -11,8 +11,6 @@ logprobs when there is one per token (a streamed chat leaves out those of tokens
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,7 +18,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from rollway.mock import MockBackendProcess
-from support.gateway_harness import RunningGateway, claim_one, running_gateway
+from support.gateway_harness import RunningGateway, claim_one
 
 #: What differs between two calls of the same request.
 VOLATILE = {"id", "created"}
@@ -40,19 +38,17 @@ CAPTURED_KEYS = {"prompt_token_ids", "response_token_ids", "token_ids", "sglext"
 
 
 @pytest.fixture(params=[None, "sglang"], ids=["detected", "kind-sglang"])
-async def gw(
-    request: pytest.FixtureRequest, tmp_path: Path, sglang_mock: MockBackendProcess
-) -> AsyncIterator[RunningGateway]:
+async def gw(request: pytest.FixtureRequest, gw: RunningGateway, sglang_mock: MockBackendProcess) -> RunningGateway:
+    """The shared gateway, its alias ``policy`` put through the admin API: the kind detected, or said."""
     backend: dict[str, Any] = {"backend_id": "sgl", "base_url": sglang_mock.base_url, "model": "mock-model"}
     if request.param is not None:
         backend["kind"] = request.param
-    async with running_gateway(tmp_path) as gateway:
-        async with httpx.AsyncClient(base_url=gateway.url) as admin:
-            put = await admin.put("/admin/v1/models/policy", json={"backends": [backend]})
-        assert put.status_code == 200, put.text
-        [view] = put.json()["backends"]
-        assert (view["kind"], view["detected_kind"]) == (request.param or "auto", "sglang")
-        yield gateway
+    async with gw.http() as admin:
+        put = await admin.put("/admin/v1/models/policy", json={"backends": [backend]})
+    assert put.status_code == 200, put.text
+    [view] = put.json()["backends"]
+    assert (view["kind"], view["detected_kind"]) == (request.param or "auto", "sglang")
+    return gw
 
 
 async def attempt_url(gw: RunningGateway) -> tuple[str, str, str]:

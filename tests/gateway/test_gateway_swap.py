@@ -19,7 +19,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from rollway.mock import MockBackendProcess
-from support.gateway_harness import RunningGateway, claim_one, register, running_gateway
+from support.gateway_harness import Alias, RunningGateway, claim_one, register, running_gateway
 
 ALIAS = "policy"
 
@@ -42,10 +42,13 @@ def entry(mock: MockBackendProcess, backend_id: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def gw(tmp_path: Path, backends: tuple[MockBackendProcess, MockBackendProcess]) -> AsyncIterator[RunningGateway]:
-    async with running_gateway(tmp_path, pause_wait_seconds=10) as gateway:
-        await register(gateway.store, ALIAS, entry(backends[0], "a"), version="v1")
-        yield gateway
+def gateway_settings() -> dict[str, Any]:
+    return {"pause_wait_seconds": 10}
+
+
+@pytest.fixture
+def gateway_aliases(backends: tuple[MockBackendProcess, MockBackendProcess]) -> list[Alias]:
+    return [Alias(ALIAS, [entry(backends[0], "a")], version="v1")]
 
 
 def wide_client(gw: RunningGateway, base_url: str | None = None) -> AsyncOpenAI:

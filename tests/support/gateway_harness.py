@@ -1,5 +1,6 @@
-"""A real gateway (uvicorn on a loopback port, in the test's event loop, SQLite file) in front of the real
-mock backend process, for end-to-end tests with the official ``openai`` SDK."""
+"""A real gateway in the test's event loop (SQLite file) in front of the real mock backend process, for end-to-end
+tests with the official ``openai`` SDK: served by uvicorn on a loopback port, or, for tests that neither stream
+nor look at the connection, in process (``httpx.ASGITransport``, the app's lifespan run by the test)."""
 
 from __future__ import annotations
 
@@ -22,11 +23,20 @@ from rollway.mock import MockBackendProcess
 from rollway.settings import Settings
 from rollway.store import Store
 
+#: The address of a gateway served in process: a loopback name (the guards let it through without an admin
+#: token) that nothing listens on, so a client that missed the transport fails at once instead of reaching
+#: another server.
+IN_PROCESS_URL = "http://gateway.localhost"
+
 
 @dataclass
 class RunningGateway:
+    """A started gateway: its address, its app and, when it is served in process, the transport that reaches it.
+    ``client()`` and ``http()`` reach it either way."""
+
     url: str
     app: FastAPI
+    transport: httpx.AsyncBaseTransport | None = None
     clients: list[AsyncOpenAI] = field(default_factory=list)
 
     @property
@@ -38,10 +48,37 @@ class RunningGateway:
     def store(self) -> Store:
         return self.state.store
 
+    def http(self, path: str = "", **kwargs: Any) -> httpx.AsyncClient:
+        """An ``httpx`` client whose base URL is the gateway's address followed by ``path``."""
+        if self.transport is not None:
+            kwargs.setdefault("transport", self.transport)
+        return httpx.AsyncClient(base_url=f"{self.url}{path}", **kwargs)
+
     def client(self, base_url: str | None = None, api_key: str = "unused", **kwargs: Any) -> AsyncOpenAI:
+        """An ``openai`` client of the gateway (``base_url`` defaults to its ``/v1``), closed with it."""
+        if self.transport is not None and "http_client" not in kwargs:
+            kwargs["http_client"] = httpx.AsyncClient(transport=self.transport)
         client = AsyncOpenAI(base_url=base_url or f"{self.url}/v1", api_key=api_key, max_retries=0, **kwargs)
         self.clients.append(client)
         return client
+
+
+@dataclass(frozen=True)
+class Alias:
+    """A model alias the ``gw`` fixture's gateway serves from the start (``Store.put_model``)."""
+
+    name: str
+    backends: list[dict[str, Any]]
+    version: str | None = "v1"
+
+
+@asynccontextmanager
+async def app_lifespan(settings: Settings) -> AsyncIterator[FastAPI]:
+    """The app of ``settings`` with its lifespan (store, background loops, backend connections) run in this task
+    for as long as the block lasts, as a server would run it: the one place tests start an app without one."""
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        yield app
 
 
 class _QuietServer(uvicorn.Server):
@@ -50,7 +87,15 @@ class _QuietServer(uvicorn.Server):
 
 
 @asynccontextmanager
-async def running_gateway(tmp_path: Path, **settings: Any) -> AsyncIterator[RunningGateway]:
+async def running_gateway(
+    tmp_path: Path, *, in_process: bool = False, **settings: Any
+) -> AsyncIterator[RunningGateway]:
+    """A gateway of ``settings`` on a SQLite file in ``tmp_path`` (unless ``database_url`` says otherwise), its
+    ``public_url`` its own address; served by uvicorn on a loopback port, or ``in_process``."""
+    if in_process:
+        async with _in_process(tmp_path, **settings) as running:
+            yield running
+        return
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -79,6 +124,19 @@ async def running_gateway(tmp_path: Path, **settings: Any) -> AsyncIterator[Runn
         server.should_exit = True
         await task
         sock.close()
+
+
+@asynccontextmanager
+async def _in_process(tmp_path: Path, **settings: Any) -> AsyncIterator[RunningGateway]:
+    settings.setdefault("database_url", f"sqlite:///{tmp_path / 'gateway.db'}")
+    settings.setdefault("public_url", IN_PROCESS_URL)
+    async with app_lifespan(Settings(**settings)) as app:
+        running = RunningGateway(url=IN_PROCESS_URL, app=app, transport=httpx.ASGITransport(app=app))
+        try:
+            yield running
+        finally:
+            for client in running.clients:
+                await client.close()
 
 
 def sse_events(body: str) -> list[tuple[str | None, Any]]:
@@ -121,7 +179,8 @@ async def register(store: Store, alias: str, *backends: dict[str, Any], version:
 
 @asynccontextmanager
 async def serving_policy(tmp_path: Path, *backends: dict[str, Any], **settings: Any) -> AsyncIterator[RunningGateway]:
-    """A running gateway whose alias ``policy`` (version ``v1``) has ``backends``."""
+    """A running gateway whose alias ``policy`` (version ``v1``) has ``backends`` (``settings`` as for
+    ``running_gateway``)."""
     async with running_gateway(tmp_path, **settings) as gw:
         await register(gw.store, "policy", *backends, version="v1")
         yield gw
