@@ -7,7 +7,9 @@ server (nothing streamed, no connection looked at, the address handed to no othe
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,11 +26,7 @@ from support.postgres import create_database, drop_database, pg_dsn, pg_unavaila
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database (dropped afterwards)."""
-    reason = pg_unavailable_reason()
-    if reason and os.environ.get("ROLLWAY_REQUIRE_POSTGRES") == "1":
-        pytest.fail(reason)  # CI: PostgreSQL is there, so its cases must run
-    if reason:
-        pytest.skip(reason)
+    _require_postgres()
     name = create_database()
     try:
         yield pg_dsn(name)
@@ -36,13 +34,69 @@ def pg_url() -> Iterator[str]:
         drop_database(name)
 
 
+def _require_postgres() -> None:
+    reason = pg_unavailable_reason()
+    if reason and os.environ.get("ROLLWAY_REQUIRE_POSTGRES") == "1":
+        pytest.fail(reason)  # CI: PostgreSQL is there, so its cases must run
+    if reason:
+        pytest.skip(reason)
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def db_engine(request: pytest.FixtureRequest) -> str:
+    """Each engine the store runs on: the parameter of ``store_url``, ``migrated_url`` and ``store``."""
+    engine: str = request.param
+    return engine
+
+
+@pytest.fixture
+def store_url(db_engine: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """The URL of an empty database of each engine."""
-    if request.param == "sqlite":
+    if db_engine == "sqlite":
         return f"sqlite:///{tmp_path / 'rollway.db'}"
     url: str = request.getfixturevalue("pg_url")
     return url
+
+
+async def _migrate(url: str) -> None:
+    await (await Store.open(url, run_watchdog=False, keepalive_interval=0)).close()
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file with the schema at head and no rows, made by ``Store.open`` once per session (per worker)."""
+    path = tmp_path_factory.mktemp("template") / "rollway.db"
+    asyncio.run(_migrate(f"sqlite:///{path}"))
+    return path
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    """A PostgreSQL database with the schema at head and no rows, made by ``Store.open`` once per session (per
+    worker) and dropped at its end; nothing connects to it but ``CREATE DATABASE ... TEMPLATE``."""
+    _require_postgres()
+    name = create_database(prefix="rollway_template")
+    try:
+        asyncio.run(_migrate(pg_dsn(name)))
+        yield name
+    finally:
+        drop_database(name)
+
+
+@pytest.fixture
+def migrated_url(db_engine: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URL of a database of each engine with the schema at head and no rows: a copy of the session's template
+    (what ``store`` opens)."""
+    if db_engine == "sqlite":
+        path = tmp_path / "rollway.db"
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        yield f"sqlite:///{path}"
+        return
+    name = create_database(request.getfixturevalue("pg_template"))
+    try:
+        yield pg_dsn(name)
+    finally:
+        drop_database(name)
 
 
 @pytest.fixture
@@ -51,9 +105,9 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-async def store(store_url: str, clock: FakeClock) -> AsyncIterator[Store]:
+async def store(migrated_url: str, clock: FakeClock) -> AsyncIterator[Store]:
     """An open store on a fresh database, watchdog loop off (tests call ``sweep(force=True)``)."""
-    opened = await Store.open(store_url, clock=clock, run_watchdog=False)
+    opened = await Store.open(migrated_url, clock=clock, run_watchdog=False)
     try:
         yield opened
     finally:

@@ -131,7 +131,7 @@ def _span(rollout_id: str, attempt_id: str, n: int, **extra: Any) -> dict[str, A
     }
 
 
-async def test_concurrent_span_writes_get_sequence_ids_one_to_n(store: Store, store_url: str) -> None:
+async def test_concurrent_span_writes_get_sequence_ids_one_to_n(store: Store, migrated_url: str) -> None:
     started = await store.start_rollout({"input": "x"}, worker_id="w")
     rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
 
@@ -142,7 +142,7 @@ async def test_concurrent_span_writes_get_sequence_ids_one_to_n(store: Store, st
     stored = await store.query_spans(rid, aid)
     assert [s.sequence_id for s in stored] == list(range(1, 201))
     assert len({s.span_id for s in stored}) == 200
-    if store_url.startswith("sqlite"):
+    if migrated_url.startswith("sqlite"):
         # One writer, one queue: the store numbers calls in the order they reached it.
         assert seqs == list(range(1, 201))
     attempt = await store.get_attempt(rid, aid)

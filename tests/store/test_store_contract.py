@@ -1387,7 +1387,7 @@ async def read_table(url: str, table: str) -> list[dict[str, Any]]:
         await conn.close()
 
 
-async def test_minted_key_is_shown_once_and_stored_as_a_digest(store: Store, store_url: str) -> None:
+async def test_minted_key_is_shown_once_and_stored_as_a_digest(store: Store, migrated_url: str) -> None:
     record, plain = await store.mint_key("gateway", name="ci")
     assert plain.startswith("sk-rw-")
     assert len(plain) > 30
@@ -1397,7 +1397,7 @@ async def test_minted_key_is_shown_once_and_stored_as_a_digest(store: Store, sto
     assert found is not None and found.key_id == record.key_id and found.scope == "gateway"
     assert await store.find_key(plain + "x") is None
     assert await store.find_key("") is None
-    rows = await read_table(store_url, "api_keys")
+    rows = await read_table(migrated_url, "api_keys")
     assert len(rows) == 1
     assert rows[0]["key_hash"] == hashlib.sha256(plain.encode()).hexdigest()
     assert all(plain not in str(value) for value in rows[0].values())

@@ -1,5 +1,7 @@
 """The PostgreSQL server the tests use (``ROLLWAY_TEST_PG_URL``, by default the one on this machine): whether it
-answers, and fresh databases on it, each named at random so that parallel sessions never share one."""
+answers, and fresh databases on it, each named at random so that parallel sessions never share one: empty, or
+copied from a template that holds the schema at head (copying one is a third of the time of creating a database
+and migrating it)."""
 
 from __future__ import annotations
 
@@ -41,11 +43,15 @@ def pg_unavailable_reason() -> str | None:
     return _state["reason"]
 
 
-def create_database() -> str:
-    """A fresh, empty database's name (ICU en-US collation; plain when the server has no ICU)."""
+def create_database(template: str | None = None, prefix: str = "rollway_test") -> str:
+    """A fresh database's name: a copy of ``template``, or empty (ICU en-US collation; plain when the server has
+    no ICU)."""
     import asyncpg
 
-    name = f"rollway_test_{uuid.uuid4().hex[:12]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    if template is not None:
+        asyncio.run(pg_admin(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
+        return name
     try:
         asyncio.run(pg_admin(f'CREATE DATABASE "{name}" TEMPLATE template0 {ICU_EN}'))
     except asyncpg.PostgresError:
