@@ -82,7 +82,7 @@ def test_the_source_tree_shows_each_top_level_folder_inside_rollway() -> None:
         assert SETUPTOOLS["package-dir"][f"rollway.{name}"] == name
 
 
-# -- the wheel in a fresh virtual environment -------------------------------------------------------------------
+# -- the wheel in a fresh virtual environment (pip and the package index: real_component) ----------------------
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +114,7 @@ def _run(python: Path, code: str, cwd: Path) -> subprocess.CompletedProcess[str]
     return subprocess.run([str(python), "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.real_component  # pip builds the wheel with setuptools from the package index
 def test_the_wheel_installs_one_top_level_name(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as whl:
         tops = {name.split("/")[0] for name in whl.namelist()}
@@ -127,6 +128,7 @@ def test_the_wheel_installs_one_top_level_name(wheel: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.real_component
 def test_the_installed_wheel_gives_the_public_api_and_no_other_package(installed: Path, tmp_path: Path) -> None:
     result = _run(
         installed,
@@ -148,6 +150,7 @@ def test_the_installed_wheel_gives_the_public_api_and_no_other_package(installed
 
 
 @pytest.mark.slow
+@pytest.mark.real_component
 def test_the_installed_command_serves_its_help(installed: Path, tmp_path: Path) -> None:
     rollway = installed.parent / "rollway"
     result = subprocess.run([str(rollway), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
@@ -156,6 +159,7 @@ def test_the_installed_command_serves_its_help(installed: Path, tmp_path: Path) 
 
 
 @pytest.mark.slow
+@pytest.mark.real_component
 @pytest.mark.parametrize("beside", [["openai-agents==0.24.0"], ["openai>=3"]], ids=["openai-agents", "openai-3"])
 def test_the_wheel_resolves_beside_the_agent_stack(wheel: Path, beside: list[str], tmp_path: Path) -> None:
     """``pip install rollway openai-agents`` (the Agents SDK needs openai 3) and next to openai 3 itself."""

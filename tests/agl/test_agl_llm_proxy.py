@@ -15,9 +15,11 @@ import pytest
 
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
-from support.agl_env import agl_python, run_script
+from support.agl_env import agl_python, require_agl, run_script
 
-pytestmark = pytest.mark.slow
+require_agl()  # the whole module skips, with one line, without the Agent-lightning environment
+
+pytestmark = [pytest.mark.real_component, pytest.mark.slow]
 TOKEN = "agl-proxy-admin-token-7"
 PROXY_ENV = {"LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"}  # a loopback proxy without a key
 

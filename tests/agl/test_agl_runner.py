@@ -19,9 +19,11 @@ import pytest
 
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
-from support.agl_env import SCRIPTS, agl_python, run_script, script_env
+from support.agl_env import SCRIPTS, agl_python, require_agl, run_script, script_env
 
-pytestmark = pytest.mark.slow
+require_agl()  # the whole module skips, with one line, without the Agent-lightning environment
+
+pytestmark = [pytest.mark.real_component, pytest.mark.slow]
 TOKEN = "agl-runner-admin-token-42"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -14,9 +14,11 @@ import pytest
 
 from rollway.process import GatewayProcess
 from support.agl_compare import differences
-from support.agl_env import agl_python, run_script
+from support.agl_env import agl_python, require_agl, run_script
 
-pytestmark = pytest.mark.slow
+require_agl()  # the whole module skips, with one line, without the Agent-lightning environment
+
+pytestmark = [pytest.mark.real_component, pytest.mark.slow]
 TOKEN = "agl-admin-token-0123456789"
 
 

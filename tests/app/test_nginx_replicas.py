@@ -39,7 +39,7 @@ from rollway.store import Span
 from support.nginx_env import NGINX_CONF, NginxProcess, nginx_config, require_nginx
 
 NGINX = require_nginx()
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.real_component, pytest.mark.postgres]
 
 TOKEN = "admin-secret-token"
 ALIAS = "policy"

@@ -1,6 +1,10 @@
 """A separate virtual environment with ``agentlightning==0.3.0`` (it pins its own LiteLLM, FastAPI, OpenTelemetry
-... so it cannot share Rollway's), cached under ``~/.cache/rollway`` between runs and built once under a file
-lock so parallel pytest processes do not race. Scripts in ``tests/support/agl_scripts`` run in it as subprocesses."""
+... so it cannot share Rollway's), cached under ``~/.cache/rollway`` between runs. Scripts in
+``tests/support/agl_scripts`` run in it as subprocesses.
+
+Without the environment the suites that need it skip with one line, unless ``ROLLWAY_REQUIRE_AGL=1`` (CI): then
+the first test that needs it builds it (about 700 MB from the package index, a few minutes), once, under a file
+lock so that parallel pytest processes do not race, and a build that fails is a failure."""
 
 from __future__ import annotations
 
@@ -13,14 +17,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from filelock import FileLock
+
+from support.components import missing
 
 AGL_VERSION = "0.3.0"
 INSTALL_TIMEOUT = float(os.environ.get("ROLLWAY_AGL_INSTALL_TIMEOUT", "1500"))
 CACHE = Path(os.environ.get("ROLLWAY_AGL_CACHE", Path.home() / ".cache" / "rollway"))
 VENV = CACHE / f"agl-{AGL_VERSION}-venv"
 READY = VENV / ".rollway-ready"
+REQUIRE = "ROLLWAY_REQUIRE_AGL"
 SCRIPTS = Path(__file__).resolve().parent / "agl_scripts"
 CHECK = "import agentlightning.store.client_server, agentlightning.runner, agentlightning.adapter"
 # agentlightning 0.3.0 asks for opentelemetry >= 1.35 but redirects its OTLP exporter through a private field
@@ -86,14 +92,24 @@ def _ready() -> bool:
         return False
 
 
+def require_agl() -> None:
+    """Called where a test module is imported: skips the whole module (one line) when the environment is not
+    built, unless ``ROLLWAY_REQUIRE_AGL=1``, when its tests build it (``agl_python``)."""
+    if _ready() or os.environ.get(REQUIRE) == "1":
+        return
+    reason = f"no agentlightning=={AGL_VERSION} environment at {VENV}; {REQUIRE}=1 builds it (about 700 MB)"
+    missing("Agent-lightning suite", REQUIRE, reason)
+
+
 def agl_python() -> str:
-    """The environment's interpreter (built on first use); skips the calling test when it cannot be had."""
+    """The environment's interpreter (built on first use, under a file lock); the calling test skips when it
+    cannot be had, or fails under ``ROLLWAY_REQUIRE_AGL=1``."""
     CACHE.mkdir(parents=True, exist_ok=True)
     with FileLock(str(CACHE / f"agl-{AGL_VERSION}-venv.lock"), timeout=INSTALL_TIMEOUT + 600):
         if not _ready():
             reason = _build()
             if reason is not None:
-                pytest.skip(f"Agent-lightning {AGL_VERSION} is not available here: {reason}")
+                missing("Agent-lightning suite", REQUIRE, f"agentlightning=={AGL_VERSION} is not available: {reason}")
     return str(VENV / "bin" / "python")
 
 

@@ -1,6 +1,7 @@
-"""The real components some suites need (a vLLM, nginx, Chromium): a module whose component is missing is skipped
-whole, with one line saying why, unless CI says the suite must run (its ``ROLLWAY_REQUIRE_*`` variable is 1), when
-it fails instead."""
+"""The real components some suites need (a vLLM, nginx, Chromium, the Agent-lightning environment): a module whose
+component is missing is skipped whole, with one line saying why, unless CI says the suite must run (its
+``ROLLWAY_REQUIRE_*`` variable is 1), when it fails instead. Such suites are marked ``real_component``, so that
+``pytest -m "not real_component"`` leaves them out where the components are there too."""
 
 from __future__ import annotations
 
