@@ -22,6 +22,29 @@ from support.clock import FakeClock
 from support.gateway_harness import Alias, RunningGateway, running_gateway
 from support.postgres import create_database, drop_database, pg_dsn, pg_unavailable_reason
 
+#: ``-n auto``'s workers per core (``PYTEST_XDIST_AUTO_NUM_WORKERS`` overrides the count): most tests spend much
+#: of their time waiting on subprocesses, sockets and PostgreSQL rather than on a core.
+WORKERS_PER_CORE = 2
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").isdigit():
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    return WORKERS_PER_CORE * len(os.sched_getaffinity(0))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Long runs first, so that under xdist none of them starts last: the groups (``xdist_group``: tests sharing
+    an expensive module or session fixture, run on one worker one after the other), then tests marked ``slow``,
+    then the rest, each in the order collected."""
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("xdist_group") is not None:
+            return 0
+        return 1 if item.get_closest_marker("slow") is not None else 2
+
+    items.sort(key=rank)
+
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:

@@ -29,6 +29,8 @@ from rollway.process import GatewayProcess
 from rollway.store import Store
 from support.gateway_harness import vllm
 
+pytestmark = pytest.mark.slow  # multi-process: supervisors and their workers
+
 WORKERS = 2
 MESSAGES = [{"role": "user", "content": "Count to three."}]
 SLOW = {"ignore_eos": True, "mock": {"token_delay_ms": 50}}  # 400 tokens: 20 s, far beyond each test

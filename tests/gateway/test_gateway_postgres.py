@@ -21,7 +21,7 @@ from rollway.store import Span, Store
 from support.gateway_harness import claim_one, serving_policy, vllm
 from support.store_helpers import waiting_for_a_lock
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]  # two server processes
 TOKEN = "admin-secret-token"
 CALLS = 32
 MESSAGES: Any = [{"role": "user", "content": "hi"}]

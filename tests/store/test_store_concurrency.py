@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
-import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -17,48 +16,17 @@ import pytest
 from sqlalchemy import select
 
 from rollway.store import AgentServer, AttemptStatus, RolloutStatus, Store, StoreValidationError, models, watchdog
+from support.claiming import claim_process
 
 if TYPE_CHECKING:
     from support.clock import FakeClock
 
 PROCESSES = 4
-TASKS_PER_PROCESS = 8
 ROLLOUTS = 1_000
-START_TIMEOUT = 60.0  # seconds a child may take to import and open the store before the start line
 JOIN_TIMEOUT = 90.0
 
 
 # -- 4 processes x 8 tasks claiming from one queue --------------------------------------------------------
-
-
-async def _claim_until_empty(store: Store, worker_id: str, limit: int) -> list[list[str]]:
-    got: list[list[str]] = []
-    while True:
-        claimed = await store.claim(worker_id, limit=limit)
-        if not claimed:
-            return got
-        for item in claimed:
-            assert item.attempt.worker_id == worker_id
-            got.append([item.rollout.rollout_id, worker_id, item.attempt.attempt_id])
-
-
-async def _claim_process_main(url: str, index: int, start: threading.Barrier) -> list[list[str]]:
-    store = await Store.open(url, run_watchdog=False)
-    try:
-        # Every process has imported everything and opened its store: now all start claiming together.
-        await asyncio.to_thread(start.wait, START_TIMEOUT)
-        results = await asyncio.gather(
-            *(_claim_until_empty(store, f"proc{index}-task{t}", limit=1 + t % 2) for t in range(TASKS_PER_PROCESS))
-        )
-    finally:
-        await store.close()
-    return [c for per_task in results for c in per_task]
-
-
-def _claim_process(url: str, index: int, start: threading.Barrier, out: str) -> None:
-    """Child process entry point (spawned: imports this module afresh)."""
-    claims = asyncio.run(_claim_process_main(url, index, start))
-    Path(out).write_text(json.dumps(claims))
 
 
 @pytest.mark.slow
@@ -72,7 +40,7 @@ async def test_claims_across_processes_hand_each_rollout_to_exactly_one_worker(s
     start = ctx.Barrier(PROCESSES)
     outputs = [tmp_path / f"claims-{i}.json" for i in range(PROCESSES)]
     procs = [
-        ctx.Process(target=_claim_process, args=(store_url, i, start, str(outputs[i])), daemon=True)
+        ctx.Process(target=claim_process, args=(store_url, i, start, str(outputs[i])), daemon=True)
         for i in range(PROCESSES)
     ]
     try:

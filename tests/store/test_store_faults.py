@@ -30,6 +30,8 @@ from rollway.process import GatewayProcess
 from rollway.store.faults import FailureLog
 from support.gateway_harness import running_gateway
 
+pytestmark = pytest.mark.slow  # a private PostgreSQL cluster stopped and started, a write lock held by another process
+
 TOKEN = "admin-secret-token"
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
