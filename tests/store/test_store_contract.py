@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import hashlib
 import sqlite3
-import time
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -44,15 +43,20 @@ async def all_rollouts(store: Store) -> list[Any]:
 
 
 class WaitSpy:
-    """Records when a store waiter starts blocking on a signal, so tests sync on it instead of sleeping."""
+    """Records when a store waiter starts blocking on a signal, so tests sync on it instead of sleeping, and how
+    many of its waits ended by their timeout rather than by a wake-up, so tests check that a waiter was woken
+    without timing it."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.entered = asyncio.Event()
+        self.timed_out = 0
         original = Signal.wait
 
         async def wait(generation: asyncio.Event, timeout: float) -> None:
             self.entered.set()
             await original(generation, timeout)
+            if not generation.is_set():
+                self.timed_out += 1
 
         monkeypatch.setattr(Signal, "wait", staticmethod(wait))
 
@@ -630,12 +634,14 @@ async def test_wait_for_rollouts_returns_finished_and_pending(store: Store) -> N
     assert pending == [ids[3]]
 
 
-async def test_wait_for_rollouts_returns_at_once_when_all_finished(store: Store) -> None:
+async def test_wait_for_rollouts_returns_at_once_when_all_finished(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = WaitSpy(monkeypatch)
     rollout_id = await enqueue_one(store)
     await store.cancel(rollout_id)
-    started = time.monotonic()
     done, pending = await store.wait_for_rollouts([rollout_id, rollout_id], timeout=30)
-    assert time.monotonic() - started < 5
+    assert not spy.entered.is_set()  # it never waited
     assert [r.rollout_id for r in done] == [rollout_id]
     assert pending == []
 
@@ -647,13 +653,12 @@ async def test_wait_for_rollouts_wakes_when_another_task_finishes_it(
     store.poll_interval = 60.0  # only a wake-up, not a re-poll, can end the wait early
     rollout_id = await enqueue_one(store)
     [claimed] = await store.claim("w1")
-    started = time.monotonic()
     waiter = asyncio.create_task(store.wait_for_rollouts([rollout_id], timeout=20))
     await asyncio.wait_for(spy.entered.wait(), 10)
     assert not waiter.done()
     await store.update_attempt(rollout_id, claimed.attempt.attempt_id, status="succeeded")
     done, pending = await asyncio.wait_for(waiter, 30)
-    assert time.monotonic() - started < 5
+    assert spy.timed_out == 0  # woken, not timed out
     assert [(r.rollout_id, r.status) for r in done] == [(rollout_id, RolloutStatus.SUCCEEDED)]
     assert pending == []
 
@@ -665,13 +670,12 @@ async def test_wait_for_rollouts_wakes_when_the_watchdog_fails_it(
     store.poll_interval = 60.0
     rollout_id = await enqueue_one(store, config=RolloutConfig(timeout_seconds=5))
     await store.claim("w1")
-    started = time.monotonic()
     waiter = asyncio.create_task(store.wait_for_rollouts([rollout_id], timeout=20))
     await asyncio.wait_for(spy.entered.wait(), 10)
     clock.advance(6)
     assert await store.sweep(force=True) == 1
     done, pending = await asyncio.wait_for(waiter, 30)
-    assert time.monotonic() - started < 5
+    assert spy.timed_out == 0  # woken, not timed out
     assert [r.status for r in done] == [RolloutStatus.FAILED]
     assert pending == []
 
@@ -685,13 +689,12 @@ async def test_wait_for_rollouts_times_out_with_pending_ids(store: Store) -> Non
 async def test_claim_with_wait_wakes_when_a_task_is_enqueued(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     spy = WaitSpy(monkeypatch)
     store.poll_interval = 60.0
-    started = time.monotonic()
     claimer = asyncio.create_task(store.claim("w1", wait_seconds=20))
     await asyncio.wait_for(spy.entered.wait(), 10)
     assert not claimer.done()
     rollout_id = await enqueue_one(store, input="late")
     claimed = await asyncio.wait_for(claimer, 30)
-    assert time.monotonic() - started < 5
+    assert spy.timed_out == 0  # woken, not timed out
     assert [c.rollout.rollout_id for c in claimed] == [rollout_id]
     assert claimed[0].attempt.sequence_id == 1
 
@@ -701,19 +704,18 @@ async def test_claim_with_wait_wakes_when_a_rollout_is_requeued(store: Store, mo
     [first] = await store.claim("w1")
     spy = WaitSpy(monkeypatch)
     store.poll_interval = 60.0
-    started = time.monotonic()
     claimer = asyncio.create_task(store.claim("w2", wait_seconds=20))
     await asyncio.wait_for(spy.entered.wait(), 10)
     await store.update_attempt(rollout_id, first.attempt.attempt_id, status="failed")
     claimed = await asyncio.wait_for(claimer, 30)
-    assert time.monotonic() - started < 5
+    assert spy.timed_out == 0  # woken, not timed out
     assert [(c.rollout.rollout_id, c.attempt.sequence_id) for c in claimed] == [(rollout_id, 2)]
 
 
-async def test_claim_without_wait_returns_empty_at_once(store: Store) -> None:
-    started = time.monotonic()
+async def test_claim_without_wait_returns_empty_at_once(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    spy = WaitSpy(monkeypatch)
     assert await store.claim("w1") == []
-    assert time.monotonic() - started < 5
+    assert not spy.entered.is_set()  # it never waited
 
 
 # -- cursor pagination ------------------------------------------------------------------------------------
