@@ -331,11 +331,10 @@ async def test_no_secret_reaches_a_log_line_a_response_or_a_span(
 async def test_strings_that_are_not_unicode_are_a_400_not_a_stored_500(tmp_path: Path) -> None:
     import httpx
 
-    from rollway.app.factory import create_app
     from rollway.settings import Settings
+    from support.gateway_harness import app_lifespan
 
-    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'u.db'}"))
-    async with app.router.lifespan_context(app):
+    async with app_lifespan(Settings(database_url=f"sqlite:///{tmp_path / 'u.db'}")) as app:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             started = await client.post("/admin/v1/rollouts/start", json={"input": 1, "rollout_id": "ro-1"})

@@ -1,6 +1,7 @@
-"""What the admin API refuses, over a real server: an ``Idempotency-Key`` sent again with another body, client
-ids a URL path cannot carry, an update of a bundle that does not exist, an unknown ``mode`` filter, a backend
-that is not an http(s) URL and a body that is not JSON — each in the error envelope, with nothing written."""
+"""What the admin API refuses, through the whole app (served in process): an ``Idempotency-Key`` sent again with
+another body, client ids a URL path cannot carry, an update of a bundle that does not exist, an unknown ``mode``
+filter, a backend that is not an http(s) URL and a body that is not JSON — each in the error envelope, with nothing
+written."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 
 from rollway.mock import MockBackendProcess
 from support.gateway_harness import RunningGateway, vllm
+
+pytestmark = pytest.mark.in_process
 
 TOKEN = "admin-secret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -28,7 +31,7 @@ def gateway_settings() -> dict[str, Any]:
 
 @pytest.fixture
 async def admin(gw: RunningGateway) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=f"{gw.url}/admin/v1", headers=AUTH, timeout=30) as client:
+    async with gw.http("/admin/v1", headers=AUTH, timeout=30) as client:
         yield client
 
 
@@ -119,7 +122,7 @@ async def test_client_ids_with_the_allowed_characters_are_addressable_everywhere
     assert [r["rollout_id"] for r in (await admin.get(f"/groups/{group}")).json()["rollouts"]] == [rid]
     [claim] = (await admin.post("/claims", json={"worker_id": "w"})).json()["claims"]
     assert claim["base_url"].endswith(f"/rollout/{rid}/attempt/{claim['attempt']['attempt_id']}/v1")
-    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {claim['api_key']}"}) as llm:
+    async with gw.http(headers={"Authorization": f"Bearer {claim['api_key']}"}) as llm:
         call = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
         answer = await llm.post(f"{claim['base_url']}/chat/completions", json=call)  # the base_url as handed out
     assert answer.status_code == 200, answer.text
@@ -140,7 +143,7 @@ async def test_updating_a_bundle_that_does_not_exist_is_a_404_and_the_latest_sta
     updated = (await admin.put(f"/resources/{first['resources_id']}", json={"resources": {"prompt": "p2"}})).json()
     assert (updated["resources_id"], updated["version"]) == (first["resources_id"], 2)
     # The Agent-lightning route keeps its wire protocol: an update of a new id makes it (version 1).
-    async with httpx.AsyncClient(base_url=f"{gw.url}/v1/agl", headers=AUTH) as agl:
+    async with gw.http("/v1/agl", headers=AUTH) as agl:
         prompt = {"p": {"resource_type": "prompt_template", "template": "t", "engine": "f-string"}}
         made = await agl.post("/resources/agl-new", json=prompt)
     assert made.status_code == 200 and made.json()["version"] == 1
@@ -170,7 +173,7 @@ async def test_a_body_that_is_not_a_json_object_is_a_400_saying_so_on_every_admi
         if "requestBody" in operation
     ]
     assert len(with_body) >= 10
-    async with httpx.AsyncClient(base_url=gw.url, headers={**AUTH, "Content-Type": "application/json"}) as client:
+    async with gw.http(headers={**AUTH, "Content-Type": "application/json"}) as client:
         for method, path in with_body:
             refused = error(await client.request(method, path, content=b'{"tasks": [1,}'), 400)
             assert refused["param"] is None, (method, path)

@@ -16,10 +16,10 @@ from fastapi import FastAPI
 
 from rollway.admin import triplets as admin_triplets
 from rollway.admin.adapters import merged_rows, triplets
-from rollway.app.factory import create_app
 from rollway.settings import Settings
 from rollway.store import RolloutConfig, Span, Store, TaskSpec
 from rollway.store.exports import RawJson, read_attributes
+from support.gateway_harness import app_lifespan
 from support.spans import A1, A2, call, conversation, other, plain, reward
 
 
@@ -186,8 +186,7 @@ def test_merge_has_no_logprobs_when_a_call_lacks_them() -> None:
 
 @pytest.fixture
 async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
-    application = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'app.db'}"))
-    async with application.router.lifespan_context(application):
+    async with app_lifespan(Settings(database_url=f"sqlite:///{tmp_path / 'app.db'}")) as application:
         yield application
 
 

@@ -1,5 +1,6 @@
 """The ``/v1/agl`` routes in-process (no Agent-lightning install needed): null-vs-absent, ``200 null`` for missing
-objects, validation, paging, and a gateway call read back in the LLM proxy's span form."""
+objects, validation, paging, and a gateway call read back in the LLM proxy's span form. The gateway is served in
+process too (``in_process``), but for the stream that breaks off, which needs a real connection."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from support.gateway_harness import RunningGateway, register
 
 @pytest.fixture
 async def agl(gw: RunningGateway) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=f"{gw.url}/v1/agl", timeout=30) as client:
+    async with gw.http("/v1/agl", timeout=30) as client:
         yield client
 
 
+@pytest.mark.in_process
 async def test_missing_objects_are_200_null(agl: httpx.AsyncClient) -> None:
     for path in ("/rollouts/ro-nope", "/rollouts/ro-nope/attempts/latest", "/resources/rs-nope", "/workers/w-nope"):
         response = await agl.get(path)
@@ -28,6 +30,7 @@ async def test_missing_objects_are_200_null(agl: httpx.AsyncClient) -> None:
     assert (await agl.post("/rollouts/ro-nope", json={"status": "failed"})).status_code == 404
 
 
+@pytest.mark.in_process
 async def test_explicit_null_is_refused_and_absent_leaves_values_unchanged(agl: httpx.AsyncClient) -> None:
     (rollout,) = (await agl.post("/queues/rollouts/enqueue", json={"rollouts": [{"input": 1}]})).json()
     rid = rollout["rollout_id"]
@@ -47,6 +50,7 @@ async def test_explicit_null_is_refused_and_absent_leaves_values_unchanged(agl: 
     assert (await agl.get(f"/rollouts/{rid}")).json()["status"] == "preparing"
 
 
+@pytest.mark.in_process
 async def test_bad_bodies_and_queries_are_400s(agl: httpx.AsyncClient) -> None:
     assert (await agl.post("/resources", json={"x": {"resource_type": "gpu"}})).status_code == 400
     assert (await agl.post("/resources", content=b"{", headers={"content-type": "application/json"})).status_code == 400
@@ -56,6 +60,7 @@ async def test_bad_bodies_and_queries_are_400s(agl: httpx.AsyncClient) -> None:
     assert (await agl.post("/queues/rollouts/enqueue", json={"rollouts": [{"mode": "bogus"}]})).status_code == 400
 
 
+@pytest.mark.in_process
 async def test_queries_filter_sort_and_page_like_agent_lightning(agl: httpx.AsyncClient) -> None:
     body = {"rollouts": [{"input": i} for i in range(5)]}
     ids = [r["rollout_id"] for r in (await agl.post("/queues/rollouts/enqueue", json=body)).json()]
@@ -70,6 +75,7 @@ async def test_queries_filter_sort_and_page_like_agent_lightning(agl: httpx.Asyn
     assert [r["input"] for r in found["items"]] == [4, 1, 0]
 
 
+@pytest.mark.in_process
 async def test_a_gateway_call_reads_back_as_an_llm_proxy_span(
     gw: RunningGateway, agl: httpx.AsyncClient, mock: MockBackendProcess
 ) -> None:
@@ -132,6 +138,7 @@ async def test_a_call_that_did_not_complete_is_not_shown_as_an_llm_proxy_span(
     assert by_name["total"] == 1
 
 
+@pytest.mark.in_process
 async def test_spans_may_share_a_sequence_id_as_agent_lightning_allows(agl: httpx.AsyncClient) -> None:
     """Agent-lightning lets several spans use one sequence id (its ``add_otel_span`` with a given id, its LLM
     proxy); each is kept and shown under it, ordered after the spans of lower ids."""

@@ -14,18 +14,16 @@ import pytest
 from click.testing import CliRunner
 from fastapi import FastAPI
 
-from rollway.app.factory import create_app
 from rollway.cli.main import main
 from rollway.mock import MockBackendProcess
 from rollway.settings import Settings
 from rollway.store import Store
-from support.gateway_harness import running_gateway
+from support.gateway_harness import app_lifespan, running_gateway
 
 
 @pytest.fixture
 async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
-    application = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'app.db'}"))
-    async with application.router.lifespan_context(application):
+    async with app_lifespan(Settings(database_url=f"sqlite:///{tmp_path / 'app.db'}")) as application:
         yield application
 
 

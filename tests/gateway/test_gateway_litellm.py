@@ -359,12 +359,11 @@ async def test_wrong_provider_key_is_not_echoed(tmp_path: Path, stub: AnthropicS
 LAZY_IMPORT_CHECK = r"""
 import asyncio, json, sys
 import httpx
-from rollway.app.factory import create_app
 from rollway.settings import Settings
+from support.gateway_harness import app_lifespan
 
 async def main(db, base_url):
-    app = create_app(Settings(database_url=f"sqlite:///{db}"))
-    async with app.router.lifespan_context(app):
+    async with app_lifespan(Settings(database_url=f"sqlite:///{db}")) as app:
         store = app.state.rollway.store
         await store.put_model("policy", [{"backend_id": "m", "base_url": base_url, "kind": "vllm", "model": "m"}])
         transport = httpx.ASGITransport(app=app)
@@ -389,7 +388,7 @@ def test_a_gateway_without_litellm_backends_never_imports_litellm(tmp_path: Path
         text=True,
         timeout=60,
         cwd=Path(__file__).resolve().parents[2],
-        env={**os.environ, "PYTHONWARNINGS": "error"},
+        env={**os.environ, "PYTHONWARNINGS": "error", "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])

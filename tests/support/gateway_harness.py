@@ -72,11 +72,16 @@ class Alias:
     version: str | None = "v1"
 
 
+def build_app(settings: Settings) -> FastAPI:
+    """The app of ``settings``, not started: the one place the harness calls ``create_app``."""
+    return create_app(settings)
+
+
 @asynccontextmanager
 async def app_lifespan(settings: Settings) -> AsyncIterator[FastAPI]:
     """The app of ``settings`` with its lifespan (store, background loops, backend connections) run in this task
     for as long as the block lasts, as a server would run it: the one place tests start an app without one."""
-    app = create_app(settings)
+    app = build_app(settings)
     async with app.router.lifespan_context(app):
         yield app
 
@@ -104,7 +109,7 @@ async def running_gateway(
     settings.setdefault("database_url", f"sqlite:///{tmp_path / 'gateway.db'}")
     settings.setdefault("public_url", f"http://127.0.0.1:{port}")  # what remote agent servers call back
     try:
-        app = create_app(Settings(**settings))
+        app = build_app(Settings(**settings))
     except BaseException:  # settings refused: do not leak the socket
         sock.close()
         raise
