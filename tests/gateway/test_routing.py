@@ -197,12 +197,13 @@ async def test_a_waiting_call_looks_again_when_an_ejected_backend_is_back() -> N
 async def test_many_waiting_calls_are_woken_once_not_each_by_a_timer_of_its_own() -> None:
     """500 calls wait (one backend full, the other ejected): when the ejected one is back, one wake-up hands its
     slots out, and the calls whose backends are full again are not asked to ``pick`` (linear, not quadratic)."""
-    router = Router()
+    clock = Clock()
+    router = Router(clock)
     a, b = backend("a", max_concurrency=64), backend("b", max_concurrency=64)
     for _ in range(64):
         router.started("a")
     router.eject("b")
-    router.health("b").down_until -= BASE_COOLDOWN - 1.0  # back in 1 s: every call below waits before that
+    router.health("b").down_until -= BASE_COOLDOWN - 1.0  # back in 1 s of the router's clock, which stands still
     picks = 0
 
     def pick() -> Backend | None:
@@ -214,6 +215,7 @@ async def test_many_waiting_calls_are_woken_once_not_each_by_a_timer_of_its_own(
     tasks = [asyncio.create_task(router.acquire("m", [a, b], pick, 30)) for _ in range(count)]
     await asyncio.sleep(0)  # one turn of the loop: each task has run up to its wait
     assert router.waiting() == count and picks == count  # each looked once, on arrival
+    clock.now += 1.0  # b is back when the router's one wake-up (a timer of the loop, due in 1 s) comes
     pending: set[asyncio.Task[Backend | None]] = set(tasks)
     async with asyncio.timeout(10):  # b is back: its 64 slots go to 64 waiting calls
         while len(pending) > count - 64:

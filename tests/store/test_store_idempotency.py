@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import func, select
 
 from rollway.store import ConflictError, RolloutConfig, Store, ids, models
+from rollway.store.signals import Signal
 from support.store_helpers import span
 
 if TYPE_CHECKING:
@@ -238,14 +239,28 @@ async def test_a_keyed_claim_answered_again_leaves_one_live_key_the_last_answers
         assert await live_keys(store, claimed.attempt.attempt_id) == 1
 
 
-async def test_overlapping_tries_of_a_keyed_claim_revoke_neither_answers_key(store: Store, clock: FakeClock) -> None:
+async def test_overlapping_tries_of_a_keyed_claim_revoke_neither_answers_key(
+    store: Store, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two tries of one claim wait for work together (the client gave up on the first, whose server side still
     waits): the one that finds the other's claim must not revoke the key the other answered with — the client
     may hold that answer. Only keys minted before a try arrived are revoked."""
+    waiting: set[asyncio.Task[Any] | None] = set()  # the tries that found no work and wait for some
+    changed = asyncio.Event()
+    original = Signal.wait
+
+    async def wait(generation: asyncio.Event, timeout: float) -> None:
+        waiting.add(asyncio.current_task())
+        changed.set()
+        await original(generation, timeout)
+
+    monkeypatch.setattr(Signal, "wait", staticmethod(wait))
     tries = []
     for _ in range(2):
         tries.append(asyncio.create_task(store.claim_with_keys("w1", wait_seconds=10, idempotency_key="c")))
-        await asyncio.sleep(0.05)
+        while tries[-1] not in waiting:
+            changed.clear()
+            await asyncio.wait_for(changed.wait(), 10)
         clock.advance(1.0)
     await store.enqueue([{"input": 1}])
     answers = await asyncio.gather(*tries)
