@@ -138,8 +138,9 @@ async def test_a_call_to_a_replaced_attempt_keeps_nothing_alive(tmp_path: Path, 
     call's own span still lands on it, as before), the new one is not kept alive by a call that is not its."""
     async with running_gateway(tmp_path, watchdog_interval=0.1) as gw:
         rollout_id, old = await claimed(gw, mock, {"unresponsive_seconds": 1.5, "max_attempts": 3})
+        sent = (await asyncio.to_thread(mock.stats))["requests_total"]
         call = slow_call(gw, rollout_id, 3.0, old)
-        await asyncio.sleep(0.3)
+        await asyncio.to_thread(mock.stats, wait_requests=sent + 1, timeout=10)  # at the backend: admitted as old's
         new = (await gw.store.start_attempt(rollout_id, "worker-2")).attempt.attempt_id
         seen = await watch(gw.store, rollout_id, new, call)
         await call

@@ -93,7 +93,7 @@ def tag_of(span: Any) -> str:
 
 async def test_swap_under_load(gw: RunningGateway, backends: tuple[MockBackendProcess, MockBackendProcess]) -> None:
     a, b = backends
-    a.configure(latency_ms=2500)  # calls stay in flight on A while the swap happens
+    a.configure(hold=True)  # calls stay in flight on A while the swap happens, until released below
     rollouts = [await claim_one(gw.store) for _ in range(10)]
     clients = [wide_client(gw, f"{gw.url}/rollout/{r}/v1") for r, _ in rollouts]
 
@@ -105,6 +105,7 @@ async def test_swap_under_load(gw: RunningGateway, backends: tuple[MockBackendPr
     done_after = await asyncio.wait_for(asyncio.gather(*after), 20)
     assert all(done_after)
     assert not any(t.done() for t in before)  # B answered while A's calls were still in flight
+    a.configure(hold=False)
     done_before = await asyncio.wait_for(asyncio.gather(*before, return_exceptions=True), 30)
     assert [r for r in done_before if not isinstance(r, str) or not r] == []  # none failed
 
@@ -225,7 +226,7 @@ async def test_drain_returns_once_in_flight_calls_finish(
     gw: RunningGateway, backends: tuple[MockBackendProcess, MockBackendProcess]
 ) -> None:
     a, _ = backends
-    a.configure(latency_ms=600)
+    a.configure(hold=True)
     rollout_id, _ = await claim_one(gw.store)
     client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
     calls = [asyncio.create_task(call(client, f"call {i}", i % 2 == 0)) for i in range(5)]
@@ -233,6 +234,7 @@ async def test_drain_returns_once_in_flight_calls_finish(
     registry = gw.state.registry
     assert registry.in_flight(ALIAS) == 5
     assert await registry.drain(ALIAS, 0.05) is False
+    a.configure(hold=False)
     assert await registry.drain(ALIAS, 10) is True
     assert registry.in_flight(ALIAS) == 0
     assert len(await gw.store.query_spans(rollout_id)) == 5  # every span is written before the drain ends
@@ -327,7 +329,7 @@ async def test_a_drain_through_one_replica_waits_for_the_calls_in_flight_through
     old weights ends (its span written) before the drain answers. Before, the drain counted only its own
     process's calls and answered at once."""
     a, _ = backends
-    a.configure(latency_ms=1500)
+    a.configure(hold=True)
     rollout_id, _ = await claim_one(gw.store)
     slow = asyncio.create_task(call(replica.client(f"{replica.url}/rollout/{rollout_id}/v1"), "slow", stream=True))
     await wait_requests(a, 1)  # at the backend, in flight in the other replica
@@ -335,6 +337,7 @@ async def test_a_drain_through_one_replica_waits_for_the_calls_in_flight_through
         (await admin.post(f"/models/{ALIAS}/pause")).raise_for_status()
         short = await admin.post(f"/models/{ALIAS}/drain", json={"timeout_seconds": 0.2})
         assert short.status_code == 200 and short.json()["drained"] is False  # the call is still at A
+        a.configure(hold=False)
         answer = await admin.post(f"/models/{ALIAS}/drain")  # the default timeout, 30 s
         assert answer.status_code == 200, answer.text
         assert answer.json()["drained"] is True and answer.json()["state"]["in_flight"] == 0

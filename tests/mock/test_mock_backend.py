@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -481,6 +482,21 @@ def test_stall_mid_stream_then_client_timeout(mock: MockBackendProcess) -> None:
     assert received == 2
     stats = mock.stats(wait_cancelled=1, timeout=2)
     assert stats["cancelled"][0]["stage"] == "stalled"
+
+
+def test_hold_keeps_generation_requests_waiting_until_it_is_cleared(client: OpenAI, mock: MockBackendProcess) -> None:
+    assert mock.configure(hold=True)["hold"] is True
+    assert client.models.list().data  # not a generation request: answered at once
+    with ThreadPoolExecutor(2) as pool:
+        held = [pool.submit(client.chat.completions.create, model=MODEL, messages=_user("hi")) for _ in range(2)]
+        stats = mock.stats(wait_requests=3, timeout=10)
+        assert stats["in_flight"] == 2 and not any(call.done() for call in held)
+        mock.configure(hold=False)
+        assert all(call.result(timeout=10).choices for call in held)
+    assert mock.stats(wait_idle=1, timeout=10)["in_flight"] == 0
+    mock.configure(hold=True)
+    mock.reset()  # back to the configuration the mock started with: nothing held
+    assert client.chat.completions.create(model=MODEL, messages=_user("hi")).choices
 
 
 def test_delay_fault_and_latency_knobs(client: OpenAI, mock: MockBackendProcess) -> None:
