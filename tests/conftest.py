@@ -3,7 +3,8 @@ PostgreSQL on this machine (a fresh database per test). Set ROLLWAY_TEST_PG_URL 
 
 ``gw`` is the gateway of the end-to-end tests; a module says what it serves by overriding ``gateway_settings``
 and ``gateway_aliases`` (fixtures of the same names), and marks its tests ``in_process`` when they need no real
-server (nothing streamed, no connection looked at, the address handed to no other process)."""
+server (nothing streamed, no connection looked at, the address handed to no other process); ``in_process(False)``
+keeps one test of such a module on uvicorn."""
 
 from __future__ import annotations
 
@@ -182,8 +183,9 @@ async def gw(
     request: pytest.FixtureRequest, tmp_path: Path, gateway_settings: dict[str, Any], gateway_aliases: list[Alias]
 ) -> AsyncIterator[RunningGateway]:
     """A gateway of ``gateway_settings`` serving ``gateway_aliases``: uvicorn on a loopback port, or in this process
-    when the test is marked ``in_process``."""
-    in_process = request.node.get_closest_marker("in_process") is not None
+    when the test is marked ``in_process`` (and not ``in_process(False)``)."""
+    marker = request.node.get_closest_marker("in_process")
+    in_process = marker is not None and marker.args != (False,)
     async with running_gateway(tmp_path, in_process=in_process, **gateway_settings) as gateway:
         for alias in gateway_aliases:
             await gateway.store.put_model(alias.name, alias.backends, version=alias.version)

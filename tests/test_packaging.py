@@ -6,6 +6,7 @@ checked from its Dockerfile (no Docker daemon here, so the build context is chec
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -74,6 +75,17 @@ def test_every_package_folder_is_in_the_wheel() -> None:
     assert on_disk <= listed, f"pyproject.toml does not list {sorted(on_disk - listed)}"
     for package in listed:
         assert _source_of(package).is_dir(), package
+
+
+def test_the_tests_import_the_package_under_its_one_name() -> None:
+    """pytest puts ``tests/`` on ``sys.path``, for ``tests/support``, and nothing else: not the repository, whose
+    folders would be a second copy of the package (``store`` beside ``rollway.store``). A name such as ``store``
+    finds at most the tests' own folder of that name."""
+    for name in ("gateway", "store", "admin"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None:
+            folders = [Path(p).resolve() for p in spec.submodule_search_locations or ()]
+            assert spec.origin is None and all(f.is_relative_to(ROOT / "tests") for f in folders), (name, spec)
 
 
 def test_the_source_tree_shows_each_top_level_folder_inside_rollway() -> None:

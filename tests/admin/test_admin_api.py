@@ -1,5 +1,6 @@
 """The control plane over HTTP: auth on every route, bad input, the retry path, swap through the API, and the
-whole loop with runner processes and the openai SDK."""
+whole loop with runner processes and the openai SDK. The app is served in process, but for the whole loop, whose
+runners are processes of their own and call a real server."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from openai import AsyncOpenAI
 from rollway.mock import MockBackendProcess
 from support.gateway_harness import RunningGateway
 
+pytestmark = pytest.mark.in_process
+
 TOKEN = "admin-secret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +31,7 @@ def gateway_settings() -> dict[str, Any]:
 
 @pytest.fixture
 async def admin(gw: RunningGateway) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=gw.url, headers=AUTH, timeout=30) as client:
+    async with gw.http(headers=AUTH, timeout=30) as client:
         yield client
 
 
@@ -58,7 +61,7 @@ async def test_every_admin_route_refuses_missing_wrong_and_foreign_tokens(gw: Ru
     routes = admin_routes(gw)
     assert len(routes) >= 20
     _, gateway_key = await gw.store.mint_key("gateway")
-    async with httpx.AsyncClient(base_url=gw.url) as client:
+    async with gw.http() as client:
         for method, path in routes:
             url = concrete(path)
             missing = await client.request(method, url)
@@ -73,10 +76,10 @@ async def test_every_admin_route_refuses_missing_wrong_and_foreign_tokens(gw: Ru
 
 async def test_admin_scoped_key_works_like_the_token(gw: RunningGateway, admin: httpx.AsyncClient) -> None:
     minted = (await admin.post("/admin/v1/keys", json={"scope": "admin"})).json()
-    async with httpx.AsyncClient(base_url=gw.url, headers={"Authorization": f"Bearer {minted['key']}"}) as client:
+    async with gw.http(headers={"Authorization": f"Bearer {minted['key']}"}) as client:
         assert (await client.get("/admin/v1/stats")).status_code == 200
     assert (await admin.delete(f"/admin/v1/keys/{minted['key_id']}")).status_code == 204
-    async with httpx.AsyncClient(base_url=gw.url, headers={"Authorization": f"Bearer {minted['key']}"}) as client:
+    async with gw.http(headers={"Authorization": f"Bearer {minted['key']}"}) as client:
         assert (await client.get("/admin/v1/stats")).status_code == 401
 
 
@@ -249,6 +252,7 @@ async def test_swap_through_the_admin_api_while_runners_call(
 
 
 @pytest.mark.slow
+@pytest.mark.in_process(False)  # the runners are processes of their own: they need the gateway's address
 async def test_full_loop_with_runner_processes(
     gw: RunningGateway, admin: httpx.AsyncClient, mock: MockBackendProcess
 ) -> None:
@@ -318,7 +322,7 @@ async def test_no_secret_reaches_a_log_line_a_response_or_a_span(
         await admin.get(f"/admin/v1/rollouts/{rollout['rollout_id']}/spans"),
         await admin.get("/admin/v1/triplets", params={"rollout_id": rollout["rollout_id"], "partial": True}),
     ]
-    async with httpx.AsyncClient(base_url=gw.url) as anonymous:
+    async with gw.http() as anonymous:
         responses.append(await anonymous.get("/admin/v1/stats", headers={"Authorization": "Bearer wrong-token"}))
     logged = "\n".join(record.getMessage() + str(record.exc_info or "") for record in caplog.records)
     for secret_text in (secret, TOKEN, claim["api_key"], minted.json()["key"]):
@@ -376,8 +380,7 @@ async def test_an_alias_with_a_slash_is_managed_and_served(
     refused = await admin.post(f"/admin/v1/models/{alias}/swap", json={"backends": [step]})
     assert refused.status_code == 400 and "several kinds" in refused.json()["error"]["message"]
     assert (await admin.get(f"/admin/v1/models/{alias}")).json()["version"] == "v3"  # unchanged
-    async with AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused") as client:
-        answer = await client.chat.completions.create(model=alias, messages=[{"role": "user", "content": "hi"}])
+    answer = await gw.client().chat.completions.create(model=alias, messages=[{"role": "user", "content": "hi"}])
     assert answer.choices[0].message.content
     assert (await admin.delete(f"/admin/v1/models/{alias}")).status_code == 204
     assert (await admin.get(f"/admin/v1/models/{encoded}")).status_code == 404

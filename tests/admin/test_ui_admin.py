@@ -1,7 +1,7 @@
 """The admin routes the dashboard reads besides the older ones: the cheap counts (``/stats/status``), the calls
 over a recent window (``/stats/series``) and spans a page at a time or by name (``/rollouts/{id}/spans``).
-Each answer is compared with what the store holds, on a real gateway (SQLite, and PostgreSQL when reachable)
-with real calls to the mock backend."""
+Each answer is compared with what the store holds, on the whole app served in process (SQLite, and PostgreSQL
+when reachable) with real calls to the mock backend."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from typing import Any
 
 import httpx
 import pytest
-from openai import AsyncOpenAI, BadRequestError
+from openai import BadRequestError
 
 from rollway.admin import series
 from rollway.mock import MockBackendProcess
 from support.gateway_harness import Alias, RunningGateway
+
+pytestmark = pytest.mark.in_process
 
 TOKEN = "ui-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -35,7 +37,7 @@ def gateway_aliases(mock: MockBackendProcess) -> list[Alias]:
 
 @pytest.fixture
 async def admin(gw: RunningGateway) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=gw.url, headers=AUTH, timeout=30) as client:
+    async with gw.http(headers=AUTH, timeout=30) as client:
         yield client
 
 
@@ -46,8 +48,9 @@ async def started(admin: httpx.AsyncClient) -> dict[str, Any]:
     return claim
 
 
-async def chat(claim: dict[str, Any], calls: int, *, stream: bool = False) -> None:
-    async with AsyncOpenAI(base_url=claim["base_url"], api_key=claim["api_key"], max_retries=0) as llm:
+async def chat(gw: RunningGateway, claim: dict[str, Any], calls: int, *, stream: bool = False) -> None:
+    """``calls`` chat calls through the claim's ``base_url``, with its key."""
+    async with gw.client(claim["base_url"], api_key=claim["api_key"]) as llm:
         for i in range(calls):
             ask = {"model": "policy", "messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 8}
             if stream:
@@ -70,14 +73,14 @@ async def test_status_counts_match_the_full_stats(admin: httpx.AsyncClient) -> N
 
 
 async def test_the_series_counts_every_call_of_the_window_with_its_tokens_and_latency(
-    admin: httpx.AsyncClient, mock: MockBackendProcess
+    gw: RunningGateway, admin: httpx.AsyncClient, mock: MockBackendProcess
 ) -> None:
     claim = await started(admin)
-    await chat(claim, 3)
-    await chat(claim, 2, stream=True)
+    await chat(gw, claim, 3)
+    await chat(gw, claim, 2, stream=True)
     mock.add_faults({"kind": "status", "status": 400, "times": 1})  # a 4xx: passed on, not retried
     with pytest.raises(BadRequestError):
-        await chat(claim, 1)
+        await chat(gw, claim, 1)
     await admin.post(f"/admin/v1/rollouts/{claim['rollout']['rollout_id']}/rewards", json={"value": 1.0})
 
     spans = (await admin.get(f"/admin/v1/rollouts/{claim['rollout']['rollout_id']}/spans")).json()["items"]
@@ -102,7 +105,7 @@ async def test_the_series_counts_every_call_of_the_window_with_its_tokens_and_la
 
 async def test_the_series_leaves_out_calls_before_the_window(gw: RunningGateway, admin: httpx.AsyncClient) -> None:
     claim = await started(admin)
-    await chat(claim, 2)
+    await chat(gw, claim, 2)
     # Calls older than the window: the first key of the window is found past them.
     assert await gw.store.read(lambda conn: series.first_pk_since(conn, time.time() + 3600)) is not None
     later = await gw.store.read(lambda conn: series.call_buckets(conn, time.time() + 1, 60))
@@ -112,12 +115,12 @@ async def test_the_series_leaves_out_calls_before_the_window(gw: RunningGateway,
 
 
 async def test_a_client_span_whose_latency_is_not_a_number_is_not_counted_and_breaks_nothing(
-    admin: httpx.AsyncClient,
+    gw: RunningGateway, admin: httpx.AsyncClient
 ) -> None:
     """Spans come from clients too: a latency or TTFT that is text (PostgreSQL would refuse to cast it) leaves
     the span out of the series rather than failing it."""
     claim = await started(admin)
-    await chat(claim, 1)
+    await chat(gw, claim, 1)
     rollout_id = claim["rollout"]["rollout_id"]
     odd = {"rollway.latency_seconds": "fast", "rollway.ttft_seconds": "soon"}
     now = time.time()
@@ -135,10 +138,10 @@ async def test_the_series_refuses_more_than_a_day_by_the_minute(admin: httpx.Asy
     assert (await admin.get("/admin/v1/stats/series", params={"step_seconds": 0})).status_code == 400
 
 
-async def test_spans_read_a_page_at_a_time_and_by_name(admin: httpx.AsyncClient) -> None:
+async def test_spans_read_a_page_at_a_time_and_by_name(gw: RunningGateway, admin: httpx.AsyncClient) -> None:
     claim = await started(admin)
     rollout_id = claim["rollout"]["rollout_id"]
-    await chat(claim, 5)
+    await chat(gw, claim, 5)
     await admin.post(f"/admin/v1/rollouts/{rollout_id}/rewards", json={"value": 0.5})
     url = f"/admin/v1/rollouts/{rollout_id}/spans"
     whole = (await admin.get(url)).json()["items"]
@@ -171,8 +174,8 @@ async def test_rollouts_filter_by_the_model_alias_they_called(
     other = await started(admin)
     idle = await started(admin)  # calls nothing: in no model's list
     for claim in policy:
-        await chat(claim, 1)
-    async with AsyncOpenAI(base_url=other["base_url"], api_key=other["api_key"], max_retries=0) as llm:
+        await chat(gw, claim, 1)
+    async with gw.client(other["base_url"], api_key=other["api_key"]) as llm:
         await llm.chat.completions.create(model="org/other", messages=[{"role": "user", "content": "q"}], max_tokens=4)
 
     def ids(claims: list[dict[str, Any]]) -> list[str]:

@@ -1,4 +1,5 @@
-"""Bad input and attribution, end to end (httpx and the official openai SDK → a real gateway → the mock).
+"""Bad input and attribution, end to end (httpx and the official openai SDK → the gateway's app → the mock), the
+app served in process but where the bytes on the connection are the point (a real gateway).
 
 A refused call is a 4xx in OpenAI's envelope and leaves nothing behind: no span, no sequence id (the next good
 call of the attempt is sequence id 1), and the gateway keeps serving. Attribution follows docs/gateway.md: path,
@@ -24,6 +25,8 @@ from rollway.store import Store
 from support.clock import FakeClock
 from support.gateway_harness import Alias, RunningGateway, claim_one, register, running_gateway
 
+pytestmark = pytest.mark.in_process
+
 MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
 GOOD = {"model": "policy", "messages": MESSAGES, "max_tokens": 4}
 MAX_BODY = 4096
@@ -40,8 +43,9 @@ def gateway_aliases(mock: MockBackendProcess) -> list[Alias]:
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=10) as client:
+async def http(gw: RunningGateway) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the gateway (in process or not: ``gw.http``)."""
+    async with gw.http(timeout=10) as client:
         yield client
 
 
@@ -294,7 +298,7 @@ async def test_a_cached_key_stops_working_when_it_expires(store: Store, clock: F
 
 
 async def test_required_keys(tmp_path: Path, mock: MockBackendProcess) -> None:
-    async with running_gateway(tmp_path, gateway_auth="keys") as gw, httpx.AsyncClient(timeout=10) as http:
+    async with running_gateway(tmp_path, gateway_auth="keys", in_process=True) as gw, gw.http(timeout=10) as http:
         await register(gw.store, "policy", backend(mock))
         url = f"{gw.url}/v1/chat/completions"
         assert_envelope(await http.post(url, json=GOOD), 401)
@@ -342,7 +346,8 @@ async def test_top_logprobs_without_logprobs_gets_the_backends_answer(
     gw: RunningGateway, mock: MockBackendProcess, http: httpx.AsyncClient
 ) -> None:
     body = {**GOOD, "top_logprobs": 3}
-    direct = await http.post(f"{mock.url}/v1/chat/completions", json=body)
+    async with httpx.AsyncClient(timeout=10) as plain:
+        direct = await plain.post(f"{mock.url}/v1/chat/completions", json=body)
     through = await http.post(f"{gw.url}/v1/chat/completions", json=body)
     assert direct.status_code == through.status_code == 400
     assert through.json() == direct.json()
@@ -383,6 +388,7 @@ async def test_a_traceparent_with_flags_that_are_not_two_hex_digits_starts_a_new
     assert span.trace_id != trace_id and span.parent_id is None
 
 
+@pytest.mark.in_process(False)  # the answer's bytes on a real connection
 @pytest.mark.parametrize(("model", "status"), [("policy", 200), ("nope", 404)])
 async def test_an_http_1_0_client_gets_a_length_not_chunks(gw: RunningGateway, model: str, status: int) -> None:
     """HTTP/1.0 has no chunked transfer coding: a whole answer (or error) carries Content-Length."""
