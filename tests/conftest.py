@@ -27,20 +27,52 @@ from support.postgres import create_database, drop_database, pg_dsn, pg_unavaila
 #: of their time waiting on subprocesses, sockets and PostgreSQL rather than on a core.
 WORKERS_PER_CORE = 2
 
+#: Modules whose tests share an expensive module or session fixture (or import): under xdist each runs on one
+#: worker, one test after the other, so that the fixture is made once. (``xdist_group`` would say this in each
+#: module, but pytest-xdist 3.8 cannot group under pytest 9.2: it renames items through an attribute pytest no
+#: longer reads.)
+ONE_WORKER = {
+    "tests/engines/test_vllm_engine.py": "two vLLM servers for the session",
+    "tests/ui/test_ui_browser.py": "Chromium and a gateway filled by the demo's loop",
+    "tests/admin/test_trainer_exports.py": "a finished demo run",
+    "tests/cli/test_cli.py": "a gateway process",
+    "tests/test_packaging.py": "a wheel built in the source tree, and its install",
+    "tests/gateway/test_gateway_swap.py": "two mock backend processes",
+    "tests/mock/test_mock_backend.py": "a mock backend process",
+    "tests/gateway/test_gateway_litellm.py": "LiteLLM's import, seconds of CPU",
+}
 
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").isdigit():
         return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
     return WORKERS_PER_CORE * len(os.sched_getaffinity(0))
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``-n`` (and no other ``--dist``): each test goes to the next free worker, but the tests of a module in
+    ``ONE_WORKER``, which go to one worker together."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in ONE_WORKER else nodeid
+
+    return Scheduling(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Long runs first, so that under xdist none of them starts last: the groups (``xdist_group``: tests sharing
-    an expensive module or session fixture, run on one worker one after the other), then tests marked ``slow``,
-    then the rest, each in the order collected."""
+    """Long runs first, so that under xdist none of them starts last: the modules of ``ONE_WORKER`` (the scheduler
+    also puts the largest of those first), then tests marked ``slow``, then the rest, each in the order
+    collected."""
 
     def rank(item: pytest.Item) -> int:
-        if item.get_closest_marker("xdist_group") is not None:
+        if item.nodeid.split("::", 1)[0] in ONE_WORKER:
             return 0
         return 1 if item.get_closest_marker("slow") is not None else 2
 

@@ -19,8 +19,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.xdist_group("wheel")  # one wheel and one install for the module: on one worker
-
 ROOT = Path(__file__).resolve().parents[1]
 SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
 

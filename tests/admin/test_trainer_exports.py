@@ -27,8 +27,6 @@ from rollway.store import Span
 from rollway.store.exports import ExportRollout
 from support.examples import load_example
 
-pytestmark = pytest.mark.xdist_group("demo-gateway")  # one demo run for the module: on one worker
-
 TOKEN = "export-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -24,8 +24,6 @@ from rollway.cli.tables import FitTable, render
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
 
-pytestmark = pytest.mark.xdist_group("cli-gateway")  # one gateway process for the module: on one worker
-
 TOKEN = "cli-admin-token"
 
 

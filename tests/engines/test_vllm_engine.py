@@ -43,7 +43,7 @@ from support.vllm_env import (
 
 require_vllm()  # the whole module skips, with one line, without the vLLM environment
 # The first test also waits for the engines to start (``START_TIMEOUT``); each request is bounded by ``TIMEOUT``.
-pytestmark = [pytest.mark.real_component, pytest.mark.xdist_group("vllm"), pytest.mark.timeout(START_TIMEOUT + 120)]
+pytestmark = [pytest.mark.real_component, pytest.mark.timeout(START_TIMEOUT + 120)]
 
 TIMEOUT = 60.0
 SEED = 7

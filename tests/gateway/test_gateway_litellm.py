@@ -43,10 +43,7 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 # LiteLLM (1.106 to 1.110 at least) builds some pydantic models lazily, on the first streamed chunk, and pydantic
 # warns about TypedDicts of LiteLLM's ("Item 'x' ... is using", "Items 'x', 'y' ... are using": which one comes
 # first depends on the calls a process made before); with warnings as errors that warning would break LiteLLM.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:Items? .* (is|are) using the `ReadOnly` qualifier:UserWarning"),
-    pytest.mark.xdist_group("litellm"),  # importing LiteLLM costs seconds of CPU: once, on one worker
-]
+pytestmark = pytest.mark.filterwarnings("ignore:Items? .* (is|are) using the `ReadOnly` qualifier:UserWarning")
 
 
 @dataclass

@@ -21,8 +21,6 @@ from openai import AsyncOpenAI
 from rollway.mock import MockBackendProcess
 from support.gateway_harness import Alias, RunningGateway, claim_one, register, running_gateway
 
-pytestmark = pytest.mark.xdist_group("swap-backends")  # two mock backend processes for the module: on one worker
-
 ALIAS = "policy"
 
 

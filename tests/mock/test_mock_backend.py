@@ -17,8 +17,6 @@ from openai import OpenAI
 from rollway.mock import MockBackendProcess, MockConfig, run_in_thread
 from rollway.mock import tokenizer as tok
 
-pytestmark = pytest.mark.xdist_group("mock-process")  # one mock backend process for the module: on one worker
-
 MODEL = "mock-model"
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",

@@ -24,7 +24,7 @@ require_browser()
 
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright  # noqa: E402
 
-pytestmark = [pytest.mark.real_component, pytest.mark.slow, pytest.mark.xdist_group("browser")]
+pytestmark = [pytest.mark.real_component, pytest.mark.slow]
 REWARD = "rollway.reward"
 LIVE = 5  # seconds between the rollout page's refreshes while the rollout is in progress (rollout.js, LIVE)
 SHOTS = os.environ.get("ROLLWAY_UI_SCREENSHOTS")
