@@ -92,7 +92,8 @@ def main() -> None:
     args = parser.parse_args()
     if not Path(args.agl_python).exists():
         raise SystemExit(
-            f"no Agent-lightning environment at {args.agl_python}: run tests/test_agl_store_client.py once"
+            f"no Agent-lightning environment at {args.agl_python}: "
+            "run ROLLWAY_REQUIRE_AGL=1 pytest tests/agl/test_agl_store_client.py once"
         )
     runs: dict[str, list[dict[str, Any]]] = {"agent-lightning 0.3.0 (in memory)": [], "rollway (SQLite file)": []}
     for _ in range(args.repeat):

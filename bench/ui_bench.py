@@ -8,7 +8,7 @@ Run from the repository root::
 ``rollway serve`` runs in a subprocess on a temporary SQLite file; 10,000 tasks are enqueued through the admin
 API (groups of 4, some then claimed, run and finished, so the statuses differ). Each load opens
 ``/ui/rollouts`` in a fresh browser context (no cache, no session storage) of the system's headless Chromium
-(driven by Playwright, as in ``tests/test_ui_browser.py``) and times from the navigation's start to the first
+(driven by Playwright, as in ``tests/ui/test_ui_browser.py``) and times from the navigation's start to the first
 page's rows drawn (50 rollouts); then the same with a status filter (``?status=succeeded``). The median and the
 range are printed. The issue's bound is one second.
 """
@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import httpx
 from playwright.sync_api import Browser, sync_playwright
-from ui_env import CHROMIUM, CHROMIUM_ARGS  # the tests' launch: headless, no connections of Chromium's own
 
 from rollway.process import GatewayProcess
+from support.ui_env import CHROMIUM, CHROMIUM_ARGS  # the tests' launch: headless, no connections of Chromium's own
 
 PAGE_ROWS = 50
 FINISHED = 1000  # rollouts claimed and finished, so the store holds several statuses

@@ -1,95 +1,158 @@
 """Shared fixtures. Every store contract test runs against SQLite (a real file) and, when reachable, the real
-PostgreSQL on this machine (a fresh database per test). Set ROLLWAY_TEST_PG_URL to point elsewhere."""
+PostgreSQL on this machine (a fresh database per test). Set ROLLWAY_TEST_PG_URL to point elsewhere.
+
+``gw`` is the gateway of the end-to-end tests; a module says what it serves by overriding ``gateway_settings``
+and ``gateway_aliases`` (fixtures of the same names), and marks its tests ``in_process`` when they need no real
+server (nothing streamed, no connection looked at, the address handed to no other process); ``in_process(False)``
+keeps one test of such a module on uvicorn."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import uuid
+import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rollway.mock import MockBackendProcess
 from rollway.store import Store
+from support.clock import FakeClock
+from support.gateway_harness import Alias, RunningGateway, running_gateway
+from support.postgres import create_database, drop_database, pg_dsn, pg_unavailable_reason
 
-PG_ADMIN_URL = os.environ.get("ROLLWAY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+#: ``-n auto``'s workers per core (``PYTEST_XDIST_AUTO_NUM_WORKERS`` overrides the count): most tests spend much
+#: of their time waiting on subprocesses, sockets and PostgreSQL rather than on a core.
+WORKERS_PER_CORE = 2
 
-
-class FakeClock:
-    """A clock the tests move by hand, so timeouts are tested without sleeping."""
-
-    def __init__(self, start: float = 1_800_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def _pg_dsn(database: str) -> str:
-    base, _, _ = PG_ADMIN_URL.rpartition("/")
-    return f"{base}/{database}"
-
-
-async def _pg_admin(sql: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(PG_ADMIN_URL, timeout=3)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
+#: Modules whose tests share an expensive module or session fixture (or import): under xdist each runs on one
+#: worker, one test after the other, so that the fixture is made once. (``xdist_group`` would say this in each
+#: module, but pytest-xdist 3.8 cannot group under pytest 9.2: it renames items through an attribute pytest no
+#: longer reads.)
+ONE_WORKER = {
+    "tests/engines/test_vllm_engine.py": "two vLLM servers for the session",
+    "tests/ui/test_ui_browser.py": "Chromium and a gateway filled by the demo's loop",
+    "tests/admin/test_trainer_exports.py": "a finished demo run",
+    "tests/cli/test_cli.py": "a gateway process",
+    "tests/test_packaging.py": "a wheel built in the source tree, and its install",
+    "tests/gateway/test_gateway_swap.py": "two mock backend processes",
+    "tests/mock/test_mock_backend.py": "a mock backend process",
+    "tests/gateway/test_gateway_litellm.py": "LiteLLM's import, seconds of CPU",
+}
 
 
-_pg_state: dict[str, str | None] = {}
-ICU_EN = "LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").isdigit():
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    return WORKERS_PER_CORE * len(os.sched_getaffinity(0))
 
 
-def pg_unavailable_reason() -> str | None:
-    """None when PostgreSQL answers, else why not (checked once per session)."""
-    if "reason" not in _pg_state:
-        try:
-            asyncio.run(_pg_admin("SELECT 1"))
-            _pg_state["reason"] = None
-        except Exception as exc:
-            _pg_state["reason"] = f"PostgreSQL not reachable at {PG_ADMIN_URL}: {exc!r}"
-    return _pg_state["reason"]
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``-n`` (and no other ``--dist``): each test goes to the next free worker, but the tests of a module in
+    ``ONE_WORKER``, which go to one worker together."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in ONE_WORKER else nodeid
+
+    return Scheduling(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Long runs first, so that under xdist none of them starts last: the modules of ``ONE_WORKER`` (the scheduler
+    also puts the largest of those first), then tests marked ``slow``, then the rest, each in the order
+    collected."""
+
+    def rank(item: pytest.Item) -> int:
+        if item.nodeid.split("::", 1)[0] in ONE_WORKER:
+            return 0
+        return 1 if item.get_closest_marker("slow") is not None else 2
+
+    items.sort(key=rank)
 
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database (dropped afterwards)."""
+    _require_postgres()
+    name = create_database()
+    try:
+        yield pg_dsn(name)
+    finally:
+        drop_database(name)
+
+
+def _require_postgres() -> None:
     reason = pg_unavailable_reason()
     if reason and os.environ.get("ROLLWAY_REQUIRE_POSTGRES") == "1":
         pytest.fail(reason)  # CI: PostgreSQL is there, so its cases must run
     if reason:
         pytest.skip(reason)
-    import asyncpg
-
-    name = f"rollway_test_{uuid.uuid4().hex[:12]}"
-    try:
-        # A natural-language default collation, as most installations have ("B" between "a" and "b"): orders
-        # the store promises (code point) must not depend on it. Plain when the server has no ICU.
-        asyncio.run(_pg_admin(f'CREATE DATABASE "{name}" TEMPLATE template0 {ICU_EN}'))
-    except asyncpg.PostgresError:
-        asyncio.run(_pg_admin(f'CREATE DATABASE "{name}"'))
-    try:
-        yield _pg_dsn(name)
-    finally:
-        asyncio.run(_pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def db_engine(request: pytest.FixtureRequest) -> str:
+    """Each engine the store runs on: the parameter of ``store_url``, ``migrated_url`` and ``store``."""
+    engine: str = request.param
+    return engine
+
+
+@pytest.fixture
+def store_url(db_engine: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """The URL of an empty database of each engine."""
-    if request.param == "sqlite":
+    if db_engine == "sqlite":
         return f"sqlite:///{tmp_path / 'rollway.db'}"
     url: str = request.getfixturevalue("pg_url")
     return url
+
+
+async def _migrate(url: str) -> None:
+    await (await Store.open(url, run_watchdog=False, keepalive_interval=0)).close()
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file with the schema at head and no rows, made by ``Store.open`` once per session (per worker)."""
+    path = tmp_path_factory.mktemp("template") / "rollway.db"
+    asyncio.run(_migrate(f"sqlite:///{path}"))
+    return path
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    """A PostgreSQL database with the schema at head and no rows, made by ``Store.open`` once per session (per
+    worker) and dropped at its end; nothing connects to it but ``CREATE DATABASE ... TEMPLATE``."""
+    _require_postgres()
+    name = create_database(prefix="rollway_template")
+    try:
+        asyncio.run(_migrate(pg_dsn(name)))
+        yield name
+    finally:
+        drop_database(name)
+
+
+@pytest.fixture
+def migrated_url(db_engine: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URL of a database of each engine with the schema at head and no rows: a copy of the session's template
+    (what ``store`` opens)."""
+    if db_engine == "sqlite":
+        path = tmp_path / "rollway.db"
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        yield f"sqlite:///{path}"
+        return
+    name = create_database(request.getfixturevalue("pg_template"))
+    try:
+        yield pg_dsn(name)
+    finally:
+        drop_database(name)
 
 
 @pytest.fixture
@@ -98,9 +161,9 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-async def store(store_url: str, clock: FakeClock) -> AsyncIterator[Store]:
+async def store(migrated_url: str, clock: FakeClock) -> AsyncIterator[Store]:
     """An open store on a fresh database, watchdog loop off (tests call ``sweep(force=True)``)."""
-    opened = await Store.open(store_url, clock=clock, run_watchdog=False)
+    opened = await Store.open(migrated_url, clock=clock, run_watchdog=False)
     try:
         yield opened
     finally:
@@ -131,3 +194,31 @@ def sglang_mock_process() -> Iterator[MockBackendProcess]:
 def sglang_mock(sglang_mock_process: MockBackendProcess) -> MockBackendProcess:
     sglang_mock_process.reset()
     return sglang_mock_process
+
+
+@pytest.fixture
+def gateway_settings() -> dict[str, Any]:
+    """The ``gw`` fixture's settings beyond its defaults (a SQLite file in the test's directory, ``public_url`` its
+    own address). A module overrides this fixture to set them, a test with
+    ``@pytest.mark.parametrize("gateway_settings", [{...}])``."""
+    return {}
+
+
+@pytest.fixture
+def gateway_aliases() -> list[Alias]:
+    """The model aliases the ``gw`` fixture's gateway serves from the start; a module overrides this fixture."""
+    return []
+
+
+@pytest.fixture
+async def gw(
+    request: pytest.FixtureRequest, tmp_path: Path, gateway_settings: dict[str, Any], gateway_aliases: list[Alias]
+) -> AsyncIterator[RunningGateway]:
+    """A gateway of ``gateway_settings`` serving ``gateway_aliases``: uvicorn on a loopback port, or in this process
+    when the test is marked ``in_process`` (and not ``in_process(False)``)."""
+    marker = request.node.get_closest_marker("in_process")
+    in_process = marker is not None and marker.args != (False,)
+    async with running_gateway(tmp_path, in_process=in_process, **gateway_settings) as gateway:
+        for alias in gateway_aliases:
+            await gateway.store.put_model(alias.name, alias.backends, version=alias.version)
+        yield gateway

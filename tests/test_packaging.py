@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -107,6 +108,17 @@ def test_each_top_level_folder_is_the_only_folder_of_its_package() -> None:
     assert links == []
 
 
+def test_the_tests_import_the_package_under_its_one_name() -> None:
+    """pytest puts ``tests/`` on ``sys.path``, for ``tests/support``, and nothing else: not the repository, whose
+    folders would be a second copy of the package (``store`` beside ``rollway.store``). A name such as ``store``
+    finds at most the tests' own folder of that name."""
+    for name in ("gateway", "store", "admin"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None:
+            folders = [Path(p).resolve() for p in spec.submodule_search_locations or ()]
+            assert spec.origin is None and all(f.is_relative_to(ROOT / "tests") for f in folders), (name, spec)
+
+
 def test_git_tracks_no_symbolic_link() -> None:
     """A link checks out as a text file on Windows (git's default there), so the repository has none."""
     listed = subprocess.run(["git", "ls-files", "--stage"], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -139,7 +151,8 @@ def test_this_test_run_imports_each_package_file_from_its_one_path(pytestconfig:
     assert all(os.path.realpath(loaded[name]) == loaded[name] for name in loaded.keys() & modules.keys())
 
 
-# -- the source distribution, the wheel and the editable install, each in a fresh virtual environment -----------
+# -- the source distribution, the wheel and the editable install, each in a fresh virtual environment (pip and
+# the package index: real_component) ---------------------------------------------------------------------------
 
 
 def _call(args: list[str]) -> None:
@@ -225,6 +238,7 @@ def _run(python: Path, code: str, cwd: Path, stdin: str | None = None) -> subpro
     )
 
 
+@pytest.mark.real_component  # pip builds the distributions with setuptools from the package index
 def test_the_wheel_installs_one_top_level_name(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as whl:
         tops = {name.split("/")[0] for name in whl.namelist()}
@@ -238,6 +252,7 @@ def test_the_wheel_installs_one_top_level_name(wheel: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.real_component
 def test_the_installed_wheel_gives_the_public_api_and_no_other_package(installed: Path, tmp_path: Path) -> None:
     result = _run(
         installed,
@@ -259,6 +274,7 @@ def test_the_installed_wheel_gives_the_public_api_and_no_other_package(installed
 
 
 @pytest.mark.slow
+@pytest.mark.real_component
 def test_the_installed_command_serves_its_help(installed: Path, tmp_path: Path) -> None:
     rollway = installed.parent / "rollway"
     result = subprocess.run([str(rollway), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
@@ -267,6 +283,7 @@ def test_the_installed_command_serves_its_help(installed: Path, tmp_path: Path) 
 
 
 @pytest.mark.slow
+@pytest.mark.real_component
 @pytest.mark.parametrize("beside", [["openai-agents==0.24.0"], ["openai>=3"]], ids=["openai-agents", "openai-3"])
 def test_the_wheel_resolves_beside_the_agent_stack(wheel: Path, beside: list[str], tmp_path: Path) -> None:
     """``pip install rollway openai-agents`` (the Agents SDK needs openai 3) and next to openai 3 itself."""
@@ -323,6 +340,7 @@ def _installed_file(purelib: Path, name: str, source: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.real_component
 @pytest.mark.parametrize("kind", sorted(INSTALLS))
 def test_every_module_is_imported_from_its_one_real_file(
     kind: str, checkout: Path, request: pytest.FixtureRequest, tmp_path: Path

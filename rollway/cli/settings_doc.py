@@ -5,7 +5,7 @@ costs pydantic, pydantic-settings (and asyncio under it), PyYAML and the store's
 rest of ``rollway --help`` costs. Help needs only each field's name, description and default, plain expressions
 in the class body: this reads them with ``ast`` and gives the same rows. Anything it does not understand (a
 field not declared as ``Field(...)``, a default that names a constant, ...) falls back to ``settings_rows``
-itself, so the help is never wrong, only slower; ``tests/test_cli.py`` checks that both agree.
+itself, so the help is never wrong, only slower; ``tests/cli/test_cli.py`` checks that both agree.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ The ``vllm`` flavour's answers carry ``x-request-id`` (the client's, or a new on
 ``--enable-request-id-headers``; the client's also names chat and completion answers (``chatcmpl-<id>``). The
 ``sglang`` flavour's carry ``vary: Origin`` (SGLang's CORS middleware) instead.
 
+``hold`` (``POST /mock/config``) keeps generation requests waiting until it is cleared.
+
 Per-request latency overrides: headers ``x-mock-latency-ms``, ``x-mock-ttft-ms``, ``x-mock-token-delay-ms``, or a
 body field ``"mock": {"latency_ms": .., "ttft_ms": .., "token_delay_ms": ..}``.
 """
@@ -38,7 +40,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from rollway.envelope import envelope
 from rollway.mock.config import MockConfig
 from rollway.mock.control import control_routes
-from rollway.mock.faults import FaultRule, RequestRecord, with_garbage
+from rollway.mock.faults import GENERATION_PATHS, FaultRule, RequestRecord, with_garbage
 from rollway.mock.plans import Plan, Planner
 from rollway.mock.sglang_plans import SGLangPlanner
 from rollway.mock.state import MockState, Watch
@@ -205,6 +207,10 @@ class _Endpoint:
         rule = state.faults.take(path=record.path, model=record.model, stream=plan.stream)
         if rule is not None:
             state.stats.fault_fired(record, rule)
+        if record.path in GENERATION_PATHS and not state.released.is_set():
+            record.stage = "held"
+            if await watch.until(state.released):
+                return
         record.stage = "waiting"
         if await watch.sleep(latency):
             return

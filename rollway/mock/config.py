@@ -23,6 +23,10 @@ class MockConfig:
     strict_models: bool = False
     #: Waited before anything is sent (queueing, network).
     latency_ms: float = 0.0
+    #: While true, generation requests wait on arrival (after their fault is chosen, before ``latency_ms``) until
+    #: it is set back to false or the client leaves: a test keeps calls in flight for as long as it needs them
+    #: there, instead of for a latency it hopes is long enough.
+    hold: bool = False
     #: Waited after the response headers, before the first token (prefill).
     ttft_ms: float = 0.0
     #: Waited between two tokens of a choice (decode).

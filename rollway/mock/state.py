@@ -25,9 +25,16 @@ class MockState:
         self.stats = Stats(config.request_log_size)
         self.watches: set[Watch] = set()
         self.shutting_down = False
+        #: Set unless ``config.hold``: what held requests wait for.
+        self.released = asyncio.Event()
+        self.released.set()
 
     def set_config(self, config: MockConfig) -> None:
         self.config = config
+        if config.hold:
+            self.released.clear()
+        else:
+            self.released.set()
         self.model = FakeModel(math_accuracy=config.math_accuracy)
         if config.prefix_block_size != self.prefix_cache.block_size:
             self.prefix_cache = PrefixCache(config.prefix_block_size)
@@ -61,6 +68,15 @@ class Watch:
         if not self.done:
             self.state.stats.cancel(self.record, time.monotonic())
         self.stop.set()
+
+    async def until(self, event: asyncio.Event) -> bool:
+        """Wait for ``event``; True when the client left (or the server stops) first."""
+        if not event.is_set() and not self.stop.is_set():
+            waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self.stop.wait())}
+            _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for wait in pending:
+                wait.cancel()
+        return self.stop.is_set()
 
     async def sleep(self, seconds: float) -> bool:
         """Wait ``seconds``; True when the client left (or the server stops) meanwhile."""

@@ -1,0 +1,489 @@
+"""Triplet export: the adapter's rules (reward matching, retries, attempts, merged rows), the store's export
+read (order, groups, cursor; SQLite and PostgreSQL) and ``GET /admin/v1/triplets`` through the real app."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from rollway.admin import triplets as admin_triplets
+from rollway.admin.adapters import dumps, merged_rows, triplets
+from rollway.app.factory import RollwayApp
+from rollway.settings import Settings
+from rollway.store import ExportQuery, RolloutConfig, Span, Store, TaskSpec
+from rollway.store.exports import RawJson, read_attributes
+from support.gateway_harness import app_lifespan
+from support.spans import A1, A2, call, conversation, other, plain, reward
+
+
+def rewards_of(spans: list[Span], attempt: str = A1) -> list[tuple[int, float | None]]:
+    return [(t["sequence_id"], t["reward"]) for t in plain(triplets("ro-1", attempt, spans))]
+
+
+# -- the adapter ------------------------------------------------------------------------------------------
+
+
+def test_a_reward_goes_to_the_latest_earlier_call_and_the_final_one_to_the_last_call() -> None:
+    spans = [call(1, [1], [2]), call(2, [3], [4]), reward(3, 0.5), call(4, [5], [6]), reward(5, 1.0)]
+    assert rewards_of(spans) == [(1, None), (2, 0.5), (4, 1.0)]
+
+
+def test_several_rewards_after_the_calls_fill_unmatched_calls_backwards() -> None:
+    spans = [call(1, [1], [2]), call(2, [3], [4]), call(3, [5], [6]), reward(4, 0.1), reward(5, 0.2)]
+    assert rewards_of(spans) == [(1, None), (2, 0.2), (3, 0.1)]
+
+
+def test_a_reward_before_every_call_matches_nothing() -> None:
+    spans = [reward(1, 1.0), call(2, [1], [2])]
+    assert rewards_of(spans) == [(2, None)]
+
+
+def test_spans_are_ordered_by_sequence_id_not_by_position() -> None:
+    spans = [reward(3, 1.0), call(2, [3], [4]), call(1, [1], [2])]
+    assert rewards_of(spans) == [(1, None), (2, 1.0)]
+
+
+def test_a_missing_reward_stays_none_and_a_null_reward_matches_nothing() -> None:
+    spans = [call(1, [1], [2]), reward(2, 0.0), call(3, [3], [4]), reward(4, None)]
+    assert rewards_of(spans) == [(1, 0.0), (3, None)]
+
+
+def test_auxiliary_reward_names_are_not_the_triplet_reward() -> None:
+    spans = [call(1, [1], [2]), call(2, [3], [4]), reward(3, 1.0), reward(4, 0.3, name="format")]
+    assert rewards_of(spans) == [(1, None), (2, 1.0)]
+
+
+def test_agentlightning_reward_spans_are_rewards() -> None:
+    spans = [
+        call(1, [1], [2]),
+        call(2, [3], [4]),
+        call(3, [5], [6]),
+        other(
+            4,
+            "agentlightning.annotation",
+            {"agentlightning.reward.0.name": "task", "agentlightning.reward.0.value": 0.7},
+        ),
+        other(5, "agentlightning.annotation", {"reward": 0.25}),  # agentlightning 0.2
+    ]
+    assert rewards_of(spans) == [(1, None), (2, 0.25), (3, 0.7)]
+
+
+def test_a_call_retried_with_an_identical_prompt_is_kept_once_the_last_time() -> None:
+    spans = [
+        call(1, [1, 2], [9]),
+        call(2, [1, 2], [8]),
+        call(3, [1, 2, 8, 5], [6]),
+        call(4, [1, 3], [7]),
+        reward(5, 1.0),
+    ]
+    out = plain(triplets("ro-1", A1, spans))
+    assert [(t["sequence_id"], t["response_token_ids"], t["reward"]) for t in out] == [
+        (2, [8], None),
+        (3, [6], None),
+        (4, [7], 1.0),
+    ]
+
+
+def test_only_the_latest_attempt_counts() -> None:
+    spans = [
+        call(1, [1], [2], attempt=A1),
+        reward(2, 0.0, attempt=A1),
+        call(1, [1], [3], attempt=A2),
+        reward(2, 1.0, attempt=A2),
+    ]
+    out = plain(triplets("ro-1", A2, spans))
+    assert [(t["attempt_id"], t["response_token_ids"], t["reward"]) for t in out] == [(A2, [3], 1.0)]
+    assert triplets("ro-1", None, spans) == []  # a rollout that never ran
+
+
+def test_non_trainable_calls_and_other_spans_are_not_triplets() -> None:
+    no_ids = call(3, [5], [6])
+    del no_ids.attributes["rollway.prompt_token_ids"]
+    spans = [
+        call(1, [1], [2], trainable=False),
+        call(2, [3], [4], operation="embeddings"),
+        no_ids,
+        other(4, "tool.search", {"query": "x"}),
+        call(5, [7], [], trainable=True),  # nothing sampled
+        call(6, [8], [9], operation="text_completion"),
+        reward(7, 1.0),
+    ]
+    assert rewards_of(spans) == [(6, 1.0)]
+
+
+def test_a_triplet_carries_the_call_and_its_context() -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]
+    chat = call(1, [1, 2], [3, 4], logprobs=[-0.1, -0.2], messages=messages)
+    text = call(2, [5], [6], operation="text_completion")
+    [first, second] = plain(triplets("ro-1", A1, [chat, text], group_id="g-1"))
+    assert first == {
+        "rollout_id": "ro-1",
+        "attempt_id": A1,
+        "group_id": "g-1",
+        "sequence_id": 1,
+        "choice_index": 0,
+        "prompt_token_ids": [1, 2],
+        "response_token_ids": [3, 4],
+        "response_logprobs": [-0.1, -0.2],
+        "reward": None,
+        "messages": messages,
+        "prompt": None,
+        "response": chat.attributes["rollway.response"]["choices"][0]["message"],
+        "model_version": "v7",
+        "finish_reason": "stop",
+    }
+    assert second["response"] == text.attributes["rollway.response"]["choices"][0]["text"]
+    assert (second["messages"], second["prompt"]) == (None, "hi")
+
+
+def test_merge_chains_a_three_turn_conversation_into_one_row() -> None:
+    spans = [
+        call(1, [1, 2], [3, 4], logprobs=[-0.1, -0.2]),
+        call(2, [1, 2, 3, 4, 5], [6], logprobs=[-0.3]),  # tool output 5
+        call(3, [1, 2, 3, 4, 5, 6, 7, 8], [9, 10], logprobs=[-0.4, -0.5]),  # observation 7, 8
+        reward(4, 1.0),
+    ]
+    [row] = plain(merged_rows("ro-1", A1, spans, group_id="g-1"))
+    assert row["token_ids"] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert row["loss_mask"] == [0, 0, 1, 1, 0, 1, 0, 0, 1, 1]
+    assert row["logprobs"] == [0.0, 0.0, -0.1, -0.2, 0.0, -0.3, 0.0, 0.0, -0.4, -0.5]
+    assert (row["reward"], row["n_calls"], row["prefix_breaks"], row["group_id"]) == (1.0, 3, 0, "g-1")
+
+
+def test_merge_splits_where_a_prompt_rewrote_history_and_counts_the_break() -> None:
+    spans = [
+        call(1, [1, 2], [3]),
+        reward(2, 0.2),
+        call(3, [1, 2, 3, 4], [5]),
+        call(4, [1, 9, 4], [6]),  # history summarised: not an extension
+        reward(5, 0.9),
+    ]
+    rows = plain(merged_rows("ro-1", A1, spans))
+    assert [(r["token_ids"], r["loss_mask"], r["n_calls"], r["reward"]) for r in rows] == [
+        ([1, 2, 3, 4, 5], [0, 0, 1, 0, 1], 2, 0.2),
+        ([1, 9, 4, 6], [0, 0, 0, 1], 1, 0.9),
+    ]
+    assert [r["prefix_breaks"] for r in rows] == [1, 1]
+
+
+def test_merge_has_no_logprobs_when_a_call_lacks_them() -> None:
+    missing = call(2, [1, 2, 3], [4])
+    missing.attributes["rollway.response_logprobs"] = None
+    [row] = plain(merged_rows("ro-1", A1, [call(1, [1], [2]), missing]))
+    assert row["logprobs"] is None
+    assert row["reward"] is None
+
+
+# -- through the store and the app -------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def app(tmp_path: Path) -> AsyncIterator[RollwayApp]:
+    async with app_lifespan(Settings(database_url=f"sqlite:///{tmp_path / 'app.db'}")) as application:
+        yield application
+
+
+@pytest.fixture
+async def client(app: RollwayApp) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
+        yield c
+
+
+@pytest.fixture
+def app_store(app: RollwayApp) -> Store:
+    store: Store = app.state.store
+    return store
+
+
+async def run(store: Store, client: httpx.AsyncClient, rollout_id: str, *, value: float | None = 1.0) -> str:
+    """Run the rollout's current attempt to success: two calls, a reward, status succeeded."""
+    attempt = (await store.get_attempt(rollout_id)).attempt_id
+    await store.add_spans(conversation(rollout_id, attempt))
+    response = await client.post(f"/admin/v1/rollouts/{rollout_id}/rewards", json={"value": value})
+    assert response.status_code == 201
+    response = await client.patch(f"/admin/v1/rollouts/{rollout_id}/attempts/latest", json={"status": "succeeded"})
+    assert response.status_code == 200, response.text
+    return attempt
+
+
+async def enqueue(store: Store, *tasks: dict[str, Any]) -> list[str]:
+    rollouts = await store.enqueue([TaskSpec(**t) for t in tasks])
+    claimed = await store.claim("w1", limit=len(rollouts))
+    assert len(claimed) == len(rollouts)
+    return [r.rollout_id for r in rollouts]
+
+
+async def export(client: httpx.AsyncClient, **params: Any) -> dict[str, Any]:
+    response = await client.get("/admin/v1/triplets", params=params)
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def rollouts_in(items: list[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(i["rollout_id"] for i in items))
+
+
+async def test_a_group_exports_only_when_complete_unless_partial(app_store: Store, client: httpx.AsyncClient) -> None:
+    ids = await enqueue(app_store, {"group_id": "g", "group_size": 3})
+    for rollout_id in ids[:2]:
+        await run(app_store, client, rollout_id)
+    assert (await export(client, group_id="g"))["items"] == []
+    assert sorted(rollouts_in((await export(client, group_id="g", partial="true"))["items"])) == sorted(ids[:2])
+    assert (await export(client))["items"] == []  # an incremental pull waits for the group too
+    await run(app_store, client, ids[2])
+    whole = await export(client, group_id="g")
+    assert sorted(rollouts_in(whole["items"])) == sorted(ids)
+    assert len(whole["items"]) == 6  # two calls each
+    assert {i["group_id"] for i in whole["items"]} == {"g"}
+    assert [i["reward"] for i in whole["items"]] == [None, 1.0] * 3
+
+
+async def test_a_group_of_direct_starts_exports_once_it_has_the_members_it_declared(
+    app_store: Store, client: httpx.AsyncClient
+) -> None:
+    """Online learning: members started one at a time, each finished before the next starts. Declaring the
+    group's size keeps it from looking complete (and being pulled) while only the first ones have finished."""
+    started = []
+    for i in range(3):
+        body = {"input": i, "group_id": "online", "group_size": 3, "worker_id": "w"}
+        response = await client.post("/admin/v1/rollouts/start", json=body)
+        assert response.status_code == 201, response.text
+        started.append(response.json()["rollout"]["rollout_id"])
+        await run(app_store, client, started[-1])
+        view = (await client.get("/admin/v1/groups/online")).json()
+        assert (view["size"], view["finished"], view["complete"]) == (3, i + 1, i == 2)
+        if i < 2:
+            assert (await export(client))["items"] == []  # an incremental pull waits for the third member
+    pulled = await export(client)
+    assert rollouts_in(pulled["items"]) == started
+    assert {i["group_id"] for i in pulled["items"]} == {"online"}
+
+
+async def test_incremental_pulls_return_each_finished_rollout_once(app_store: Store, client: httpx.AsyncClient) -> None:
+    solo_1, solo_2 = await enqueue(app_store, {}, {})
+    pair = await enqueue(app_store, {"group_id": "pair", "group_size": 2})
+    await run(app_store, client, pair[0])  # its group is not complete yet
+    await run(app_store, client, solo_1)
+    first = await export(client)
+    assert rollouts_in(first["items"]) == [solo_1]
+    assert first["next_cursor"]
+    nothing_new = await export(client, since=first["next_cursor"])
+    assert nothing_new == {"items": [], "next_cursor": first["next_cursor"]}  # a poller keeps its place
+
+    await run(app_store, client, solo_2)
+    await run(app_store, client, pair[1])
+    second = await export(client, since=first["next_cursor"])
+    assert rollouts_in(second["items"]) == [solo_2, pair[0], pair[1]]  # the group at its last finish
+    third = await export(client, since=second["next_cursor"])
+    assert third["items"] == []
+    seen = rollouts_in(first["items"]) + rollouts_in(second["items"])
+    assert sorted(seen) == sorted([solo_1, solo_2, *pair])
+
+
+async def test_pages_follow_the_cursor_and_never_split_a_group(app_store: Store, client: httpx.AsyncClient) -> None:
+    solo = await enqueue(app_store, {})
+    trio = await enqueue(app_store, {"group_id": "trio", "group_size": 3})
+    later = await enqueue(app_store, {})
+    for rollout_id in [*solo, *trio, *later]:
+        await run(app_store, client, rollout_id)
+    pages, cursor = [], None
+    while True:
+        page = await export(client, limit=2, **({"since": cursor} if cursor else {}))
+        if not page["items"]:
+            break
+        pages.append(rollouts_in(page["items"]))
+        cursor = page["next_cursor"]
+    assert pages == [solo, trio, later]  # the trio does not fit after solo, and comes whole on its own
+
+
+async def test_jsonl_streams_one_row_per_line_with_the_cursor_in_a_header(
+    app_store: Store, client: httpx.AsyncClient
+) -> None:
+    ids = await enqueue(app_store, {}, {})
+    for rollout_id in ids:
+        await run(app_store, client, rollout_id)
+    as_json = await export(client)
+    async with client.stream("GET", "/admin/v1/triplets", params={"format": "jsonl"}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "application/x-ndjson"
+        assert response.headers["x-rollway-next-cursor"] == as_json["next_cursor"]
+        lines = [line async for line in response.aiter_lines() if line]
+    assert [orjson.loads(line) for line in lines] == as_json["items"]
+    assert len(lines) == 4
+
+
+async def test_merge_returns_one_row_per_rollout_conversation(app_store: Store, client: httpx.AsyncClient) -> None:
+    [rollout_id] = await enqueue(app_store, {})
+    await run(app_store, client, rollout_id, value=0.5)
+    [row] = (await export(client, merge="true"))["items"]
+    assert row["token_ids"] == [100, 101, 200, 201, 300, 210, 211]
+    assert row["loss_mask"] == [0, 0, 1, 1, 0, 1, 1]
+    assert (row["reward"], row["n_calls"], row["prefix_breaks"]) == (0.5, 2, 0)
+
+
+async def test_a_retried_rollout_exports_only_its_latest_attempt(app_store: Store, client: httpx.AsyncClient) -> None:
+    config = RolloutConfig(max_attempts=2, retry_condition=["failed"])
+    [rollout_id] = await enqueue(app_store, {"config": config})
+    first_attempt = (await app_store.get_attempt(rollout_id)).attempt_id
+    await app_store.add_spans(conversation(rollout_id, first_attempt, turns=3, tag=50))
+    await client.post(f"/admin/v1/rollouts/{rollout_id}/rewards", json={"value": 0.0})
+    failed = await client.patch(f"/admin/v1/rollouts/{rollout_id}/attempts/latest", json={"status": "failed"})
+    assert failed.status_code == 200
+    assert (await export(client, partial="true"))["items"] == []  # requeued: not finished
+    [claim] = await app_store.claim("w2")
+    second_attempt = await run(app_store, client, rollout_id)
+    assert claim.attempt.attempt_id == second_attempt != first_attempt
+    items = (await export(client, rollout_id=rollout_id))["items"]
+    assert {i["attempt_id"] for i in items} == {second_attempt}
+    assert [i["reward"] for i in items] == [None, 1.0]
+
+
+async def test_unfinished_rollouts_are_not_exported_and_named_ones_are(
+    app_store: Store, client: httpx.AsyncClient
+) -> None:
+    running, done = await enqueue(app_store, {}, {})
+    pair = await enqueue(app_store, {"group_id": "p", "group_size": 2})
+    await run(app_store, client, done)
+    await run(app_store, client, pair[0])
+    named = await export(client, rollout_id=[running, done, pair[0]])
+    assert rollouts_in(named["items"]) == [done, pair[0]]  # named rollouts need no complete group
+
+
+async def test_a_bad_cursor_or_limit_is_a_400_in_the_error_envelope(client: httpx.AsyncClient) -> None:
+    for params in ({"since": "not-a-cursor"}, {"limit": 0}, {"format": "csv"}):
+        response = await client.get("/admin/v1/triplets", params=params)
+        assert response.status_code == 400
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+async def test_store_export_orders_units_by_their_last_finish(store: Store) -> None:
+    """The export read on each engine: groups at their last finish, whole, with their latest attempt's spans."""
+    group = await store.enqueue([TaskSpec(group_id="g", group_size=2)])
+    [solo] = await store.enqueue([TaskSpec()])
+    claimed = {c.rollout.rollout_id: c.attempt.attempt_id for c in await store.claim("w", limit=3)}
+    order = [group[0].rollout_id, solo.rollout_id, group[1].rollout_id]
+    for rollout_id in order:
+        await store.add_spans(conversation(rollout_id, claimed[rollout_id]))
+        await store.update_attempt(rollout_id, status="succeeded")
+    page = await store.export_rollouts(ExportQuery(limit=10))
+    assert [r.rollout_id for r in page.rollouts] == [solo.rollout_id, group[0].rollout_id, group[1].rollout_id]
+    assert all(len(r.spans) == 2 and r.spans[0].sequence_id == 1 for r in page.rollouts)
+    assert {s.attempt_id for r in page.rollouts for s in r.spans} == set(claimed.values())
+    first = page.rollouts[0].spans[0].attributes
+    assert first["rollway.prompt_token_ids"] == RawJson("[100,101]")  # as stored, not decoded
+    assert first["rollway.request"]["messages"] == [{"role": "user", "content": "hi"}]
+    partial = await store.export_rollouts(ExportQuery(partial=True, limit=1))
+    assert [r.rollout_id for r in partial.rollouts] == [group[0].rollout_id]
+    rest = await store.export_rollouts(ExportQuery(partial=True, since=partial.next_cursor), with_spans=False)
+    assert [r.rollout_id for r in rest.rollouts] == order[1:]
+    assert all(r.spans == [] for r in rest.rollouts)
+
+
+async def test_large_pages_stream_in_chunks_with_the_same_rows(
+    app_store: Store, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = await enqueue(app_store, {}, {}, {})
+    for rollout_id in ids:
+        await run(app_store, client, rollout_id)
+    whole = await export(client)
+    monkeypatch.setattr(admin_triplets, "CHUNK", 1)  # every page is "large": read and streamed one rollout at a time
+    assert await export(client, limit=10) == whole
+    response = await client.get("/admin/v1/triplets", params={"limit": 10, "format": "jsonl"})
+    assert [orjson.loads(line) for line in response.text.splitlines()] == whole["items"]
+
+
+async def test_a_rollout_that_finishes_again_while_a_large_page_streams_is_rendered_as_the_page_read_it(
+    app_store: Store, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large page reads its spans chunk by chunk, after the page itself. A rollout that got a new attempt and
+    finished again in between is rendered with the attempt the page read (and comes again at its new position),
+    not as that attempt with no spans."""
+    ids = await enqueue(app_store, {}, {})
+    first = {rollout_id: await run(app_store, client, rollout_id) for rollout_id in ids[1:]}
+    first[ids[0]] = (await app_store.get_attempt(ids[0])).attempt_id
+    await app_store.add_spans(conversation(ids[0], first[ids[0]]))
+    await app_store.update_attempt(ids[0], status="failed")  # a failed rollout may be run again
+    whole = await export(client)
+    assert {i["rollout_id"] for i in whole["items"]} == set(ids)
+    monkeypatch.setattr(admin_triplets, "CHUNK", 1)
+    original = app_store.export_rollouts
+
+    ran: list[str] = []
+
+    async def page_then_again(*args: Any, **kwargs: Any) -> Any:
+        page = await original(*args, **kwargs)
+        if kwargs.get("with_spans") is False and not ran:  # the page is read: now the first rollout runs again
+            ran.append(ids[0])
+            again = await app_store.start_attempt(ids[0], "w2")
+            await app_store.add_spans(conversation(ids[0], again.attempt.attempt_id))
+            await app_store.update_attempt(ids[0], status="succeeded")
+        return page
+
+    monkeypatch.setattr(app_store, "export_rollouts", page_then_again)
+    streamed = await export(client, limit=10)
+    assert streamed == whole
+    assert {i["rollout_id"]: i["attempt_id"] for i in streamed["items"]} == first
+    later = await export(client, since=streamed["next_cursor"])
+    assert {i["attempt_id"] for i in later["items"]} == {(await app_store.get_attempt(ids[0])).attempt_id}
+
+
+async def test_a_failure_mid_stream_ends_the_body_with_an_error(
+    app: RollwayApp, app_store: Store, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = await enqueue(app_store, {}, {})
+    for rollout_id in ids:
+        await run(app_store, client, rollout_id)
+    monkeypatch.setattr(admin_triplets, "CHUNK", 1)
+    original = app_store.export_spans
+    calls = itertools.count()
+
+    async def failing(rollouts: Any) -> None:
+        if next(calls) == 1:  # the first rollout's spans, then the second's: fail
+            raise ConnectionError("database went away")
+        await original(rollouts)
+
+    monkeypatch.setattr(app_store, "export_spans", failing)
+    body = await export(client, limit=10)
+    assert len(body["items"]) == 2  # the first rollout's rows
+    assert body["next_cursor"] is None
+    assert body["error"]["type"] == "server_error"
+
+    calls = itertools.count()
+    response = await client.get("/admin/v1/triplets", params={"limit": 10, "format": "jsonl"})
+    *rows, last = [orjson.loads(line) for line in response.text.splitlines()]
+    assert len(rows) == 2
+    assert last["error"]["message"] == "export failed: ConnectionError"
+
+
+def test_stored_token_arrays_are_read_without_decoding_and_odd_layouts_in_full() -> None:
+    attributes = {
+        "gen_ai.operation.name": "chat",
+        "rollway.response_token_ids": [7, 8],
+        "rollway.request": {"messages": [{"role": "user", "content": '"rollway.prompt_token_ids":[1]'}]},
+        "rollway.prompt_token_ids": [1, 2, 3],
+        "rollway.response_logprobs": None,
+    }
+    read = read_attributes(orjson.dumps(attributes).decode())
+    assert read["rollway.prompt_token_ids"] == RawJson("[1,2,3]")
+    assert read["rollway.response_token_ids"] == RawJson("[7,8]")
+    assert read["rollway.request"] == attributes["rollway.request"]
+    assert read["rollway.response_logprobs"] is None
+    nested = {"rollway.request": {"rollway.prompt_token_ids": [4]}, "rollway.prompt_token_ids": [5]}
+    assert read_attributes(orjson.dumps(nested).decode()) == nested  # a nested key first: decoded in full
+    assert read_attributes(json.dumps({"rollway.prompt_token_ids": [1, 2]})) == {"rollway.prompt_token_ids": [1, 2]}
+    assert read_attributes(None) == {}
+
+
+def test_rows_with_integers_beyond_64_bits_still_serialize() -> None:
+    span = call(1, [1], [2], messages=[{"role": "user", "content": "big", "n": 2**70}])
+    [row] = plain(triplets("ro-1", A1, [span]))
+    assert row["messages"][0]["n"] == 2**70
+    assert row["prompt_token_ids"] == [1]

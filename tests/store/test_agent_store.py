@@ -1,0 +1,147 @@
+"""Remote agent servers in the store (SQLite and PostgreSQL): the registry keeps the key secret, runner claims
+and agent claims never take each other's tasks, an agent claim respects the server's concurrency, and a
+completion report is recorded once (reward span, metadata, status) and refused when it comes too late."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollway.store import (
+    AgentServer,
+    ConflictError,
+    NotFoundError,
+    RemoteCompletion,
+    RolloutConfig,
+    Store,
+    StoreValidationError,
+)
+from support.clock import FakeClock
+
+
+async def test_the_registry_stores_the_api_key_and_never_prints_it(store: Store) -> None:
+    saved = await store.put_agent(AgentServer(name="math", url="http://127.0.0.1:9/", api_key="secret-123"))
+    assert saved.url == "http://127.0.0.1:9"
+    assert saved.api_key is not None and saved.api_key.get_secret_value() == "secret-123"
+    assert "secret-123" not in repr(saved) and "secret-123" not in saved.model_dump_json()
+    replaced = await store.put_agent(AgentServer(name="math", url="http://127.0.0.1:10", max_concurrent=3))
+    assert (replaced.url, replaced.api_key, replaced.max_concurrent) == ("http://127.0.0.1:10", None, 3)
+    assert [a.name for a in await store.list_agents()] == ["math"]
+    await store.delete_agent("math")
+    assert await store.list_agents() == []
+    with pytest.raises(NotFoundError):
+        await store.delete_agent("math")
+    with pytest.raises(StoreValidationError):
+        await store.put_agent(AgentServer(name="bad", url="ftp://x"))
+
+
+async def test_runner_claims_never_take_agent_tasks_and_agent_claims_only_their_own(store: Store) -> None:
+    await store.put_agent(AgentServer(name="a", url="http://127.0.0.1:9"))
+    await store.put_agent(AgentServer(name="b", url="http://127.0.0.1:9"))
+    for_a = await store.enqueue([{"input": i, "agent": "a"} for i in range(3)])
+    for_b = await store.enqueue([{"input": "b", "agent": "b"}])
+    plain = await store.enqueue([{"input": "runner"}])
+
+    claimed = await store.claim("runner-1", limit=10)
+    assert [c.rollout.rollout_id for c in claimed] == [plain[0].rollout_id]
+    assert await store.claim("runner-1", limit=10) == []
+
+    got_a = await store.claim_for_agent("a", limit=10)
+    assert [c.rollout.rollout_id for c in got_a] == [r.rollout_id for r in for_a]  # FIFO
+    assert {c.attempt.worker_id for c in got_a} == {"agent:a"}
+    got_b = await store.claim_for_agent("b", limit=10)
+    assert [c.rollout.rollout_id for c in got_b] == [for_b[0].rollout_id]
+    with pytest.raises(NotFoundError):
+        await store.claim_for_agent("nobody")
+
+
+async def test_an_agent_claim_hands_out_no_more_than_the_free_slots(store: Store) -> None:
+    await store.put_agent(AgentServer(name="a", url="http://127.0.0.1:9", max_concurrent=2))
+    await store.enqueue([{"input": i, "agent": "a"} for i in range(5)])
+    first = await store.claim_for_agent("a", limit=10)
+    assert len(first) == 2
+    assert await store.claim_for_agent("a", limit=10) == []
+    done = RemoteCompletion(rollout_id=first[0].rollout.rollout_id, status="COMPLETED", reward=1.0)
+    await store.complete_remote(done)
+    assert len(await store.claim_for_agent("a", limit=10)) == 1  # one slot freed
+
+
+async def test_a_completion_is_recorded_once_with_its_reward_span(store: Store) -> None:
+    await store.put_agent(AgentServer(name="a", url="http://127.0.0.1:9"))
+    await store.enqueue([{"input": "x", "agent": "a", "rollout_id": "ro-1"}])
+    [claimed] = await store.claim_for_agent("a")
+    report = RemoteCompletion(
+        rollout_id="ro-1", status="COMPLETED", reward=0.75, metrics={"num_llm_calls": 2}, finish_reason="stop"
+    )
+    attempt, duplicate = await store.complete_remote(report, claimed.attempt.attempt_id)
+    assert not duplicate and attempt.status == "succeeded"
+    assert attempt.metadata is not None and attempt.metadata["completion"]["metrics"] == {"num_llm_calls": 2}
+    assert (await store.get_rollout("ro-1")).status == "succeeded"
+
+    again, duplicate = await store.complete_remote(report.model_copy(update={"reward": 0.0, "status": "ERROR"}))
+    assert duplicate and again == attempt
+    spans = await store.query_spans("ro-1")
+    assert [(s.name, s.attributes["rollway.reward.value"]) for s in spans] == [("rollway.reward", 0.75)]
+    with pytest.raises(NotFoundError):
+        await store.complete_remote(RemoteCompletion(rollout_id="ro-unknown", status="COMPLETED"))
+
+
+async def test_an_error_report_fails_the_attempt_and_the_rollout_retries(store: Store) -> None:
+    await store.put_agent(AgentServer(name="a", url="http://127.0.0.1:9"))
+    config = RolloutConfig(max_attempts=2, retry_condition=["failed"])
+    await store.enqueue([{"input": "x", "agent": "a", "rollout_id": "ro-1", "config": config}])
+    await store.claim_for_agent("a")
+    attempt, _ = await store.complete_remote(
+        RemoteCompletion(rollout_id="ro-1", status="ERROR", error_message="tool crashed")
+    )
+    assert attempt.status == "failed" and attempt.metadata is not None
+    assert attempt.metadata["completion"]["error_message"] == "tool crashed"
+    assert (await store.get_rollout("ro-1")).status == "requeuing"
+    [again] = await store.claim_for_agent("a")
+    assert again.attempt.sequence_id == 2
+
+
+async def test_a_completion_after_the_attempt_timed_out_is_a_conflict(store: Store, clock: FakeClock) -> None:
+    await store.put_agent(AgentServer(name="a", url="http://127.0.0.1:9"))
+    config = RolloutConfig(timeout_seconds=5, max_attempts=2, retry_condition=["timeout"])
+    await store.enqueue([{"input": "x", "agent": "a", "rollout_id": "ro-1", "config": config}])
+    [first] = await store.claim_for_agent("a")
+    clock.advance(6)
+    await store.sweep(force=True)
+    assert (await store.get_rollout("ro-1")).status == "requeuing"
+    late = RemoteCompletion(rollout_id="ro-1", status="COMPLETED", reward=1.0)
+    with pytest.raises(ConflictError):
+        await store.complete_remote(late, first.attempt.attempt_id)
+    [second] = await store.claim_for_agent("a")
+    with pytest.raises(ConflictError):  # the old attempt's key cannot land on the retry
+        await store.complete_remote(late, first.attempt.attempt_id)
+    attempt, _ = await store.complete_remote(late, second.attempt.attempt_id)
+    assert attempt.status == "succeeded"
+
+
+async def test_dispatch_facts_merge_into_metadata_without_losing_a_completion(store: Store) -> None:
+    await store.put_agent(AgentServer(name="a", url="http://127.0.0.1:9"))
+    await store.enqueue([{"input": "x", "agent": "a", "rollout_id": "ro-1"}])
+    [claimed] = await store.claim_for_agent("a")
+    await store.complete_remote(RemoteCompletion(rollout_id="ro-1", status="COMPLETED"))
+    assert await store.record_dispatch("ro-1", claimed.attempt.attempt_id, {"tools": [{"type": "function"}]})
+    attempt = await store.get_attempt("ro-1")
+    assert attempt.metadata is not None
+    assert attempt.metadata["dispatch"] == {"tools": [{"type": "function"}]}
+    assert attempt.metadata["completion"]["status"] == "COMPLETED"
+
+
+def test_values_the_columns_cannot_hold_are_refused_before_they_reach_the_database() -> None:
+    from pydantic import ValidationError
+
+    from rollway.store import Backend, Span, TaskSpec
+
+    assert TaskSpec(agent="a" * 128, priority=2**31 - 1).agent == "a" * 128
+    for bad in ({"agent": "a" * 129}, {"agent": ""}, {"priority": 2**31}, {"priority": 6972138355710955094016}):
+        with pytest.raises(ValidationError):
+            TaskSpec(**bad)
+    with pytest.raises(ValidationError):
+        TaskSpec(config={"max_attempts": 962729990305581016249532416})  # read back as a float: a 500
+    with pytest.raises(ValidationError):
+        Span(trace_id="t", span_id="s", name="n", sequence_id=2**31)
+    with pytest.raises(ValidationError):
+        Backend(base_url="http://x", model="m", max_concurrency=55747671734836600504320)
