@@ -54,7 +54,7 @@ def main() -> None:
     whole, streamed = record(False), record(True)
 
     def call(rec: CallRecord) -> None:
-        gauge = metrics.call_started("policy")
+        gauge = metrics.count_in_flight("policy")
         metrics.observe_call(rec, True)
         gauge.dec()
 

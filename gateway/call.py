@@ -64,7 +64,7 @@ class Call:
             ticket = await gateway.store.begin_call(who.rollout_id, who.attempt_id)
             gateway.registry.observe(ticket.catalog_revision)  # a change made through another replica: reload
         except BaseException:
-            arrival.done()
+            arrival.end()
             raise
         record = CallRecord(
             operation=operation,
@@ -84,7 +84,7 @@ class Call:
         if gateway.registry.paused(alias) and gateway.settings.pause_wait_seconds > 0:
             # It waits for its lease in ``run``, where a client that leaves ends it; not a call to drain meanwhile,
             # since it leases what is current when the alias resumes.
-            arrival.done()
+            arrival.end()
             return cls(gateway, record, path, None)
         return cls(gateway, record, path, arrival)
 
@@ -95,7 +95,7 @@ class Call:
         gateway, record = self.gateway, self.record
         reply.deadline = record.deadline  # a client that does not read is not waited for past it either
         watch = ClientWatch(receive)
-        gateway.running.started()
+        gateway.running.add()
         try:
             try:
                 ending = await self._answer(body=record.request, reply=reply, headers=headers)
@@ -111,7 +111,7 @@ class Call:
         finally:
             watch.stop()
             self._release()
-            gateway.running.done()
+            gateway.running.remove()
 
     async def _answer(self, body: dict[str, Any], reply: Reply, headers: Headers) -> Ending:
         """Everything up to the end of the answer, which is returned: the lease, the backend's answer, its head and
@@ -134,7 +134,7 @@ class Call:
         else:
             answer.release()
         finally:
-            gateway.router.finished(backend.backend_id, ok=ok, counts_as_failure=not ok)
+            gateway.router.end_try(backend.backend_id, ok=ok, counts_as_failure=not ok)
         return ending
 
     async def _admit(self) -> None:
@@ -157,7 +157,7 @@ class Call:
         finally:
             self._arrival = None  # ``admit`` ended it
         record.model_version = lease.version
-        self._lease, self._in_flight = lease, gateway.metrics.call_started(alias)
+        self._lease, self._in_flight = lease, gateway.metrics.count_in_flight(alias)
 
     def _whole(self, answer: Answer, whole: bytes, injected: Injected, headers: Headers) -> WholeAnswer:
         """A whole answer (read by ``connect``), as the client gets it; a backend echoing its key (an answer
@@ -231,7 +231,7 @@ class Call:
     def _release(self) -> None:
         """The call is over: its lease on the alias (or its arrival, if it never got one) given back."""
         if self._arrival is not None:
-            self._arrival.done()
+            self._arrival.end()
         if self._lease is not None:
             self._lease.release()
             self._in_flight.dec()

@@ -86,7 +86,7 @@ class Lease:
 class Arrival:
     """A call on its way to a lease: counted as in flight (configuration unknown; ``revision``: the catalog
     revision its process had seen when it arrived) from before its arrival transaction until it holds a lease,
-    waits on a paused alias, or fails (``done``)."""
+    waits on a paused alias, or fails (``end``)."""
 
     __slots__ = ("_counts", "_done", "_slot")
 
@@ -94,7 +94,7 @@ class Arrival:
         self._counts, self._slot, self._done = counts, (alias, revision), False
         counts[self._slot] = counts.get(self._slot, 0) + 1
 
-    def done(self) -> None:
+    def end(self) -> None:
         if self._done:
             return
         self._done = True

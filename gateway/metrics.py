@@ -172,7 +172,7 @@ class Metrics:
 
     # -- call path ------------------------------------------------------------------------------------
 
-    def call_started(self, alias: str) -> Any:
+    def count_in_flight(self, alias: str) -> Any:
         """The in-flight gauge child of ``alias``, incremented; the caller decrements it when the call ends."""
         child = self._in_flight.get(alias)
         if child is None:

@@ -122,7 +122,7 @@ class Gateway:
                 error_body = without_key(await response.read_error(), backend)
             except UpstreamFailure as exc:
                 retried = exc.kind in RETRIED_FAILURES
-                self.router.finished(backend.backend_id, ok=False, counts_as_failure=retried)
+                self.router.end_try(backend.backend_id, ok=False, counts_as_failure=retried)
                 if exc.kind == "connect":
                     self.registry.kinds.forget(backend)
                 if exc.kind == "response_too_large":  # (not retried: the backend would say it again)
@@ -131,10 +131,10 @@ class Gateway:
                     raise CallError.of(504, str(exc), "timeout", code=exc.kind) from exc
                 last_error = CallError.of(502, str(exc), "upstream_error", code=RETRIED_FAILURES[exc.kind])
             except BaseException:  # cancelled (the client left), or broken: the slot is given back all the same
-                self.router.finished(backend.backend_id, ok=False, counts_as_failure=False)
+                self.router.end_try(backend.backend_id, ok=False, counts_as_failure=False)
                 raise
             else:
-                self.router.finished(backend.backend_id, ok=False, counts_as_failure=response.status >= 500)
+                self.router.end_try(backend.backend_id, ok=False, counts_as_failure=response.status >= 500)
                 if response.status >= 500:
                     self.registry.kinds.forget(backend)
                 last_error = CallError(response.status, error_body, passthrough_headers(response))
@@ -158,7 +158,7 @@ class Gateway:
         try:
             return await self.registry.kinds.resolve(backend)
         except BaseException:
-            self.router.finished(backend.backend_id, ok=False, counts_as_failure=False)
+            self.router.end_try(backend.backend_id, ok=False, counts_as_failure=False)
             raise
 
     async def _send(self, record: CallRecord, path: str, backend: Backend, upstream_body: dict[str, Any]) -> Answer:
@@ -205,7 +205,7 @@ def _streamed(record: CallRecord, response: Answer) -> bool:
 
 
 class Running:
-    """How many calls the data plane is running; at shutdown the lifespan waits for none (``ended``): the calls
+    """How many calls the data plane is running; at shutdown the lifespan waits for none (``wait_for_none``): the calls
     uvicorn cancelled are writing their spans, which the store must still be open for."""
 
     def __init__(self) -> None:
@@ -213,16 +213,16 @@ class Running:
         self._none = asyncio.Event()
         self._none.set()
 
-    def started(self) -> None:
+    def add(self) -> None:
         self.count += 1
         self._none.clear()
 
-    def done(self) -> None:
+    def remove(self) -> None:
         self.count -= 1
         if self.count == 0:
             self._none.set()
 
-    async def ended(self, timeout: float) -> bool:
+    async def wait_for_none(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for no call to be running; whether none is."""
         try:
             async with asyncio.timeout(timeout):

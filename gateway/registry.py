@@ -140,7 +140,7 @@ class ModelRegistry:
 
     def arrival(self, alias: str) -> Arrival:
         """Count a call of ``alias`` as in flight from now (before its arrival transaction) until ``admit`` or
-        ``Arrival.done``: the replicas' reports must include calls that read the catalog before a change."""
+        ``Arrival.end``: the replicas' reports must include calls that read the catalog before a change."""
         return Arrival(self._arriving, alias, -1 if self._revision is None else self._revision)
 
     async def admit(self, alias: str, wait_seconds: float, arrival: Arrival | None = None) -> Lease:
@@ -152,13 +152,13 @@ class ModelRegistry:
             return await self._admit(alias, wait_seconds, arrival)
         finally:
             if arrival is not None:
-                arrival.done()
+                arrival.end()
 
     async def _admit(self, alias: str, wait_seconds: float, arrival: Arrival | None) -> Lease:
         state = await self.state(alias)
         if state.paused:
             if arrival is not None:
-                arrival.done()  # it will lease what is current when the alias resumes: not a call to drain
+                arrival.end()  # it will lease what is current when the alias resumes: not a call to drain
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait_seconds
             held = state

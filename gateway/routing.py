@@ -136,7 +136,7 @@ class Router:
         use: those are handed out as they free (``_hand_out``)."""
         backend = self.choose(backends, rollout_id, _NOTHING)
         if backend is not None:
-            self.started(backend.backend_id)
+            self.begin_try(backend.backend_id)
         return backend
 
     async def acquire(
@@ -158,7 +158,7 @@ class Router:
         earlier call could use, and does not queue behind calls waiting for other slots than the one it gets."""
         backend = pick()
         if backend is not None:
-            self.started(backend.backend_id)
+            self.begin_try(backend.backend_id)
             return backend
         if timeout <= 0:
             return None
@@ -177,7 +177,7 @@ class Router:
             if not waiter.slot.done():
                 waiter.slot.cancel()
             elif taken is None:  # handed a slot just as the caller left: given back, to the next in line
-                self.finished(waiter.slot.result().backend_id, ok=False, counts_as_failure=False)
+                self.end_try(waiter.slot.result().backend_id, ok=False, counts_as_failure=False)
             if not self._waiters and self._wake is not None:
                 self._wake.cancel()
                 self._wake = None
@@ -229,18 +229,18 @@ class Router:
             backend = waiter.pick()
             if backend is None:
                 continue
-            self.started(backend.backend_id)
+            self.begin_try(backend.backend_id)
             waiter.slot.set_result(backend)
             served.append(waiter)
         if served:
             self._waiters = deque(waiter for waiter in self._waiters if not waiter.slot.done())
 
-    def started(self, backend_id: str) -> None:
+    def begin_try(self, backend_id: str) -> None:
         health = self.health(backend_id)
         health.outstanding += 1
         health.requests += 1
 
-    def finished(self, backend_id: str, *, ok: bool, counts_as_failure: bool) -> None:
+    def end_try(self, backend_id: str, *, ok: bool, counts_as_failure: bool) -> None:
         """Record the outcome of one try (its slot goes to the first call waiting for it). Only connect errors and
         5xx count against health."""
         health = self.health(backend_id)

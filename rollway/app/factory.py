@@ -156,7 +156,7 @@ def create_app(settings: Settings) -> RollwayApp:
             yield
         finally:
             # Calls still running were cancelled by the server's shutdown: their spans are written first.
-            if not await gateway.running.ended(CALLS_END_GRACE):
+            if not await gateway.running.wait_for_none(CALLS_END_GRACE):
                 log.warning("calls still running at shutdown after %s s: their spans may be lost", CALLS_END_GRACE)
             dataplane.serve_with(None)
             await reporter.close()  # logs, never raises

@@ -54,10 +54,10 @@ class CallsInFlight:
         self.interval = interval
         self.calls: dict[tuple[str, str, int], float] = {}
 
-    def arrived(self, rollout_id: str, attempt_id: str, sequence_id: int) -> None:
+    def add(self, rollout_id: str, attempt_id: str, sequence_id: int) -> None:
         self.calls[(rollout_id, attempt_id, sequence_id)] = time.monotonic()
 
-    def ended(self, rollout_id: str, attempt_id: str, sequence_id: int) -> None:
+    def remove(self, rollout_id: str, attempt_id: str, sequence_id: int) -> None:
         self.calls.pop((rollout_id, attempt_id, sequence_id), None)
 
     def due(self, min_age: float) -> list[tuple[str, str]]:

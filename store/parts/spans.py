@@ -35,7 +35,7 @@ class SpansMixin(StorePlumbing):
         else:
             ticket = await self._write(lambda conn: calls.begin(conn, rollout_id, attempt_id))
         if ticket.attempt_id is not None:
-            self.calls_in_flight.arrived(ticket.rollout_id or "", ticket.attempt_id, ticket.sequence_id)
+            self.calls_in_flight.add(ticket.rollout_id or "", ticket.attempt_id, ticket.sequence_id)
         return ticket
 
     async def record_call(self, span: Span) -> None:
@@ -48,7 +48,7 @@ class SpansMixin(StorePlumbing):
                 await self._write(lambda conn: calls.record(conn, span, now))
         finally:
             if span.attempt_id is not None:
-                self.calls_in_flight.ended(span.rollout_id or "", span.attempt_id, span.sequence_id or 0)
+                self.calls_in_flight.remove(span.rollout_id or "", span.attempt_id, span.sequence_id or 0)
 
     async def _record_direct(self, span: Span, now: float) -> None:
         """``calls.record`` on PostgreSQL: the span and the heartbeat in one statement (``pg_calls.record``); the

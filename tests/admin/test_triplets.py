@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from rollway.admin import triplets as admin_triplets
-from rollway.admin.adapters import dumps, merged_rows, triplets
+from rollway.admin.adapters import merged_rows, triplets
 from rollway.app.factory import RollwayApp
 from rollway.settings import Settings
 from rollway.store import ExportQuery, RolloutConfig, Span, Store, TaskSpec

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
+
 from rollway.app.factory import RollwayApp
 from rollway.cli.main import main
 from rollway.mock import MockBackendProcess

@@ -163,11 +163,11 @@ async def test_calls_not_leased_yet_hold_a_drain_only_if_they_arrived_before_it_
     assert await trainer.drain(ALIAS, 0) is False
     other.observe(await store.catalog_revision())  # as its next call's arrival would
     after = other.arrival(ALIAS)
-    before.done()
+    before.end()
     await other_reporter.report()
     assert await trainer.drain(ALIAS, 0) is True  # ``after`` arrived under the pause's revision
     assert await trainer.in_flight_everywhere([await store.get_model(ALIAS)]) == {ALIAS: (1, 0)}
-    after.done()
+    after.end()
 
 
 async def test_a_drain_counts_its_own_processs_calls_that_arrived_before_it_saw_the_change(store: Store) -> None:

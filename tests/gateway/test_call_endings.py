@@ -12,13 +12,13 @@ from typing import Any
 
 import orjson
 import pytest
-from gateway_harness import claim_one, closed_port, sse_events, vllm
 
-from rollway.app.factory import RollwayApp, create_app
+from rollway.app.factory import RollwayApp
 from rollway.gateway import capture
 from rollway.mock import MockBackendProcess
 from rollway.settings import Settings
 from rollway.store import Span, UnavailableError
+from support.gateway_harness import app_lifespan, claim_one, closed_port, sse_events, vllm
 
 MESSAGES = [{"role": "user", "content": "Tell me about dragons."}]
 WRITE_TIMEOUT = 0.3
@@ -104,8 +104,7 @@ async def app(tmp_path: Path, mock: MockBackendProcess) -> AsyncIterator[Rollway
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'endings.db'}", write_timeout=WRITE_TIMEOUT, pause_wait_seconds=0.2
     )
-    application = create_app(settings)
-    async with application.lifespan():
+    async with app_lifespan(settings) as application:
         await application.state.store.put_model("policy", [vllm(mock)], version="v1")
         yield application
 

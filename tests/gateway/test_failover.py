@@ -70,10 +70,10 @@ def test_the_pick_takes_a_failed_backend_with_room_over_waiting_for_a_full_one()
     router = Router(FakeClock())
     a, b = backends("a", "b", max_concurrency=1)
     tries = Tries([a, b], FakeClock())
-    router.started("b")  # b is full (another call)
+    router.begin_try("b")  # b is full (another call)
     tries.failed("a")
     assert tries.pause(1, MAX_WAIT) >= 0
     picked = tries.pick(router, None)
     assert picked is not None and picked.backend_id == "a"
-    router.started("a")
+    router.begin_try("a")
     assert tries.pick(router, None) is None  # both full: the call waits for a slot

@@ -218,7 +218,7 @@ async def test_a_retry_that_finds_no_slot_fails_with_the_backends_error_not_mode
         def taken_again(backend_id: str, *, ok: bool, counts_as_failure: bool) -> None:
             finished(backend_id, ok=ok, counts_as_failure=counts_as_failure)
             if not ok:
-                router.started(backend_id)  # another call's try takes the slot at once
+                router.begin_try(backend_id)  # another call's try takes the slot at once
 
         monkeypatch.setattr(router, "finished", taken_again)
         mock.add_faults({"kind": "status", "status": 503, "times": 1})

@@ -33,7 +33,7 @@ A, B = backend("a"), backend("b")
 def start(router: Router, backends: list[Backend], rollout_id: str | None = None) -> str:
     chosen = router.choose(backends, rollout_id, set())
     assert chosen is not None
-    router.started(chosen.backend_id)
+    router.begin_try(chosen.backend_id)
     return chosen.backend_id
 
 
@@ -57,7 +57,7 @@ def test_a_rollout_sticks_to_its_first_backend_within_the_load_bound() -> None:
         return load <= LOAD_FACTOR * (load + idle) / 2 + LOAD_SLACK
 
     assert not within(busy) and within(busy - 1) and busy == 8  # with the defaults: 8 against 1
-    router.finished(first, ok=True, counts_as_failure=False)
+    router.end_try(first, ok=True, counts_as_failure=False)
     assert start(router, [A, B], "r1") == other
 
 
@@ -85,7 +85,7 @@ def test_a_full_backend_is_passed_over_while_another_has_room() -> None:
     assert [start(router, [small, B]) for _ in range(3)] == ["b", "b", "b"]
     capped_b = backend("b", max_concurrency=3)
     assert router.choose([small, capped_b], None, set()) is None  # every one full: none (a cap, not a preference)
-    router.finished("b", ok=True, counts_as_failure=False)
+    router.end_try("b", ok=True, counts_as_failure=False)
     assert start(router, [small, capped_b]) == "b"
 
 
@@ -95,7 +95,7 @@ def test_a_rollout_sticks_within_the_caps_only() -> None:
     first = start(router, [one, two], "r1")
     assert start(router, [one, two], "r1") != first  # its backend is full: the other one
     assert router.choose([one, two], "r1", set()) is None
-    router.finished(first, ok=True, counts_as_failure=False)
+    router.end_try(first, ok=True, counts_as_failure=False)
     assert start(router, [one, two], "r1") == first
 
 
@@ -122,7 +122,7 @@ async def test_calls_wait_for_a_slot_and_get_it_first_come_first_served() -> Non
     served: list[int] = []
     pending = set(tasks)
     for _ in range(3):
-        router.finished("a", ok=True, counts_as_failure=False)  # the slot goes to the first in line
+        router.end_try("a", ok=True, counts_as_failure=False)  # the slot goes to the first in line
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         [task] = done
         assert task.result() == "a" and router.health("a").outstanding == 1
@@ -136,7 +136,7 @@ async def test_a_newcomer_queues_behind_the_calls_already_waiting() -> None:
     capped = [backend("a", max_concurrency=2)]
     assert [await acquire(router, capped), await acquire(router, capped)] == ["a", "a"]
     [first] = await queued(router, capped, 1)
-    router.finished("a", ok=True, counts_as_failure=False)
+    router.end_try("a", ok=True, counts_as_failure=False)
     newcomer = asyncio.create_task(acquire(router, capped, timeout=0.05))
     assert await first == "a"
     assert await newcomer is None  # it came after the waiting call: no slot was left for it
@@ -153,7 +153,7 @@ async def test_waiting_ends_at_the_bound_and_a_call_that_leaves_gives_up_its_pla
     with pytest.raises(asyncio.CancelledError):
         await leaving
     assert router.waiting() == 1
-    router.finished("a", ok=True, counts_as_failure=False)
+    router.end_try("a", ok=True, counts_as_failure=False)
     assert await staying == "a"
     assert router.waiting() == 0 and router.health("a").outstanding == 1
 
@@ -163,7 +163,7 @@ async def test_a_slot_handed_to_a_call_as_it_leaves_goes_to_the_next() -> None:
     capped = [backend("a", max_concurrency=1)]
     assert await acquire(router, capped) == "a"
     leaving, staying = await queued(router, capped, 2)
-    router.finished("a", ok=True, counts_as_failure=False)  # handed to ``leaving``, which has not run yet
+    router.end_try("a", ok=True, counts_as_failure=False)  # handed to ``leaving``, which has not run yet
     leaving.cancel()
     with pytest.raises(asyncio.CancelledError):
         await leaving
@@ -177,9 +177,9 @@ async def test_backends_without_max_concurrency_are_unlimited_and_other_aliases_
     assert await acquire(router, capped) == "a"
     [waiting] = await queued(router, capped, 1)
     assert [await acquire(router, free, alias="n") for _ in range(50)] == ["other"] * 50
-    router.finished("other", ok=True, counts_as_failure=False)  # not a slot the waiting call can use
+    router.end_try("other", ok=True, counts_as_failure=False)  # not a slot the waiting call can use
     assert not waiting.done()
-    router.finished("a", ok=True, counts_as_failure=False)
+    router.end_try("a", ok=True, counts_as_failure=False)
     assert await waiting == "a"
 
 
@@ -201,7 +201,7 @@ async def test_many_waiting_calls_are_woken_once_not_each_by_a_timer_of_its_own(
     router = Router(clock)
     a, b = backend("a", max_concurrency=64), backend("b", max_concurrency=64)
     for _ in range(64):
-        router.started("a")
+        router.begin_try("a")
     router.eject("b")
     router.health("b").down_until -= BASE_COOLDOWN - 1.0  # back in 1 s of the router's clock, which stands still
     picks = 0
@@ -232,12 +232,12 @@ async def test_a_newcomer_takes_a_free_slot_no_waiting_call_can_use() -> None:
     """A call waits for a or b (both full); a newcomer of another backend list, a or c, gets c at once."""
     router = Router(Clock())
     a, b, c = backend("a", max_concurrency=1), backend("b", max_concurrency=1), backend("c", max_concurrency=4)
-    router.started("a")
-    router.started("b")
+    router.begin_try("a")
+    router.begin_try("b")
     [waiting] = await queued(router, [a, b], 1)
     assert await acquire(router, [a, c], timeout=0) == "c"
     assert not waiting.done()
-    router.finished("a", ok=True, counts_as_failure=False)
+    router.end_try("a", ok=True, counts_as_failure=False)
     assert await waiting == "a"
 
 
@@ -246,7 +246,7 @@ async def test_a_call_asked_to_wait_does_not_hold_back_a_fresh_call() -> None:
     its wait is over, without a try ending."""
     router = Router()  # the real clock: the wait asked for ends in real time
     a, b = backend("a", max_concurrency=8), backend("b", max_concurrency=1)
-    router.started("b")
+    router.begin_try("b")
     x_tries = Tries([a, b])
     x_tries.failed("a", 0.1)
     x_tries.pause(1, 10)
@@ -265,8 +265,8 @@ def test_failures_eject_a_backend_for_a_cooldown_that_doubles_on_relapse() -> No
     router = Router(clock)
 
     def fail(backend_id: str) -> None:
-        router.started(backend_id)
-        router.finished(backend_id, ok=False, counts_as_failure=True)
+        router.begin_try(backend_id)
+        router.end_try(backend_id, ok=False, counts_as_failure=True)
 
     fail("a")
     assert router.is_up("a")  # one failure is not enough
@@ -281,22 +281,22 @@ def test_failures_eject_a_backend_for_a_cooldown_that_doubles_on_relapse() -> No
     assert not router.is_up("a")
     clock.now += BASE_COOLDOWN
     assert router.is_up("a")
-    router.started("a")
-    router.finished("a", ok=True, counts_as_failure=False)  # a success resets the cool-down
+    router.begin_try("a")
+    router.end_try("a", ok=True, counts_as_failure=False)  # a success resets the cool-down
     fail("a")
     fail("a")
     clock.now += BASE_COOLDOWN
     assert router.is_up("a")
     # A call that started before an ejection and ends well does not end it.
-    router.started("a")
+    router.begin_try("a")
     fail("a")
     fail("a")
-    router.finished("a", ok=True, counts_as_failure=False)
+    router.end_try("a", ok=True, counts_as_failure=False)
     assert not router.is_up("a")
     # Errors that are not the backend's fault (a 4xx, a client that left) do not count.
     for _ in range(5):
-        router.started("b")
-        router.finished("b", ok=False, counts_as_failure=False)
+        router.begin_try("b")
+        router.end_try("b", ok=False, counts_as_failure=False)
     assert router.is_up("b") and router.health("b").failures == 0
 
 
