@@ -54,13 +54,13 @@ def track_outstanding(gw: RunningGateway, monkeypatch: pytest.MonkeyPatch) -> li
     """Every try's count of tries in flight to its backend, as it starts."""
     router = gw.state.router
     seen: list[int] = []
-    started = router.started
+    started = router.begin_try
 
     def counting(backend_id: str) -> None:
         started(backend_id)
         seen.append(router.health(backend_id).outstanding)
 
-    monkeypatch.setattr(router, "started", counting)
+    monkeypatch.setattr(router, "begin_try", counting)
     return seen
 
 
@@ -213,14 +213,14 @@ async def test_a_retry_that_finds_no_slot_fails_with_the_backends_error_not_mode
         tmp_path, backend(mock, "a", max_concurrency=1), pause_wait_seconds=0.3, upstream_retries=2, retry_max_wait=0.05
     ) as gw:
         router = gw.state.router
-        finished = router.finished
+        finished = router.end_try
 
         def taken_again(backend_id: str, *, ok: bool, counts_as_failure: bool) -> None:
             finished(backend_id, ok=ok, counts_as_failure=counts_as_failure)
             if not ok:
                 router.begin_try(backend_id)  # another call's try takes the slot at once
 
-        monkeypatch.setattr(router, "finished", taken_again)
+        monkeypatch.setattr(router, "end_try", taken_again)
         mock.add_faults({"kind": "status", "status": 503, "times": 1})
         response = await post(gw)
         assert response.status_code == 503, response.text
