@@ -9,10 +9,10 @@ searches the disk only for modules not handed to it. Errors name the real file, 
 
 Besides the package it checks the folders of scripts, ``examples/``, ``bench/`` and ``tools/``, where a file's
 module name is its path in the folder (``bench/gateway_bench.py`` is ``gateway_bench``, as the scripts import each
-other). ``--tests`` adds ``tests/`` the same way (``tests/gateway_harness.py`` is ``gateway_harness``,
-``tests/gateway/test_x.py`` would be ``gateway.test_x``: the names pytest imports them by with ``tests/`` on
-``sys.path``). Every module there gets the settings of the override for ``tests.*`` in ``pyproject.toml``: the
-test modules share no common prefix that a mypy pattern could name. ``mypy.main.run_build`` is the function
+other). ``--tests`` adds ``tests/`` under the names pytest imports its files by: importlib mode names a module
+by its path from the root (``tests/gateway/test_x.py`` is ``tests.gateway.test_x``), and ``tests/support/`` is the
+package ``support`` (``tests/`` is on ``sys.path``). The override for ``tests.*`` and ``support.*`` in
+``pyproject.toml`` relaxes the settings there. ``mypy.main.run_build`` is the function
 mypy's own command line runs the build and prints errors with.
 
 All other settings are ``[tool.mypy]``'s, read by mypy's own option parser; other arguments are passed to it::
@@ -39,7 +39,7 @@ from mypy.modulefinder import BuildSource
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ("examples", "bench", "tools")  # folders of scripts, checked by default
 TESTS = "tests"
-TESTS_OVERRIDE = "tests.*"  # the [[tool.mypy.overrides]] entry whose settings every test module gets
+SUPPORT = "support"  # tests/support/: the package the tests share, imported as ``support``
 
 
 def package_folders(root: Path = ROOT) -> dict[str, Path]:
@@ -75,11 +75,23 @@ def script_modules(folder: Path) -> dict[Path, str]:
     return {path: _name((), path.relative_to(folder)) for path in _python_files(folder)}
 
 
+def test_modules(folder: Path) -> dict[Path, str]:
+    """Every file under ``tests/`` and the name pytest imports it by: ``tests/gateway/test_x.py`` is
+    ``tests.gateway.test_x`` (importlib mode names a module by its path from the root), and ``tests/support/`` is
+    the package ``support`` (``tests/`` is on ``sys.path``, and the tests import ``support.*``)."""
+    support = folder / SUPPORT
+    named = {path: _name((TESTS,), path.relative_to(folder)) for path in _python_files(folder)}
+    named.update({path: _name((SUPPORT,), path.relative_to(support)) for path in _python_files(support)})
+    return named
+
+
 def sources(root: Path = ROOT, *, tests: bool = False) -> list[BuildSource]:
     """What mypy checks: the package, the scripts and (``tests``) the tests, paths relative to ``root``."""
     modules = package_modules(root)
-    for folder in (*SCRIPTS, *((TESTS,) if tests else ())):
+    for folder in SCRIPTS:
         modules.update(script_modules(root / folder))
+    if tests:
+        modules.update(test_modules(root / TESTS))
     names: dict[str, Path] = {}
     for path, name in modules.items():
         if name in names:
@@ -97,17 +109,7 @@ def main(argv: list[str]) -> int:
     listed, options = process_options(flags, require_targets=False, fscache=fscache)
     if listed:
         raise SystemExit("typecheck: give no files or modules: the list is this script's (see its docstring)")
-    relaxed = options.per_module_options.pop(TESTS_OVERRIDE, None)
     build = sources(tests=tests)
-    if tests:
-        if relaxed is None:
-            raise SystemExit(f"typecheck: pyproject.toml has no override for {TESTS_OVERRIDE}")
-        for source in build:
-            if Path(source.path or "").parts[0] == TESTS:
-                options.per_module_options[source.module] = {
-                    **relaxed,
-                    **options.per_module_options.get(source.module, {}),
-                }
     _, messages, blockers = run_build(build, options, fscache, t0, sys.stdout, sys.stderr)
     n_errors, n_notes, n_files = util.count_stats(messages)
     formatter = util.FancyFormatter(sys.stdout, sys.stderr, options.hide_error_codes)
