@@ -11,6 +11,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -28,7 +29,7 @@ from rollway.gateway.record import CallRecord, traceparent
 from rollway.gateway.registry import ModelRegistry
 from rollway.gateway.routing import Router
 from rollway.gateway.streaming import json_answer
-from rollway.gateway.upstream import Answer, Upstream, passthrough_headers, retry_after, wait
+from rollway.gateway.upstream import Answer, Upstream, passthrough_headers, retry_after
 from rollway.settings import Settings
 from rollway.store import Backend, Span, Store
 
@@ -50,8 +51,13 @@ class Gateway:
         router: Router,
         metrics: Metrics,
         exporter: SpanExporter | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.settings = settings
+        self.clock = clock  # when a backend's Retry-After ends (``Tries``), and
+        self.sleep = sleep  # the wait between a call's tries: both handed in, so a test can run them on its own time
         self.store = store
         self.registry = registry
         self.router = router
@@ -95,7 +101,7 @@ class Gateway:
         backend = self.router.take(config.backends, record.rollout_id)  # the fast path: a free slot at once
         while True:
             if backend is None:  # (asked again without ``stream_options``: the same backend, the same slot)
-                tries = tries or Tries(config.backends)
+                tries = tries or Tries(config.backends, self.clock)
                 backend = await self._slot(record, tries, last_error)
             if record.backend is not None and backend.backend_id != record.backend.backend_id:
                 record.failovers += 1
@@ -140,7 +146,7 @@ class Gateway:
                 last_error = CallError(response.status, error_body, passthrough_headers(response))
                 if response.status == 429:
                     retry_wait = retry_after(response.headers.get("Retry-After"), self.settings.retry_max_wait)
-            tries = tries or Tries(config.backends)
+            tries = tries or Tries(config.backends, self.clock)
             tries.failed(backend.backend_id, retry_wait)
             backend = None
             if attempt >= self.settings.upstream_retries:
@@ -150,7 +156,8 @@ class Gateway:
                 raise last_error  # the rollout's deadline would pass first: no use waiting for it
             attempt += 1
             record.retry_count = attempt
-            await wait(pause)
+            if pause > 0:
+                await self.sleep(pause)
 
     async def _resolved(self, backend: Backend) -> Backend:
         """An ``auto`` backend as the engine it is (asked of it on its first call); its slot is given back if the
