@@ -18,6 +18,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from rollway.gateway.attribution import KeyCache
 from rollway.mock import MockBackendProcess
@@ -27,8 +28,8 @@ from support.gateway_harness import Alias, RunningGateway, claim_one, register, 
 
 pytestmark = pytest.mark.in_process
 
-MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
-GOOD = {"model": "policy", "messages": MESSAGES, "max_tokens": 4}
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is 12 + 30?"}]
+GOOD: dict[str, Any] = {"model": "policy", "messages": MESSAGES, "max_tokens": 4}
 MAX_BODY = 4096
 
 

@@ -26,6 +26,7 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from openai.types.chat import ChatCompletionMessageParam
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -37,7 +38,10 @@ from support.gateway_harness import Alias, RunningGateway, claim_one, register, 
 SECRET = "sk-ant-test"
 UPSTREAM_MODEL = "claude-3-5-haiku-20241022"
 WORDS = ["Hello", " from", " the", " stub", "!"]
-MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
+MESSAGES: list[ChatCompletionMessageParam] = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Say hello."},
+]
 
 
 # LiteLLM (1.106 to 1.110 at least) builds some pydantic models lazily, on the first streamed chunk, and pydantic

@@ -10,14 +10,21 @@ from typing import Any
 
 import pytest
 from openai import AsyncOpenAI
+from openai.types.chat import (
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessage,
+    ChatCompletionMessageFunctionToolCall,
+    ChatCompletionMessageParam,
+)
+from openai.types.chat.chat_completion import Choice
 
 from rollway.mock import MockBackendProcess
 from support.gateway_harness import Alias, RunningGateway, claim_one, running_gateway, serving_policy, vllm
 
 VOLATILE = {"id", "created", "system_fingerprint", "model"}
 PROMPT = "Once upon a time"
-MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
-CALCULATOR = {
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is 12 + 30?"}]
+CALCULATOR: ChatCompletionFunctionToolParam = {
     "type": "function",
     "function": {
         "name": "calculator",
@@ -133,13 +140,26 @@ async def test_streamed_tool_calls_of_n_choices_are_the_chunks_of_a_direct_call(
         )
         [span] = await gw.store.query_spans(rollout_id, attempt_id)
     choices = span.attributes["rollway.choices"]
-    assert [c["token_ids"] for c in choices] == [c.model_extra["token_ids"] for c in truth.choices]
+    assert [c["token_ids"] for c in choices] == [_extra(c)["token_ids"] for c in truth.choices]
     recorded = span.attributes["rollway.response"]["choices"]
     calls = [c["message"]["tool_calls"][0] for c in recorded]
-    assert [(c["id"], c["function"]) for c in calls] == [
-        (c.message.tool_calls[0].id, c.message.tool_calls[0].function.model_dump()) for c in truth.choices
-    ]
+    truth_calls = [_first_function_call(c.message) for c in truth.choices]
+    assert [(c["id"], c["function"]) for c in calls] == [(t.id, t.function.model_dump()) for t in truth_calls]
     assert span.attributes["gen_ai.response.finish_reasons"] == ["tool_calls"] * 3
+
+
+def _extra(choice: Choice) -> dict[str, Any]:
+    """The fields of a choice the SDK has no attribute for (vLLM's ``token_ids``), kept in ``model_extra``."""
+    assert choice.model_extra is not None
+    return choice.model_extra
+
+
+def _first_function_call(message: ChatCompletionMessage) -> ChatCompletionMessageFunctionToolCall:
+    """A message's first tool call, a function call (the only kind of tool the test offers)."""
+    assert message.tool_calls
+    call = message.tool_calls[0]
+    assert isinstance(call, ChatCompletionMessageFunctionToolCall)
+    return call
 
 
 def _says_nothing(delta: dict[str, Any]) -> bool:

@@ -16,6 +16,7 @@ import openai
 import orjson
 import pytest
 from aiohttp import web
+from openai.types.chat import ChatCompletionMessageParam
 
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
@@ -24,7 +25,7 @@ from rollway.store import Store
 from support.gateway_harness import RunningGateway, claim_one, vllm
 from support.gateway_harness import serving_policy as gateway
 
-MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 
 
 async def stats(mock: MockBackendProcess, **wait: Any) -> dict[str, Any]:
@@ -117,6 +118,7 @@ async def test_a_client_that_stops_reading_is_not_waited_for_past_the_rollouts_d
             [span] = await gw.store.query_spans(rollout_id)
             assert span.attributes["error.type"] == "client_stalled"
             assert span.status.description == "the client did not read the answer before the rollout's deadline"
+            assert span.end_time is not None
             assert span.end_time < claimed.attempt.start_time + 6 + 1.0  # at the deadline, not 60 s later
         finally:
             stalled.close()
@@ -195,9 +197,9 @@ async def test_a_request_body_that_never_finishes_is_a_408_within_the_body_timeo
             answer = await slow.read_to_end(5)
         finally:
             slow.close()
-        head, _, body = answer.partition(b"\r\n\r\n")
+        head, _, payload = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower()
-        assert orjson.loads(body)["error"]["message"] == "the request body did not arrive within 0.5 s"
+        assert orjson.loads(payload)["error"]["message"] == "the request body did not arrive within 0.5 s"
         assert (await stats(mock))["requests_total"] == 0
         assert await gw.store.query_spans(None) == []
         client = gw.client()

@@ -18,13 +18,14 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollway.mock import MockBackendProcess
 from rollway.store import Store
 from support.gateway_harness import RunningGateway, closed_port, register, running_gateway, vllm
 
-MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is 12 + 30?"}]
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana-dashboard.json"
