@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from rollway.mock import MockBackendProcess
 from rollway.store import AttemptStatus, RolloutConfig, RolloutStatus, Span, Store
@@ -25,7 +26,7 @@ from support.store_helpers import enqueue_one, span, waiting_for_a_lock
 if TYPE_CHECKING:
     from support.clock import FakeClock
 
-MESSAGES = [{"role": "user", "content": "Think for a long time."}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Think for a long time."}]
 RETRY_UNRESPONSIVE = {"max_attempts": 2, "retry_condition": ["unresponsive", "timeout"]}
 
 

@@ -15,13 +15,14 @@ from typing import Any
 
 import httpx
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from rollway.mock import MockBackendProcess
 from support.clock import FakeClock
 from support.gateway_harness import RunningGateway, claim_one, vllm
 from support.gateway_harness import serving_policy as gateway
 
-MESSAGES = [{"role": "user", "content": "What is 17 + 25?"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is 17 + 25?"}]
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
 
 
@@ -252,7 +253,11 @@ async def test_a_span_records_the_version_of_the_backend_that_served_it(
         await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=4)
         await gw.store.put_model("policy", [backend(mock, "b")], version="v2")
         gw.state.registry.invalidate("policy")
-        later = [*MESSAGES, {"role": "assistant", "content": "42"}, {"role": "user", "content": "And 18 + 25?"}]
+        later: list[ChatCompletionMessageParam] = [
+            *MESSAGES,
+            {"role": "assistant", "content": "42"},
+            {"role": "user", "content": "And 18 + 25?"},
+        ]
         await client.chat.completions.create(model="policy", messages=later, max_tokens=4)
         assert await gw.state.registry.drain("policy", 10)
         spans = await gw.store.query_spans(rollout_id)

@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from rollway.mock import MockBackendProcess
 from support.gateway_harness import Alias, RunningGateway, claim_one, register, running_gateway
@@ -71,7 +72,7 @@ async def swap_to(gw: RunningGateway, mock: MockBackendProcess, backend_id: str,
 
 async def call(client: AsyncOpenAI, tag: str, stream: bool) -> str:
     """One chat call tagged ``tag`` (its user message); returns the answer's text."""
-    messages = [{"role": "user", "content": tag}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": tag}]
     if stream:
         chunks = [
             c
