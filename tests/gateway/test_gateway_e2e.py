@@ -15,17 +15,33 @@ import openai
 import orjson
 import pytest
 from openai import AsyncOpenAI
+from openai.types import Completion
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageFunctionToolCall,
+    ChatCompletionMessageParam,
+)
+from openai.types.responses import Response, ResponseOutputMessage, ResponseOutputText, ResponseStreamEvent
+from pydantic import BaseModel
 
 from rollway.mock import MockBackendProcess
 from support.gateway_harness import Alias, RunningGateway, claim_one, register
 
-MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is 12 + 30?"}]
 VOLATILE = {"id", "created", "system_fingerprint"}
 
 
 def comparable(obj: Any) -> Any:
     data = obj.model_dump() if hasattr(obj, "model_dump") else obj
     return {k: v for k, v in data.items() if k not in VOLATILE}
+
+
+def extra(model: BaseModel) -> dict[str, Any]:
+    """The fields of ``model`` its SDK class does not declare (vLLM's token ids): the SDK's models keep them all."""
+    assert model.model_extra is not None
+    return model.model_extra
 
 
 @pytest.fixture
@@ -60,7 +76,7 @@ async def test_chat_answer_is_the_backends_and_span_holds_its_token_ids(
     answer = raw.parse()
     expected = await direct.chat.completions.create(model="mock-model", messages=MESSAGES, max_tokens=12)
     assert comparable(answer) | {"model": None} == comparable(expected) | {"model": None}
-    assert answer.model_extra.get("prompt_token_ids") is None  # injected, stripped
+    assert extra(answer).get("prompt_token_ids") is None  # injected, stripped
     assert answer.choices[0].logprobs is None
     assert raw.headers["x-rollway-rollout-id"] == rollout_id
     assert raw.headers["x-rollway-attempt-id"] == attempt_id
@@ -73,13 +89,15 @@ async def test_chat_answer_is_the_backends_and_span_holds_its_token_ids(
     attrs = span.attributes
     assert span.sequence_id == 1
     assert span.status.status_code == "OK"
-    assert attrs["rollway.prompt_token_ids"] == truth.model_extra["prompt_token_ids"]
-    assert attrs["rollway.response_token_ids"] == truth.choices[0].model_extra["token_ids"]
-    assert attrs["rollway.response_logprobs"] == [t.logprob for t in truth.choices[0].logprobs.content]
+    assert attrs["rollway.prompt_token_ids"] == extra(truth)["prompt_token_ids"]
+    assert attrs["rollway.response_token_ids"] == extra(truth.choices[0])["token_ids"]
+    logprobs = truth.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    assert attrs["rollway.response_logprobs"] == [t.logprob for t in logprobs.content]
     assert attrs["rollway.trainable"] is True
     assert attrs["gen_ai.request.model"] == "policy"
     assert attrs["gen_ai.operation.name"] == "chat"
-    assert attrs["gen_ai.usage.output_tokens"] == truth.usage.completion_tokens
+    assert truth.usage is not None and attrs["gen_ai.usage.output_tokens"] == truth.usage.completion_tokens
     assert attrs["rollway.backend_id"] == "mock-a"
     assert attrs["rollway.model_version"] == "v1"
     assert attrs["rollway.request"]["model"] == "policy"
@@ -107,11 +125,13 @@ async def test_streamed_chat_passes_chunks_through_and_records_the_whole_call(
     [span] = await gw.store.query_spans(rollout_id, attempt_id)
     attrs = span.attributes
     assert attrs["rollway.stream"] is True
-    assert attrs["rollway.prompt_token_ids"] == truth.model_extra["prompt_token_ids"]
-    assert attrs["rollway.response_token_ids"] == truth.choices[0].model_extra["token_ids"]
-    assert attrs["rollway.response_logprobs"] == [t.logprob for t in truth.choices[0].logprobs.content]
+    assert attrs["rollway.prompt_token_ids"] == extra(truth)["prompt_token_ids"]
+    assert attrs["rollway.response_token_ids"] == extra(truth.choices[0])["token_ids"]
+    logprobs = truth.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    assert attrs["rollway.response_logprobs"] == [t.logprob for t in logprobs.content]
     assert attrs["rollway.response"]["choices"][0]["message"]["content"] == text
-    assert attrs["gen_ai.usage.output_tokens"] == truth.usage.completion_tokens
+    assert truth.usage is not None and attrs["gen_ai.usage.output_tokens"] == truth.usage.completion_tokens
     assert attrs["rollway.ttft_seconds"] is not None
 
 
@@ -124,6 +144,15 @@ def without_ids(data: Any) -> Any:
     return data
 
 
+def first_text(response: Response) -> ResponseOutputText:
+    """The first part of ``response``'s first output item, which here is a message's text."""
+    message = response.output[0]
+    assert isinstance(message, ResponseOutputMessage)
+    text = message.content[0]
+    assert isinstance(text, ResponseOutputText)
+    return text
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_responses_api_is_passed_through_and_recorded_trainable(
     gw: RunningGateway, direct: AsyncOpenAI, stream: bool
@@ -133,20 +162,26 @@ async def test_responses_api_is_passed_through_and_recorded_trainable(
     no ``[DONE]``), and the span holds the whole response with the engine's token ids and logprobs."""
     client, rollout_id, attempt_id = await rollout_client(gw, "path")
     ask: dict[str, Any] = {"input": "What is 12 + 30?", "instructions": "Be brief.", "max_output_tokens": 12}
+    # ``**ask`` may hold any key as far as mypy knows ("stream" too), so it types these calls' answers as Any:
+    # the annotations say which they are.
+    answer: Response
     if stream:
-        events = [e async for e in await client.responses.create(model="policy", stream=True, **ask)]
+        events: list[ResponseStreamEvent] = [
+            e async for e in await client.responses.create(model="policy", stream=True, **ask)
+        ]
         expected = [e async for e in await direct.responses.create(model="mock-model", stream=True, **ask)]
         assert [without_ids(e.model_dump()) for e in events] == [without_ids(e.model_dump()) for e in expected]
-        assert events[-1].type == "response.completed" and events[0].type == "response.created"
+        first, last = events[0], events[-1]
+        assert last.type == "response.completed" and first.type == "response.created"
         assert all(e.logprobs == [] for e in events if e.type == "response.output_text.delta")
-        answer = events[-1].response
+        answer = last.response
     else:
         answer = await client.responses.create(model="policy", **ask)
         expected_answer = await direct.responses.create(model="mock-model", **ask)
         assert without_ids(answer.model_dump()) == without_ids(expected_answer.model_dump())
     assert answer.model_extra is not None and answer.model_extra["input_messages"] is None
-    assert answer.output[0].content[0].logprobs is None  # type: ignore[union-attr]
-    truth = await direct.responses.create(
+    assert first_text(answer).logprobs is None
+    truth: Response = await direct.responses.create(
         model="mock-model",
         include=["message.output_text.logprobs"],
         top_logprobs=0,
@@ -166,7 +201,7 @@ async def test_responses_api_is_passed_through_and_recorded_trainable(
     assert attrs["rollway.trainable"] is True
     assert attrs["rollway.prompt_token_ids"] == truth.model_extra["input_messages"][0]["tokens"]
     assert attrs["rollway.response_token_ids"] == truth.model_extra["output_messages"][0]["tokens"]
-    logprobs = truth.output[0].content[0].logprobs  # type: ignore[union-attr]
+    logprobs = first_text(truth).logprobs
     if stream:  # vLLM's stream leaves out the logprob of a token without text (its end): not one per token id
         assert attrs["rollway.response_logprobs"] is None
     else:
@@ -208,12 +243,12 @@ async def test_client_that_asks_for_token_ids_gets_them(gw: RunningGateway, dire
     truth = await direct.chat.completions.create(
         model="mock-model", messages=MESSAGES, logprobs=True, extra_body={"return_token_ids": True}
     )
-    assert answer.model_extra["prompt_token_ids"] == truth.model_extra["prompt_token_ids"]
-    assert answer.choices[0].model_extra["token_ids"] == truth.choices[0].model_extra["token_ids"]
+    assert extra(answer)["prompt_token_ids"] == extra(truth)["prompt_token_ids"]
+    assert extra(answer.choices[0])["token_ids"] == extra(truth.choices[0])["token_ids"]
     assert answer.choices[0].logprobs is not None
 
 
-TOOLS = [
+TOOLS: list[ChatCompletionFunctionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -250,9 +285,12 @@ async def test_tool_calls_round_trip(gw: RunningGateway, direct: AsyncOpenAI, st
     else:
         answer = await client.chat.completions.create(model="policy", messages=MESSAGES, tools=TOOLS)
         expected = await direct.chat.completions.create(model="mock-model", messages=MESSAGES, tools=TOOLS)
-        assert answer.choices[0].message.tool_calls[0].function.model_dump() == (
-            expected.choices[0].message.tool_calls[0].function.model_dump()
-        )
+        answer_calls = answer.choices[0].message.tool_calls
+        expected_calls = expected.choices[0].message.tool_calls
+        assert answer_calls is not None and expected_calls is not None
+        assert isinstance(answer_calls[0], ChatCompletionMessageFunctionToolCall)
+        assert isinstance(expected_calls[0], ChatCompletionMessageFunctionToolCall)
+        assert answer_calls[0].function.model_dump() == expected_calls[0].function.model_dump()
     [span] = await gw.store.query_spans(rollout_id, attempt_id)
     message = span.attributes["rollway.response"]["choices"][0]["message"]
     assert message["tool_calls"][0]["function"]["name"] == "calculator"
@@ -269,7 +307,7 @@ async def test_n_choices_are_all_recorded(gw: RunningGateway, direct: AsyncOpenA
     assert [c.message.content for c in answer.choices] == [c.message.content for c in expected.choices]
     [span] = await gw.store.query_spans(rollout_id, attempt_id)
     choices = span.attributes["rollway.choices"]
-    assert [c["token_ids"] for c in choices] == [c.model_extra["token_ids"] for c in expected.choices]
+    assert [c["token_ids"] for c in choices] == [extra(c)["token_ids"] for c in expected.choices]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -295,8 +333,9 @@ async def test_completions_record_prompt_and_response_ids(
     assert text == truth.choices[0].text
     [span] = await gw.store.query_spans(rollout_id, attempt_id)
     assert span.attributes["gen_ai.operation.name"] == "text_completion"
-    assert span.attributes["rollway.prompt_token_ids"] == truth.choices[0].model_extra["prompt_token_ids"]
-    assert span.attributes["rollway.response_token_ids"] == truth.choices[0].model_extra["token_ids"]
+    assert span.attributes["rollway.prompt_token_ids"] == extra(truth.choices[0])["prompt_token_ids"]
+    assert span.attributes["rollway.response_token_ids"] == extra(truth.choices[0])["token_ids"]
+    assert truth.choices[0].logprobs is not None
     assert span.attributes["rollway.response_logprobs"] == truth.choices[0].logprobs.token_logprobs
 
 
@@ -352,7 +391,9 @@ async def test_concurrent_calls_of_one_attempt_get_gap_free_sequence_ids(gw: Run
             stream=i % 2 == 0,
         )
         if i % 2 == 0:
-            async for _ in raw.parse():
+            stream = raw.parse()
+            assert isinstance(stream, openai.AsyncStream)
+            async for _ in stream:
                 pass
         return int(raw.headers["x-rollway-sequence-id"])
 
@@ -382,6 +423,8 @@ async def test_a_stream_from_an_openai_kind_backend_records_its_usage(
     """Not a token-id backend: no token ids are asked for, but the stream's usage is (and not shown unasked)."""
     await openai_kind(gw, mock, "plain")
     client = gw.client()
+    stream: openai.AsyncStream[ChatCompletionChunk] | openai.AsyncStream[Completion]
+    truth: ChatCompletion | Completion
     if operation == "chat":
         stream = await client.chat.completions.create(model="plain", messages=MESSAGES, max_tokens=9, stream=True)
         truth = await direct.chat.completions.create(model="mock-model", messages=MESSAGES, max_tokens=9)

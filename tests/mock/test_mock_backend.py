@@ -13,12 +13,14 @@ import httpx
 import openai
 import pytest
 from openai import OpenAI
+from openai.types.chat import ChatCompletionFunctionToolParam
+from openai.types.responses import FunctionToolParam, Response
 
 from rollway.mock import MockBackendProcess, MockConfig, run_in_thread
 from rollway.mock import tokenizer as tok
 
 MODEL = "mock-model"
-WEATHER_TOOL: dict[str, Any] = {
+WEATHER_TOOL: ChatCompletionFunctionToolParam = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -33,6 +35,13 @@ WEATHER_TOOL: dict[str, Any] = {
             "required": ["location", "unit"],
         },
     },
+}
+# The same function as a tool of the Responses API, without "strict": the SDK's type requires the key (its value
+# may be null), but the requests leave it out, as clients do, and the mock, as vLLM, takes a tool without it.
+RESPONSES_WEATHER_TOOL: FunctionToolParam = {  # type: ignore[typeddict-item]  # no "strict", on purpose
+    "type": "function",
+    "name": "get_weather",
+    "parameters": WEATHER_TOOL["function"]["parameters"],
 }
 
 
@@ -325,8 +334,7 @@ def test_responses_api(client: OpenAI) -> None:
     assert response.status == "completed"
     assert response.output_text.startswith("The answer is ")
     assert response.usage is not None and response.usage.input_tokens > 0
-    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER_TOOL["function"]["parameters"]}
-    called = client.responses.create(model=MODEL, input="Weather in Rome?", tools=[tool])  # type: ignore[list-item]
+    called = client.responses.create(model=MODEL, input="Weather in Rome?", tools=[RESPONSES_WEATHER_TOOL])
     call = called.output[0]
     assert call.type == "function_call" and call.name == "get_weather"
     assert json.loads(call.arguments)["unit"] == "celsius"
@@ -336,7 +344,7 @@ def test_responses_api_streams_named_events_ending_with_the_whole_response(
     client: OpenAI, mock: MockBackendProcess
 ) -> None:
     ask: dict[str, Any] = {"model": MODEL, "input": "What is 2 + 2?", "max_output_tokens": 30}
-    whole = client.responses.create(**ask)
+    whole: Response = client.responses.create(**ask)  # not a stream: ``ask`` has no "stream"
     with httpx.stream("POST", f"{mock.base_url}/responses", json={**ask, "stream": True}) as raw:
         text = "".join(raw.iter_text())
     blocks = [b for b in text.split("\n\n") if b]
@@ -353,12 +361,16 @@ def test_responses_api_streams_named_events_ending_with_the_whole_response(
     assert final["type"] == "response.completed" and final["response"]["status"] == "completed"
     deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     assert deltas == final["response"]["output"][0]["content"][0]["text"] == whole.output_text
-    assert final["response"]["usage"]["output_tokens"] == whole.usage.output_tokens  # type: ignore[union-attr]
-    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER_TOOL["function"]["parameters"]}
-    called = list(client.responses.create(model=MODEL, input="Weather in Rome?", tools=[tool], stream=True))  # type: ignore[list-item]
+    assert whole.usage is not None and final["response"]["usage"]["output_tokens"] == whole.usage.output_tokens
+    called = list(
+        client.responses.create(model=MODEL, input="Weather in Rome?", tools=[RESPONSES_WEATHER_TOOL], stream=True)
+    )
     arguments = "".join(e.delta for e in called if e.type == "response.function_call_arguments.delta")
-    assert called[-1].type == "response.completed"
-    assert json.loads(arguments)["unit"] == "celsius" == json.loads(called[-1].response.output[0].arguments)["unit"]  # type: ignore[union-attr]
+    completed = called[-1]
+    assert completed.type == "response.completed"
+    call = completed.response.output[0]
+    assert call.type == "function_call"
+    assert json.loads(arguments)["unit"] == "celsius" == json.loads(call.arguments)["unit"]
 
 
 def test_errors_are_vllms(client: OpenAI, mock: MockBackendProcess) -> None:
