@@ -72,9 +72,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     ``ONE_WORKER``, which go to one worker together."""
     if config.getvalue("dist") != "load":
         return None
-    from xdist.scheduler import LoadScopeScheduling
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]  # xdist ships no types
 
-    class Scheduling(LoadScopeScheduling):
+    class Scheduling(LoadScopeScheduling):  # type: ignore[misc]  # its base is untyped (xdist's)
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             return module if module in ONE_WORKER else nodeid

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeGuard
 
 import pytest
 
@@ -213,7 +214,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _reads_the_app_state(node: ast.AST) -> bool:
+def _reads_the_app_state(node: ast.AST) -> TypeGuard[ast.expr]:
     """``app.state``, ``request.app.state``, ``scope["app"]``: the application found at run time, untyped."""
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == "app":
         return True

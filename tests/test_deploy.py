@@ -30,7 +30,8 @@ def _yaml(path: Path) -> Any:
 @pytest.fixture(scope="module")
 def services() -> dict[str, Any]:
     compose = _yaml(DEPLOY / "compose.yaml")
-    return compose["services"]
+    services: dict[str, Any] = compose["services"]
+    return services
 
 
 def _option(command: list[str], flag: str) -> str:

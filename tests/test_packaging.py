@@ -143,7 +143,9 @@ def test_this_test_run_imports_each_package_file_from_its_one_path(pytestconfig:
         importlib.import_module(package)
     importlib.import_module("rollway.gateway.proxy")
     by_file = {str(path): name for name, path in modules.items()}
-    loaded = {name: module.__file__ for name, module in list(sys.modules.items()) if getattr(module, "__file__", None)}
+    loaded: dict[str, str] = {
+        name: file for name, module in list(sys.modules.items()) if (file := getattr(module, "__file__", None))
+    }
     wrong = {name: file for name, file in loaded.items() if name in modules and file != str(modules[name])}
     wrong |= {name: file for name, file in loaded.items() if file in by_file and by_file[file] != name}
     assert wrong == {}

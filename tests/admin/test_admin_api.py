@@ -299,8 +299,10 @@ async def test_full_loop_with_runner_processes(
                 truth = await direct.chat.completions.create(
                     model="mock-model", messages=call["messages"], max_tokens=16, extra_body={"return_token_ids": True}
                 )
-                assert call["prompt_token_ids"] == truth.model_extra["prompt_token_ids"]
-                assert call["response_token_ids"] == truth.choices[0].model_extra["token_ids"]
+                extra, choice_extra = truth.model_extra, truth.choices[0].model_extra
+                assert extra is not None and choice_extra is not None  # the token ids come as extra fields
+                assert call["prompt_token_ids"] == extra["prompt_token_ids"]
+                assert call["response_token_ids"] == choice_extra["token_ids"]
 
 
 async def test_no_secret_reaches_a_log_line_a_response_or_a_span(

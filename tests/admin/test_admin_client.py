@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import httpx
 import pytest
 from openai import AsyncOpenAI
-from sqlalchemy import select
+from sqlalchemy import Connection, Select, select
+from starlette.types import Receive, Scope, Send
 
 from rollway.admin.client import (
     AsyncRollwayClient,
@@ -24,7 +25,7 @@ from rollway.admin.client import (
     Triplet,
 )
 from rollway.admin.client_sync import RollwayClient
-from rollway.admin.schemas import Claim, GroupView, MintedKey, ModelView, StatsView, WaitResponse
+from rollway.admin.schemas import Claim, GroupView, MintedKey, ModelView, RolloutPage, StatsView, WaitResponse
 from rollway.mock import MockBackendProcess
 from rollway.store import Attempt, ResourcesUpdate, Rollout, Span
 from rollway.store.db import models
@@ -77,7 +78,7 @@ class Flaky:
         self.failures, self.status, self.hits = failures, status, 0
         self.ok = {"items": []} if ok is None else ok
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert scope["type"] == "http"
         self.hits += 1
         if self.hits <= self.failures:
@@ -88,6 +89,11 @@ class Flaky:
         headers = [(b"content-type", b"application/json")]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+
+def first_column(query: Select[Any]) -> Callable[[Connection], Sequence[Any]]:
+    """A read for ``Store.read``: the values of the query's first column."""
+    return lambda conn: conn.execute(query).scalars().all()
 
 
 @pytest.fixture
@@ -288,7 +294,7 @@ async def test_connection_errors_are_retried_then_the_call_succeeds(gw: RunningG
 
 async def test_an_enqueue_whose_answer_was_lost_is_retried_without_queueing_twice(gw: RunningGateway) -> None:
     transport = LosingAnswers(lose=2)
-    tasks = [{"input": {"q": "a"}}, {"input": {"q": "b"}, "group_size": 4}]
+    tasks: list[dict[str, Any]] = [{"input": {"q": "a"}}, {"input": {"q": "b"}, "group_size": 4}]
     async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=transport) as client:
         rollouts = await client.enqueue(tasks)
         assert len(transport.requests) == 3  # the server queued the tasks on the first; two answers were lost
@@ -327,7 +333,7 @@ async def test_a_claim_start_or_new_attempt_answered_again_leaves_one_live_key_t
     async with AsyncRollwayClient(gw.url, TOKEN, retry=NO_RETRY) as client:
         await client.enqueue([{"input": 1}])
         rid = (await client.start_rollout({"input": "r"}, worker_id="w")).rollout.rollout_id
-    calls = {
+    calls: dict[str, Callable[[AsyncRollwayClient], Awaitable[Claim | list[Claim]]]] = {
         "claim": lambda c: c.claim("w"),
         "start": lambda c: c.start_rollout({"input": "s"}, worker_id="w"),
         "new attempt": lambda c: c.new_attempt(rid, worker_id="w"),
@@ -340,7 +346,7 @@ async def test_a_claim_start_or_new_attempt_answered_again_leaves_one_live_key_t
         [claim] = answer if isinstance(answer, list) else [answer]
         assert len(transport.requests) == 2, name
         query = select(keys.c.revoked_time).where(keys.c.attempt_id == claim.attempt.attempt_id)
-        minted = await gw.store.read(lambda conn, query=query: conn.execute(query).scalars().all())
+        minted = await gw.store.read(first_column(query))
         assert sorted(revoked is None for revoked in minted) == [False, True], name
         found = await gw.store.find_key(claim.api_key)
         assert found is not None and found.attempt_id == claim.attempt.attempt_id, name
@@ -397,7 +403,7 @@ async def test_a_write_without_a_key_is_not_sent_again_once_it_may_have_arrived(
         await client.put_model("policy", [{"backend_id": "a", "base_url": "http://127.0.0.1:9/v1", "model": "m"}])
     rid, aid = claim.rollout.rollout_id, claim.attempt.attempt_id
     # Writes that set a state are sent again (each of these loses its first answer) ...
-    repeatable = {
+    repeatable: dict[str, Callable[[AsyncRollwayClient], Awaitable[object]]] = {
         "heartbeat": lambda c: c.heartbeat(rid, aid),
         "attempt status": lambda c: c.update_attempt(rid, aid, metadata={"step": 1}),
         "pause": lambda c: c.pause_model("policy"),
@@ -430,7 +436,7 @@ async def test_rollouts_are_listed_by_group_and_creation_time(client: AsyncRollw
     early = await client.enqueue([{"input": "a", "group_size": 2}])
     late = await client.enqueue([{"input": "b"}, {"input": "c"}])
     assert max(r.start_time for r in early) < late[0].start_time
-    ids = lambda page: [r.rollout_id for r in page.items]  # noqa: E731
+    ids: Callable[[RolloutPage], list[str]] = lambda page: [r.rollout_id for r in page.items]  # noqa: E731
     group = early[0].group_id
     assert ids(await client.list_rollouts(group_id=group)) == [r.rollout_id for r in early]
     since = await client.list_rollouts(started_after=late[0].start_time)

@@ -195,8 +195,8 @@ async def test_a_reward_that_is_not_a_number_is_a_400_and_records_nothing(
         refused = error(await admin.post("/rollouts/ro-reward/rewards", json={"value": value}), 400)
         assert refused["type"] == "invalid_request_error" and "value" in refused["message"], refused
     assert (await admin.get("/rollouts/ro-reward/spans")).json()["items"] == []
-    for value in (1, 0.25, None):  # an integer, a float, null: a number (or no reward)
-        written = await admin.post("/rollouts/ro-reward/rewards", json={"value": value})
+    for number in (1, 0.25, None):  # an integer, a float, null: a number (or no reward)
+        written = await admin.post("/rollouts/ro-reward/rewards", json={"value": number})
         assert written.status_code == 201, written.text
     spans = (await admin.get("/rollouts/ro-reward/spans")).json()["items"]
     assert [s["attributes"]["rollway.reward.value"] for s in spans] == [1.0, 0.25, None]

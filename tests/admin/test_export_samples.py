@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from rollway.admin.adapters import triplets
 from rollway.mock import MockBackendProcess
@@ -22,8 +23,8 @@ from support.examples import load_example
 from support.gateway_harness import RunningGateway, claim_one, register, running_gateway, vllm
 from support.spans import conversation, plain
 
-QUESTION = [{"role": "user", "content": "What is 17 + 25?"}]
-OTHER = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+QUESTION: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is 17 + 25?"}]
+OTHER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 LONG = {"ignore_eos": True}  # the mock then answers exactly max_tokens tokens
 
 
@@ -53,7 +54,9 @@ async def finish(gw: RunningGateway, rollout_id: str, reward: float | None = 1.0
     await admin(gw, "PATCH", f"/rollouts/{rollout_id}/attempts/latest", json={"status": "succeeded"})
 
 
-async def broken_stream(client: openai.AsyncOpenAI, mock: MockBackendProcess, messages: Any) -> None:
+async def broken_stream(
+    client: openai.AsyncOpenAI, mock: MockBackendProcess, messages: list[ChatCompletionMessageParam]
+) -> None:
     """A streamed call whose backend connection drops after a few chunks (the client gets an error event)."""
     mock.add_faults({"kind": "drop_mid_stream", "after_chunks": 3})
     stream = await client.chat.completions.create(
@@ -65,7 +68,7 @@ async def broken_stream(client: openai.AsyncOpenAI, mock: MockBackendProcess, me
                 pass
 
 
-async def abandoned_stream(client: openai.AsyncOpenAI, messages: Any) -> None:
+async def abandoned_stream(client: openai.AsyncOpenAI, messages: list[ChatCompletionMessageParam]) -> None:
     """A streamed call the client leaves after three chunks (the gateway cancels it)."""
     slow = LONG | {"mock": {"token_delay_ms": 30}}
     stream = await client.chat.completions.create(
@@ -325,7 +328,10 @@ async def test_each_choice_of_an_n_call_is_a_sample_and_the_conversation_follows
         first = await client.chat.completions.create(model="policy", messages=OTHER, max_tokens=6, n=3)
         assert len({c.message.content for c in first.choices}) == 3
         await admin(gw, "POST", f"/rollouts/{rollout_id}/rewards", json={"value": 0.5})
-        turn = [*OTHER, {"role": "assistant", "content": first.choices[1].message.content}]
+        turn: list[ChatCompletionMessageParam] = [
+            *OTHER,
+            {"role": "assistant", "content": first.choices[1].message.content},
+        ]
         await client.chat.completions.create(
             model="policy", messages=[*turn, {"role": "user", "content": "Why?"}], max_tokens=4
         )

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from openai import BadRequestError
+from openai.types.chat import ChatCompletionMessageParam
 
 from rollway.admin import series
 from rollway.mock import MockBackendProcess
@@ -52,12 +53,14 @@ async def chat(gw: RunningGateway, claim: dict[str, Any], calls: int, *, stream:
     """``calls`` chat calls through the claim's ``base_url``, with its key."""
     async with gw.client(claim["base_url"], api_key=claim["api_key"]) as llm:
         for i in range(calls):
-            ask = {"model": "policy", "messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 8}
+            messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": f"q{i}"}]
             if stream:
-                async for _ in await llm.chat.completions.create(stream=True, **ask):
+                async for _ in await llm.chat.completions.create(
+                    model="policy", messages=messages, max_tokens=8, stream=True
+                ):
                     pass
             else:
-                await llm.chat.completions.create(**ask)
+                await llm.chat.completions.create(model="policy", messages=messages, max_tokens=8)
 
 
 async def test_status_counts_match_the_full_stats(admin: httpx.AsyncClient) -> None:

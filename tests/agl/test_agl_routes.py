@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from rollway.mock import MockBackendProcess
 from support.gateway_harness import RunningGateway, register
@@ -121,10 +122,10 @@ async def test_a_call_that_did_not_complete_is_not_shown_as_an_llm_proxy_span(
     (claimed,) = await gw.store.claim("w")
     rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
     client = gw.client(base_url=f"{gw.url}/rollout/{rid}/attempt/{aid}/v1")
-    messages = [{"role": "user", "content": "Tell me a story"}]
-    await client.chat.completions.create(model="policy", messages=messages, max_tokens=8)  # type: ignore[arg-type]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a story"}]
+    await client.chat.completions.create(model="policy", messages=messages, max_tokens=8)
     mock.add_faults({"kind": "drop_mid_stream", "after_chunks": 3})
-    stream = await client.chat.completions.create(model="policy", messages=messages, stream=True)  # type: ignore[arg-type]
+    stream = await client.chat.completions.create(model="policy", messages=messages, stream=True)
     with pytest.raises(openai.APIError):
         async with stream:
             async for _ in stream:

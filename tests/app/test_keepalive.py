@@ -11,13 +11,14 @@ import httpx
 import openai
 import pytest
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
 from rollway.settings import Settings
 
 TOKEN = "admin-secret-token"
-MESSAGES: Any = [{"role": "user", "content": "hi"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 PAUSE = 10.0
 
 
@@ -42,7 +43,13 @@ async def test_an_agent_pausing_between_calls_keeps_its_connection(tmp_path: Any
         # (httpx drops an idle connection after 5 s by default: kept here, so that only the server can drop it)
         limits = httpx.Limits(max_connections=1, keepalive_expiry=60)
         http = httpx.AsyncClient(event_hooks={"response": [remember]}, limits=limits)
-        client = AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0, http_client=http)
+        # An httpx client: the SDK takes one as well as an httpx2 one, though its annotation names only httpx2's.
+        client = AsyncOpenAI(
+            base_url=f"{gateway.url}/v1",
+            api_key="unused",
+            max_retries=0,
+            http_client=http,  # type: ignore[arg-type]
+        )
         async with client:
             first = await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=4)
             with pytest.raises(openai.NotFoundError):  # an error answer (404 in the envelope) ...

@@ -21,6 +21,7 @@ import re
 import signal
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,7 +194,9 @@ async def test_replicas_behind_nginx_swap_and_fail_over_when_one_is_killed_under
                 replicas.append(restarted)
                 await _dead_then_back(replicas, scratch / "access.log", admin, http)
     except BaseException:
-        logs = {replica.url: replica.output for replica in replicas} | ({"nginx": nginx.output} if nginx else {})
+        logs: dict[str, Sequence[str]] = {replica.url: replica.output for replica in replicas}
+        if nginx:
+            logs["nginx"] = nginx.output
         access = tmp_path / "nginx" / "access.log"
         if access.exists():  # every answer but a 200, with the replica that gave it (upstream=, upstream_status=)
             logs["nginx: answers but 200"] = [line for line in access.read_text().splitlines() if '" 200 ' not in line]

@@ -310,9 +310,10 @@ async def test_a_worker_stopped_alone_records_its_calls_in_flight_and_is_replace
             seen = await until(both_busy, "every stream in flight, on both workers")
             victim = seen[0]
             os.kill(victim["pid"], signal.SIGTERM)
+            in_flight: int = victim["calls_in_flight"]
 
             async def ended() -> bool:
-                return sum(1 for o in outcomes.values() if o == "ended") == victim["calls_in_flight"]
+                return sum(1 for o in outcomes.values() if o == "ended") == in_flight
 
             await until(ended, "the stopped worker's streams ended")
             spans = {r: await client.get_spans(r) for r, _ in rollouts}

@@ -43,9 +43,11 @@ def admin(gateway: GatewayProcess) -> Iterator[RollwayClient]:
 def rollway(
     gateway: GatewayProcess, *args: str, token: str | None = TOKEN, stdin: str | None = None, columns: int | None = None
 ) -> Result:
-    env = {"ROLLWAY_URL": gateway.url, "ROLLWAY_ADMIN_TOKEN": token} if token else {"ROLLWAY_URL": gateway.url}
+    env: dict[str, str | None] = (
+        {"ROLLWAY_URL": gateway.url, "ROLLWAY_ADMIN_TOKEN": token} if token else {"ROLLWAY_URL": gateway.url}
+    )
     env["COLUMNS"] = None if columns is None else str(columns)  # Rich's width (else 80 when not a terminal)
-    runner = CliRunner(env={"ROLLWAY_ADMIN_TOKEN": None, **env})  # type: ignore[dict-item]
+    runner = CliRunner(env={"ROLLWAY_ADMIN_TOKEN": None, **env})
     return runner.invoke(main, list(args), input=stdin, catch_exceptions=False)
 
 
@@ -202,7 +204,7 @@ def test_admin_commands_report_a_missing_token_and_an_unreachable_gateway(gatewa
     refused = rollway(gateway, "rollouts", "list", token=None)
     assert refused.exit_code == 1 and "401" in refused.stderr
     assert "--token or ROLLWAY_ADMIN_TOKEN" in refused.stderr and "was refused" not in refused.stderr
-    runner = CliRunner(env={"ROLLWAY_URL": None, "ROLLWAY_ADMIN_TOKEN": None})  # type: ignore[dict-item]
+    runner = CliRunner(env={"ROLLWAY_URL": None, "ROLLWAY_ADMIN_TOKEN": None})
     unreachable = runner.invoke(main, ["--url", "http://127.0.0.1:9", "models", "list"])
     assert unreachable.exit_code == 1 and "cannot reach http://127.0.0.1:9" in unreachable.stderr
 

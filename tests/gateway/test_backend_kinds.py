@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
+from openai import AsyncStream
+from openai.types.chat import ChatCompletionMessageParam
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -22,7 +24,7 @@ from rollway.mock import MockBackendProcess
 from rollway.store import Backend
 from support.gateway_harness import RunningGateway, claim_one, closed_port, running_gateway, serving
 
-MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is 2 + 2?"}]
 
 
 @asynccontextmanager
@@ -75,7 +77,8 @@ async def test_an_alias_put_without_a_kind_in_front_of_the_mock_records_trainabl
         for stream in (False, True):
             answer = await client.chat.completions.create(model="policy", messages=MESSAGES, stream=stream)
             if stream:
-                assert [chunk async for chunk in answer]  # type: ignore[union-attr]
+                assert isinstance(answer, AsyncStream)
+                assert [chunk async for chunk in answer]
         spans = await gw.store.query_spans(rollout_id, attempt_id)
         view = await model_view(gw, "policy")
     assert [s.attributes["rollway.trainable"] for s in spans] == [True, True]

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 import pytest
+from starlette.types import Message
 
 from rollway.app.factory import RollwayApp
 from rollway.gateway import capture
@@ -31,7 +32,7 @@ class Exchange:
     def __init__(self, app: RollwayApp, rollout_id: str, body: dict[str, Any]) -> None:
         self.app, self.rollout_id, self.body = app, rollout_id, body
         self.path = f"/rollout/{rollout_id}/v1/chat/completions"
-        self.sent: list[dict[str, Any]] = []
+        self.sent: list[Message] = []
         self.left = asyncio.Event()
         self.reading = asyncio.Event()
         self.reading.set()
@@ -69,7 +70,7 @@ class Exchange:
         await self.left.wait()
         return {"type": "http.disconnect"}
 
-    async def _send(self, message: dict[str, Any]) -> None:
+    async def _send(self, message: Message) -> None:
         if message["type"] == "http.response.body":
             await self.reading.wait()
             if not message.get("more_body", False):

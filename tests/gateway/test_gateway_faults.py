@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollway.mock import MockBackendProcess
@@ -25,7 +26,7 @@ from rollway.store.db import writer as store_writer
 from support.gateway_harness import RunningGateway, claim_one, closed_port, vllm
 from support.gateway_harness import serving_policy as gateway
 
-MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 LONG = {"ignore_eos": True}  # the mock then answers exactly max_tokens tokens
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
 
@@ -464,9 +465,9 @@ async def test_a_completion_the_store_could_not_record_is_not_handed_over(
         # counted as what the client got: a 503 (or, streamed, a 200 that ended in an error), not a success
         route, status = "/v1/responses" if api == "responses" else "/v1/chat/completions", "200" if stream else "503"
         counted = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in parse(metrics) if s.value}
-        call = (("alias", "policy"), ("backend", "mock-a"), ("route", route), ("status", status))
+        labels = (("alias", "policy"), ("backend", "mock-a"), ("route", route), ("status", status))
         assert {k: v for k, v in counted.items() if k[0] == "rollway_requests_total"} == {
-            ("rollway_requests_total", call): 1.0
+            ("rollway_requests_total", labels): 1.0
         }
         errors = (("alias", "policy"), ("error_type", "not_recorded"), ("route", route))
         assert counted[("rollway_request_errors_total", errors)] == 1.0

@@ -13,6 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from rollway.admin.client import AsyncRollwayClient
 from rollway.mock import MockBackendProcess
@@ -24,7 +25,7 @@ from support.store_helpers import waiting_for_a_lock
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]  # two server processes
 TOKEN = "admin-secret-token"
 CALLS = 32
-MESSAGES: Any = [{"role": "user", "content": "hi"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
 async def test_two_replicas_on_postgresql_record_one_gap_free_trajectory(pg_url: str, mock: MockBackendProcess) -> None:
@@ -57,18 +58,20 @@ async def _one_trajectory_across(replicas: list[GatewayProcess], mock: MockBacke
 
         async def one(i: int) -> tuple[int, str, str]:
             client = clients[i % 2]
-            messages: Any = [{"role": "user", "content": f"question {i}"}]
+            messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": f"question {i}"}]
             if i % 4 < 2:
                 raw = await client.chat.completions.with_raw_response.create(
                     model="policy", messages=messages, max_tokens=8
                 )
                 text = raw.parse().choices[0].message.content or ""
+                headers = raw.headers
             else:
-                raw = await client.chat.completions.with_raw_response.create(
+                streamed = await client.chat.completions.with_raw_response.create(
                     model="policy", messages=messages, max_tokens=8, stream=True
                 )
-                text = "".join([c.choices[0].delta.content or "" async for c in raw.parse() if c.choices])
-            return int(raw.headers["x-rollway-sequence-id"]), f"question {i}", text
+                text = "".join([c.choices[0].delta.content or "" async for c in streamed.parse() if c.choices])
+                headers = streamed.headers
+            return int(headers["x-rollway-sequence-id"]), f"question {i}", text
 
         answered = await asyncio.gather(*(one(i) for i in range(CALLS)))
         for client in clients:

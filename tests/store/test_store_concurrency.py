@@ -19,6 +19,7 @@ from rollway.store import AgentServer, AttemptStatus, RolloutStatus, Store, Stor
 from rollway.store.db import models
 from rollway.store.sql import watchdog
 from support.claiming import claim_process
+from support.store_helpers import filled
 
 if TYPE_CHECKING:
     from support.clock import FakeClock
@@ -64,7 +65,7 @@ async def test_claims_across_processes_hand_each_rollout_to_exactly_one_worker(s
     for path in outputs:
         rows = [tuple(row) for row in json.loads(path.read_text())]
         per_process.append(len(rows))
-        claims.extend(rows)  # type: ignore[arg-type]
+        claims.extend(rows)
     handed_out = Counter(rollout_id for rollout_id, _, _ in claims)
     duplicates = {rid: n for rid, n in handed_out.items() if n > 1}
     assert duplicates == {}, f"rollouts handed to more than one worker: {list(duplicates)[:5]}"
@@ -82,9 +83,11 @@ async def test_claims_across_processes_hand_each_rollout_to_exactly_one_worker(s
         assert stats.queue_depth == 0
         assert stats.total_attempts == ROLLOUTS
         a = models.attempts
-        rows = await store.read(lambda conn: conn.execute(select(a.c.rollout_id, a.c.attempt_id, a.c.worker_id)).all())
+        stored = await store.read(
+            lambda conn: conn.execute(select(a.c.rollout_id, a.c.attempt_id, a.c.worker_id)).all()
+        )
     # The database agrees with what the workers were told: one attempt per rollout, for that worker.
-    assert {(r.rollout_id, r.worker_id, r.attempt_id) for r in rows} == set(claims)
+    assert {(r.rollout_id, r.worker_id, r.attempt_id) for r in stored} == set(claims)
 
 
 # -- span sequence ids ---------------------------------------------------------------------------------------
@@ -107,7 +110,7 @@ async def test_concurrent_span_writes_get_sequence_ids_one_to_n(store: Store, mi
 
     written = await asyncio.gather(*(store.add_span(_span(rid, aid, n)) for n in range(200)))
 
-    seqs = [s.sequence_id for s in written if s is not None]
+    seqs = filled(s.sequence_id for s in written if s is not None)
     assert sorted(seqs) == list(range(1, 201))
     stored = await store.query_spans(rid, aid)
     assert [s.sequence_id for s in stored] == list(range(1, 201))
@@ -247,7 +250,7 @@ async def test_two_stores_joining_one_group_at_once_give_each_member_its_own_ind
             second.enqueue([{"input": 3, "group_id": group}, {"input": 4, "group_id": group}]),
         )
         members = await first.get_group(group)
-        assert sorted(r.group_index for r in members) == [0, 1, 2, 3]
+        assert sorted(filled(r.group_index for r in members)) == [0, 1, 2, 3]
         assert max(r.group_size or 0 for r in members) == 4
 
 

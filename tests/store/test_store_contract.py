@@ -28,8 +28,9 @@ from rollway.store import (
     ids,
 )
 from rollway.store.signals import Signal
+from rollway.store.sql import lifecycle
 from rollway.store.sql import spans as spans_module
-from support.store_helpers import enqueue_one, span
+from support.store_helpers import enqueue_one, filled, span
 
 if TYPE_CHECKING:
     from support.clock import FakeClock
@@ -215,6 +216,7 @@ async def test_group_size_makes_n_rollouts_sharing_a_group(store: Store) -> None
     assert all(r.group_size == 4 and r.input == {"q": "same"} for r in rollouts)
     assert len({r.rollout_id for r in rollouts}) == 4
     [group_id] = group_ids
+    assert group_id is not None
     group = await store.get_group(group_id)
     assert [r.rollout_id for r in group] == [r.rollout_id for r in rollouts]
 
@@ -229,7 +231,11 @@ async def test_group_with_client_ids_is_idempotent(store: Store) -> None:
 
 
 async def test_a_repeated_idempotency_key_returns_what_the_first_call_queued(store: Store, clock: FakeClock) -> None:
-    tasks = [{"input": {"q": "a"}}, {"input": {"q": "b"}, "group_size": 3}, {"rollout_id": "mine", "input": "c"}]
+    tasks: list[dict[str, Any]] = [
+        {"input": {"q": "a"}},
+        {"input": {"q": "b"}, "group_size": 3},
+        {"rollout_id": "mine", "input": "c"},
+    ]
     first = await store.enqueue(tasks, idempotency_key="k-1")
     assert len(first) == 5 and first[4].rollout_id == "mine"
     assert all(r.rollout_id.startswith("ro-") and len(r.rollout_id) == 15 for r in first[:4])
@@ -472,6 +478,7 @@ async def test_allocate_sequence_then_add_span_with_it(store: Store) -> None:
     [claimed] = await store.claim("w1")
     attempt_id, seq = await store.allocate_sequence(rollout_id)
     assert (attempt_id, seq) == (claimed.attempt.attempt_id, 1)
+    assert attempt_id is not None
     assert await store.allocate_sequence(rollout_id, attempt_id) == (attempt_id, 2)
     _, block = await store.allocate_sequence(rollout_id, attempt_id, count=3)
     assert block == 3  # reserves 3, 4, 5
@@ -544,7 +551,7 @@ async def test_a_batch_of_several_rollouts_locks_them_in_id_order_and_answers_in
     first, second, third = (await store.enqueue([{"input": i} for i in range(3)]))[::-1]  # ids not in order
     await store.claim("w1", limit=3)
     locked: list[str] = []
-    original = spans_module.load_rollout
+    original = lifecycle.load_rollout  # the one spans_module imports and calls
 
     def recording(conn: Any, rollout_id: str, **kwargs: Any) -> Any:
         locked.append(rollout_id)
@@ -1006,6 +1013,7 @@ async def test_dequeue_records_the_worker_busy_then_keeps_it_busy_on_an_empty_qu
     assert await store.claim("w1") == []  # nothing queued: only the dequeue time moves
     after = await store.get_worker("w1")
     assert after.status == "busy" and after.current_attempt_id == claimed.attempt.attempt_id
+    assert worker.last_dequeue_time is not None
     assert after.last_dequeue_time == worker.last_dequeue_time + 5
     assert await store.claim("w2") == []  # a worker first seen on an empty queue starts idle
     assert (await store.get_worker("w2")).status == "idle"
@@ -1136,9 +1144,9 @@ async def test_a_new_attempt_and_spans_sent_again_with_their_key_are_not_made_tw
     own = span(rid, name="tool", attributes={"i": 2})
     twice = [own, {**own, "attributes": {"i": 3}}]  # one id twice in a request: the first is the one written
     written = await store.add_spans(twice, idempotency_key="p-2")
-    again = await store.add_spans(twice, idempotency_key="p-2")
-    assert [s.sequence_id for s in again] == [s.sequence_id for s in written] == [written[0].sequence_id] * 2
-    assert again[0].attributes == {"i": 2}
+    resent = await store.add_spans(twice, idempotency_key="p-2")
+    assert [s.sequence_id for s in resent] == [s.sequence_id for s in written] == [written[0].sequence_id] * 2
+    assert resent[0].attributes == {"i": 2}
     newest = await store.start_attempt(rid, "w1")
     [moved] = await store.add_spans([own], idempotency_key="p-3")  # another request, for the new attempt
     assert (moved.attempt_id, moved.sequence_id) == (newest.attempt.attempt_id, 1)
@@ -1473,7 +1481,7 @@ async def test_tasks_naming_a_group_without_a_size_join_it(store: Store) -> None
     started = await store.start_rollout({"input": 4, "group_id": "shared"})
     assert (started.rollout.group_size, started.rollout.group_index) == (4, 3)
     group = await store.get_group("shared")
-    assert sorted(r.group_index for r in group) == [0, 1, 2, 3]
+    assert sorted(filled(r.group_index for r in group)) == [0, 1, 2, 3]
     # The same request sent again (client ids, or an idempotency key) finds its rows where they were.
     keyed = [{"input": 5, "group_id": "shared"}, {"input": 6, "group_id": "shared"}]
     once = await store.enqueue(keyed, idempotency_key="key-g")
@@ -1494,7 +1502,7 @@ async def test_every_member_of_a_joined_group_has_its_own_index(store: Store) ->
     await store.enqueue([{"rollout_id": "r3", "group_id": "g"}, {"rollout_id": "r1", "group_id": "g"}])  # r1 again
     await store.enqueue([{"input": "sized", "group_id": "g", "group_size": 2}])  # a sized task joins too
     members = await store.get_group("g")
-    assert sorted(r.group_index for r in members) == [0, 1, 2, 3, 4]
+    assert sorted(filled(r.group_index for r in members)) == [0, 1, 2, 3, 4]
     assert max(r.group_size or 0 for r in members) == 5
 
 
@@ -1512,7 +1520,7 @@ async def test_a_keyed_request_that_joined_a_group_gets_its_first_answer_again(s
     await store.enqueue([{"input": 4, "group_id": "g"}])  # someone else joins meanwhile
     retried = await store.enqueue(pair, idempotency_key="enqueue-1")
     assert [(r.rollout_id, r.group_index) for r in retried] == [(r.rollout_id, r.group_index) for r in first]
-    assert sorted(r.group_index for r in await store.get_group("g")) == [0, 1, 2, 3, 4]
+    assert sorted(filled(r.group_index for r in await store.get_group("g"))) == [0, 1, 2, 3, 4]
 
 
 async def test_a_direct_start_declares_the_size_of_the_group_it_joins(store: Store) -> None:
@@ -1556,7 +1564,7 @@ async def test_enqueued_tasks_sharing_a_group_and_its_size_are_its_members(store
         await store.enqueue([{"input": i, "group_id": "g", "group_size": 4} for i in "de"])
     [last] = await store.enqueue([{"input": "d", "group_id": "g"}])  # joining: takes the last place
     assert (last.group_size, last.group_index) == (4, 3)
-    assert sorted(r.group_index for r in await store.get_group("g")) == [0, 1, 2, 3]
+    assert sorted(filled(r.group_index for r in await store.get_group("g"))) == [0, 1, 2, 3]
     sampled = await store.enqueue([{"input": "s", "group_id": "h", "group_size": 3}])
     assert [(r.input, r.group_size, r.group_index) for r in sampled] == [("s", 3, i) for i in range(3)]
 

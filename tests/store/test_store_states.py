@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from rollway.store import AttemptedRollout, AttemptStatus, ConflictError, RolloutConfig, RolloutStatus, Store
+from rollway.store.db import dialect
 from rollway.store.sql import watchdog
 from support.store_helpers import enqueue_one, span
 
@@ -205,7 +206,7 @@ async def test_a_sweep_locks_only_the_rollouts_it_ends(
     )
     await store.claim("w", limit=3)
     locked: list[str] = []
-    original = watchdog.lock_rows
+    original = dialect.lock_rows  # the one watchdog imports and calls
 
     def recording(stmt: Any, conn: Any, **kwargs: Any) -> Any:
         params = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True}).params

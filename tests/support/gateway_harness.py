@@ -17,7 +17,8 @@ import httpx
 import uvicorn
 from openai import AsyncOpenAI
 
-from rollway.app.factory import AppState, RollwayApp, create_app
+from rollway.app.factory import RollwayApp, create_app
+from rollway.app.state import AppState
 from rollway.mock import MockBackendProcess
 from rollway.settings import Settings
 from rollway.store import Store
@@ -121,8 +122,8 @@ async def running_gateway(
         try:
             yield running
         finally:
-            for client in running.clients:
-                await client.close()
+            for llm in running.clients:
+                await llm.close()
     finally:
         server.should_exit = True
         await task

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+from typing import Any
 
 import httpx
 from openai import AsyncOpenAI
 
 
-async def run_agent(claim: dict, admin: httpx.AsyncClient) -> None:
+async def run_agent(claim: dict[str, Any], admin: httpx.AsyncClient) -> None:
     rollout_id = claim["rollout"]["rollout_id"]
     question = claim["rollout"]["input"]["question"]
     async with AsyncOpenAI(base_url=claim["base_url"], api_key=claim["api_key"], max_retries=0) as llm:

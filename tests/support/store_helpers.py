@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollway.store import Store, TaskSpec
 
@@ -11,6 +12,7 @@ if TYPE_CHECKING:
     import asyncpg
 
 _span_ids = itertools.count(1)
+T = TypeVar("T")
 
 
 def span(rollout_id: str | None, attempt_id: str | None = None, **fields: Any) -> dict[str, Any]:
@@ -24,6 +26,16 @@ def span(rollout_id: str | None, attempt_id: str | None = None, **fields: Any) -
         "name": "llm.call",
         **fields,
     }
+
+
+def filled(values: Iterable[T | None]) -> list[T]:
+    """``values`` as a list, each asserted to be set: fields the store fills in (a group index, a sequence id) are
+    optional in its models."""
+    checked: list[T] = []
+    for value in values:
+        assert value is not None, "a value the store fills in is missing"
+        checked.append(value)
+    return checked
 
 
 async def enqueue_one(store: Store, **task: Any) -> str:

@@ -204,7 +204,8 @@ def test_the_rollouts_page_filters_pages_by_cursor_and_finds_an_id(demo: Filled,
     rows = page.page.locator("#rollouts-table tbody tr")
 
     def shown() -> list[str]:
-        return rows.evaluate_all("rows => rows.map(r => r.dataset.rolloutId)")
+        found: list[str] = rows.evaluate_all("rows => rows.map(r => r.dataset.rolloutId)")
+        return found
 
     expect(rows).to_have_count(5)
     assert shown() == ids[:5]
@@ -401,7 +402,8 @@ def test_a_span_written_after_a_later_one_is_shown_in_its_place(demo: Filled, pa
     spans = p.locator("#calls article")
 
     def shown() -> list[int]:
-        return spans.evaluate_all("spans => spans.map(s => Number(s.dataset.sequence))")
+        found: list[int] = spans.evaluate_all("spans => spans.map(s => Number(s.dataset.sequence))")
+        return found
 
     expect(spans).to_have_count(2)
     assert shown() == [1, 3]

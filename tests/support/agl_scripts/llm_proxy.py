@@ -21,8 +21,9 @@ from typing import Any
 from agentlightning import LightningStoreClient, LLMProxy
 from agentlightning.adapter import LlmProxyTraceToTriplet
 from agentlightning.types import Span
-from common import agl_server, free_port
+from common import agl_server, free_port  # type: ignore[import-not-found]  # a sibling: run from its folder
 from openai import OpenAI
+from openai.types.chat import ChatCompletion
 
 
 def reward_span(rollout_id: str, attempt_id: str, sequence_id: int, value: float) -> Span:
@@ -56,20 +57,23 @@ async def scenario(address: str, backend: str, calls: int) -> dict[str, Any]:
     proxy = LLMProxy(port=free_port(), model_list=[model], store=store, launch_mode="thread")
     await proxy.start()
     try:
-        (rollout,) = await store.enqueue_many_rollouts([{"input": {"q": 1}}])  # type: ignore[list-item]
+        (rollout,) = await store.enqueue_many_rollouts([{"input": {"q": 1}}])
         claimed = await store.dequeue_rollout(worker_id="w")
         assert claimed is not None and claimed.rollout_id == rollout.rollout_id
         rid, aid = claimed.rollout_id, claimed.attempt.attempt_id
         base_url = proxy.as_resource(rid, aid).get_base_url(rid, aid)
         client = OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
-        for i in range(calls):
-            await asyncio.to_thread(
-                client.chat.completions.create,
+
+        def ask(i: int) -> ChatCompletion:  # the SDK's blocking call, run in a thread
+            return client.chat.completions.create(
                 model="mock-model",
                 messages=[{"role": "user", "content": f"What is {i} + {i}?"}],
                 max_tokens=8,
                 temperature=0.0,
             )
+
+        for i in range(calls):
+            await asyncio.to_thread(ask, i)
         # The proxy exports a call's spans when LiteLLM ends them, after the response: wait for every call's
         # LLM span to be in the store (or the deadline) before the reward, as a runner's agent would be later.
         deadline = time.monotonic() + 30

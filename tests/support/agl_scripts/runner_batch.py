@@ -28,7 +28,7 @@ from openai import AsyncOpenAI
 FINISHED = {"succeeded", "failed", "cancelled"}
 
 
-class MathAgent(agl.LitAgent[dict[str, Any]]):
+class MathAgent(agl.LitAgent[dict[str, Any]]):  # type: ignore[misc]  # agentlightning: Any where not installed
     async def rollout_async(self, task: dict[str, Any], resources: Any, rollout: Any) -> None:
         llm = resources["main_llm"]
         base_url = llm.get_base_url(rollout.rollout_id, rollout.attempt.attempt_id)

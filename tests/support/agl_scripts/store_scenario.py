@@ -13,7 +13,7 @@ from typing import Any
 
 from agentlightning import LightningStoreClient
 from agentlightning.types import LLM, EnqueueRolloutRequest, PromptTemplate, ProxyLLM, RolloutConfig, Span
-from common import agl_server, dump
+from common import agl_server, dump  # type: ignore[import-not-found]  # a sibling: run from its folder
 
 
 def span(rollout_id: str, attempt_id: str, sequence_id: int, n: int, name: str = "work") -> Span:
