@@ -9,7 +9,7 @@ searches the disk only for modules not handed to it. Errors name the real file, 
 
 Besides the package it checks the folders of scripts, ``examples/``, ``bench/`` and ``tools/``, where a file's
 module name is its path in the folder (``bench/gateway_bench.py`` is ``gateway_bench``, as the scripts import each
-other). ``--tests`` adds ``tests/`` under the names pytest imports its files by: importlib mode names a module
+other), and ``tests/`` (``--no-tests`` leaves it out) under the names pytest imports its files by: importlib mode names a module
 by its path from the root (``tests/gateway/test_x.py`` is ``tests.gateway.test_x``), and ``tests/support/`` is the
 package ``support`` (``tests/`` is on ``sys.path``). The override for ``tests.*`` and ``support.*`` in
 ``pyproject.toml`` relaxes the settings there. ``mypy.main.run_build`` is the function
@@ -18,7 +18,7 @@ mypy's own command line runs the build and prints errors with.
 All other settings are ``[tool.mypy]``'s, read by mypy's own option parser; other arguments are passed to it::
 
     python tools/typecheck.py                  # what CI runs
-    python tools/typecheck.py --tests          # also tests/
+    python tools/typecheck.py --no-tests       # without tests/
     python tools/typecheck.py --no-incremental # any flag of mypy's (no files: the list is this script's)
 """
 
@@ -85,7 +85,7 @@ def test_modules(folder: Path) -> dict[Path, str]:
     return named
 
 
-def sources(root: Path = ROOT, *, tests: bool = False) -> list[BuildSource]:
+def sources(root: Path = ROOT, *, tests: bool = True) -> list[BuildSource]:
     """What mypy checks: the package, the scripts and (``tests``) the tests, paths relative to ``root``."""
     modules = package_modules(root)
     for folder in SCRIPTS:
@@ -102,8 +102,8 @@ def sources(root: Path = ROOT, *, tests: bool = False) -> list[BuildSource]:
 
 def main(argv: list[str]) -> int:
     t0 = time.time()
-    tests = "--tests" in argv
-    flags = [arg for arg in argv if arg != "--tests"]
+    tests = "--no-tests" not in argv
+    flags = [arg for arg in argv if arg != "--no-tests"]
     os.chdir(ROOT)  # mypy finds pyproject.toml here, and prints paths relative to it
     fscache = FileSystemCache()
     listed, options = process_options(flags, require_targets=False, fscache=fscache)
