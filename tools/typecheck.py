@@ -9,10 +9,10 @@ searches the disk only for modules not handed to it. Errors name the real file, 
 
 Besides the package it checks the folders of scripts, ``examples/``, ``bench/`` and ``tools/``, where a file's
 module name is its path in the folder (``bench/gateway_bench.py`` is ``gateway_bench``, as the scripts import each
-other), and ``tests/`` (``--no-tests`` leaves it out) under the names pytest imports its files by: importlib mode names a module
-by its path from the root (``tests/gateway/test_x.py`` is ``tests.gateway.test_x``), and ``tests/support/`` is the
-package ``support`` (``tests/`` is on ``sys.path``). The override for ``tests.*`` and ``support.*`` in
-``pyproject.toml`` relaxes the settings there. ``mypy.main.run_build`` is the function
+other), and ``tests/`` (``--no-tests`` leaves it out) under the names pytest imports its files by: importlib mode
+names a module by its path from the root (``tests/gateway/test_x.py`` is ``tests.gateway.test_x``), and
+``tests/support/`` is the package ``support`` (``tests/`` is on ``sys.path``). The override for ``tests.*`` and
+``support.*`` in ``pyproject.toml`` relaxes the settings there. ``mypy.main.run_build`` is the function
 mypy's own command line runs the build and prints errors with.
 
 All other settings are ``[tool.mypy]``'s, read by mypy's own option parser; other arguments are passed to it::
