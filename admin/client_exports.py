@@ -1,11 +1,16 @@
 """The export side of the admin client: triplets and trainer records, page after page (``next_cursor`` sent
-back as ``since``), as JSON pages or streamed JSON Lines."""
+back as ``since``), as JSON pages or streamed JSON Lines.
+
+Each export hands back ``ExportRecords``: its records, and the cursor a later export picks up from. A trainer
+reads a step's records, keeps ``next_cursor``, and asks the next step for ``since=`` that cursor: it gets only
+what finished in between, with nothing left out and nothing twice."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, Literal
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
 
 import httpx
 
@@ -13,6 +18,45 @@ from rollway.admin.client_transport import Transport, query
 from rollway.admin.client_types import MergedTriplet, RollwayAPIError, Triplet
 
 CURSOR_HEADER = "x-rollway-next-cursor"
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+@dataclass
+class _Cursor:
+    value: str | None
+
+
+class ExportRecords(Generic[T]):
+    """An export's records, page after page (``async for``). ``next_cursor`` is where an export that takes up
+    after them begins (pass it as ``since``): the cursor after the last page read to its end, or the ``since``
+    this one began from. The records of a page left part-read come again from there, so none is lost."""
+
+    def __init__(self, records: AsyncGenerator[T, None], cursor: _Cursor) -> None:
+        self._records = records
+        self._cursor = cursor
+
+    @property
+    def next_cursor(self) -> str | None:
+        return self._cursor.value
+
+    def __aiter__(self) -> ExportRecords[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        return await anext(self._records)
+
+    async def aclose(self) -> None:
+        await self._records.aclose()
+
+    def map(self, parse: Callable[[T], U]) -> ExportRecords[U]:
+        """The same records, each parsed; the cursor is the same one."""
+
+        async def parsed() -> AsyncGenerator[U, None]:
+            async for record in self:
+                yield parse(record)
+
+        return ExportRecords(parsed(), self._cursor)
 
 
 class ExportsMixin:
@@ -20,7 +64,7 @@ class ExportsMixin:
 
     _t: Transport
 
-    async def iter_triplet_records(
+    def iter_triplet_records(
         self,
         *,
         rollout_id: str | Sequence[str] | None = None,
@@ -30,16 +74,15 @@ class ExportsMixin:
         partial: bool = False,
         page_size: int = 500,
         jsonl: bool = False,
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> ExportRecords[dict[str, Any]]:
         """Triplets (or with ``merge`` merged rows) of finished rollouts as plain JSON objects, ``page_size``
         rollouts per call, following ``next_cursor`` (sent back as ``since``). With ``jsonl`` each page is
         streamed as JSON Lines (cursor in the ``x-rollway-next-cursor`` header); an error line the server ends a
         broken stream with is raised as ``RollwayAPIError``."""
         params = query(group_id=group_id, merge=merge, partial=partial)
-        async for record in self._iter_pages("/triplets", params, rollout_id, since, page_size, jsonl):
-            yield record
+        return self._records("/triplets", params, rollout_id, since, page_size, jsonl)
 
-    async def iter_export(
+    def iter_export(
         self,
         kind: Literal["slime", "verl"],
         *,
@@ -49,14 +92,13 @@ class ExportsMixin:
         partial: bool = False,
         page_size: int = 500,
         jsonl: bool = False,
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> ExportRecords[dict[str, Any]]:
         """Trainer records of finished rollouts (``GET /exports/{kind}``): SLIME ``Sample`` fields (``slime``) or
         verl-style rows (``verl``), whole complete groups unless ``partial``, following ``next_cursor``."""
         params = query(group_id=group_id, partial=partial)
-        async for record in self._iter_pages(f"/exports/{kind}", params, rollout_id, since, page_size, jsonl):
-            yield record
+        return self._records(f"/exports/{kind}", params, rollout_id, since, page_size, jsonl)
 
-    async def _iter_pages(
+    def _records(
         self,
         path: str,
         filters: dict[str, Any],
@@ -64,9 +106,22 @@ class ExportsMixin:
         since: str | None,
         page_size: int,
         jsonl: bool,
-    ) -> AsyncIterator[dict[str, Any]]:
-        """The records of an export route, page after page (the cursor sent back as ``since``)."""
-        cursor = since
+    ) -> ExportRecords[dict[str, Any]]:
+        read = _Cursor(since)
+        return ExportRecords(self._iter_pages(path, filters, rollout_id, read, page_size, jsonl), read)
+
+    async def _iter_pages(
+        self,
+        path: str,
+        filters: dict[str, Any],
+        rollout_id: str | Sequence[str] | None,
+        read: _Cursor,
+        page_size: int,
+        jsonl: bool,
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """The records of an export route, page after page (the cursor sent back as ``since``); ``read`` moves to
+        each page's cursor once the page has been read to its end."""
+        cursor = read.value
         rollout_ids = [rollout_id] if isinstance(rollout_id, str) else None if rollout_id is None else list(rollout_id)
         while True:
             params = filters | query(rollout_id=rollout_ids, since=cursor, limit=page_size)
@@ -92,11 +147,13 @@ class ExportsMixin:
                     yield record
             # A page may be empty yet move the cursor (its rollouts gave no records: cancelled before any call):
             # the end is a cursor that no longer moves.
+            if next_cursor:
+                read.value = next_cursor
             if not next_cursor or next_cursor == cursor:
                 return
             cursor = next_cursor
 
-    async def iter_triplets(
+    def iter_triplets(
         self,
         *,
         rollout_id: str | Sequence[str] | None = None,
@@ -105,15 +162,14 @@ class ExportsMixin:
         partial: bool = False,
         page_size: int = 500,
         jsonl: bool = False,
-    ) -> AsyncIterator[Triplet]:
+    ) -> ExportRecords[Triplet]:
         """One ``Triplet`` per LLM call (groups only when complete, unless ``partial``)."""
         records = self.iter_triplet_records(
             rollout_id=rollout_id, group_id=group_id, since=since, partial=partial, page_size=page_size, jsonl=jsonl
         )
-        async for record in records:
-            yield Triplet.model_validate(record)
+        return records.map(Triplet.model_validate)
 
-    async def iter_merged_triplets(
+    def iter_merged_triplets(
         self,
         *,
         rollout_id: str | Sequence[str] | None = None,
@@ -122,7 +178,7 @@ class ExportsMixin:
         partial: bool = False,
         page_size: int = 500,
         jsonl: bool = False,
-    ) -> AsyncIterator[MergedTriplet]:
+    ) -> ExportRecords[MergedTriplet]:
         """One ``MergedTriplet`` per multi-turn segment of a rollout (``merge=true``)."""
         records = self.iter_triplet_records(
             rollout_id=rollout_id,
@@ -133,8 +189,7 @@ class ExportsMixin:
             page_size=page_size,
             jsonl=jsonl,
         )
-        async for record in records:
-            yield MergedTriplet.model_validate(record)
+        return records.map(MergedTriplet.model_validate)
 
 
 def _keep_cursor(into: dict[str, str | None], response: httpx.Response) -> None:

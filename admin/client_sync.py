@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from rollway.admin.client import DEFAULT_URL, AsyncRollwayClient
+from rollway.admin.client_exports import ExportRecords
 from rollway.admin.client_types import MergedTriplet, Triplet
 from rollway.store import Rollout
 
@@ -51,6 +52,39 @@ def _iterating(
 
     call.__name__, call.__doc__ = method.__name__, method.__doc__
     return call
+
+
+def _exporting(
+    method: Callable[Concatenate[AsyncRollwayClient, P], ExportRecords[T]],
+) -> Callable[Concatenate[RollwayClient, P], SyncExportRecords[T]]:
+    """The async client's export, stepped on the private loop, with its cursor."""
+
+    def call(self: RollwayClient, /, *args: P.args, **kwargs: P.kwargs) -> SyncExportRecords[T]:
+        return SyncExportRecords(self, method(self.aio, *args, **kwargs))
+
+    call.__name__, call.__doc__ = method.__name__, method.__doc__
+    return call
+
+
+class SyncExportRecords(Generic[T]):
+    """An export's records for synchronous code (``for``), and ``next_cursor``, as ``ExportRecords`` has it."""
+
+    def __init__(self, client: RollwayClient, records: ExportRecords[T]) -> None:
+        self._records = records
+        self._items = client.iterate(records)
+
+    @property
+    def next_cursor(self) -> str | None:
+        return self._records.next_cursor
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        return next(self._items)
+
+    def close(self) -> None:
+        self._items.close()
 
 
 class RollwayClient:
@@ -89,7 +123,7 @@ class RollwayClient:
         future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
         return future.result()
 
-    def iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
+    def iterate(self, items: AsyncIterator[T]) -> Generator[T, None, None]:
         """Step an async iterator of the async client on its loop."""
 
         async def step() -> list[T]:
@@ -170,10 +204,10 @@ class RollwayClient:
     revoke_key = _blocking(AsyncRollwayClient.revoke_key)
     stats = _blocking(AsyncRollwayClient.stats)
     # triplets
-    iter_triplet_records = _iterating(AsyncRollwayClient.iter_triplet_records)
-    iter_triplets = _iterating(AsyncRollwayClient.iter_triplets)
-    iter_merged_triplets = _iterating(AsyncRollwayClient.iter_merged_triplets)
-    iter_export = _iterating(AsyncRollwayClient.iter_export)
+    iter_triplet_records = _exporting(AsyncRollwayClient.iter_triplet_records)
+    iter_triplets = _exporting(AsyncRollwayClient.iter_triplets)
+    iter_merged_triplets = _exporting(AsyncRollwayClient.iter_merged_triplets)
+    iter_export = _exporting(AsyncRollwayClient.iter_export)
 
 
 __all__ = ["MergedTriplet", "Rollout", "RollwayClient", "Triplet"]

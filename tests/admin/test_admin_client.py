@@ -181,6 +181,52 @@ async def test_exports_page_on_past_rollouts_that_give_no_rows(
         assert [r["rollout_id"] for r in rows] == [first, last]
 
 
+async def finished_with_a_call(client: AsyncRollwayClient, question: str) -> str:
+    """One rollout enqueued, claimed, called once through its claim and finished: its id."""
+    await client.enqueue([{"input": {"question": question}}])
+    [claim] = await client.claim("worker-1")
+    async with AsyncOpenAI(base_url=claim.base_url, api_key=claim.api_key, max_retries=0) as llm:
+        await llm.chat.completions.create(model="policy", messages=[{"role": "user", "content": question}])
+    await client.update_attempt(claim.rollout.rollout_id, status="succeeded")
+    return claim.rollout.rollout_id
+
+
+@pytest.mark.parametrize("jsonl", [False, True])
+async def test_an_export_hands_back_the_cursor_the_next_step_continues_from(
+    client: AsyncRollwayClient, mock: MockBackendProcess, jsonl: bool
+) -> None:
+    """A trainer's step reads what has finished and keeps ``next_cursor``; the next step, from that cursor, gets
+    only the rollouts finished since. A step that stops part-way through a page keeps the cursor of the page
+    before, so the rest comes again. The sync client hands back the same cursor."""
+    await client.put_model("policy", [{"base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}])
+    step_1 = [await finished_with_a_call(client, f"{i} + 1?") for i in range(3)]
+    records = client.iter_triplets(page_size=2, jsonl=jsonl)
+    assert records.next_cursor is None  # nothing read yet: from the start
+    assert [t.rollout_id async for t in records] == step_1
+    first_cursor = records.next_cursor
+    assert first_cursor is not None
+
+    step_2 = [await finished_with_a_call(client, f"{i} + 2?") for i in range(3)]
+    later = client.iter_triplets(since=first_cursor, page_size=2, jsonl=jsonl)
+    assert later.next_cursor == first_cursor
+    assert [t.rollout_id async for t in later] == step_2
+    assert later.next_cursor not in (None, first_cursor)
+    assert [t async for t in client.iter_triplets(since=later.next_cursor, jsonl=jsonl)] == []
+
+    part_read = client.iter_export("verl", since=first_cursor, page_size=2, jsonl=jsonl)
+    assert [(await anext(part_read))["rollout_id"] for _ in range(3)] == step_2  # into the second page
+    await part_read.aclose()
+    again = client.iter_export("verl", since=part_read.next_cursor, jsonl=jsonl)
+    assert [r["rollout_id"] async for r in again] == step_2[2:]  # the part-read page comes again
+
+    def sync_step(url: str) -> tuple[list[str], str | None]:
+        with RollwayClient(url, TOKEN, retry=NO_RETRY) as sync:
+            rows = sync.iter_triplet_records(since=first_cursor, page_size=2, jsonl=jsonl)
+            return [r["rollout_id"] for r in rows], rows.next_cursor
+
+    assert await asyncio.to_thread(sync_step, client.url) == (step_2, later.next_cursor)
+
+
 async def test_listing_follows_the_cursor(client: AsyncRollwayClient) -> None:
     rollouts = await client.enqueue([{"input": i} for i in range(5)])
     page = await client.list_rollouts(limit=2)
