@@ -18,7 +18,7 @@ from fastapi.responses import Response
 from rollway.admin.adapters.trainers import slime_samples, verl_rows
 from rollway.admin.context import Context
 from rollway.admin.route import AdminRoute
-from rollway.admin.triplets import respond
+from rollway.admin.triplets import known_parameters, respond
 from rollway.store.exports import ExportQuery, ExportRollout
 
 router = APIRouter(tags=["exports"], route_class=AdminRoute)
@@ -34,7 +34,7 @@ def renderer(build: Builder) -> Callable[[list[ExportRollout]], list[bytes]]:
     return render
 
 
-@router.get("/exports/{kind}", response_model=None)
+@router.get("/exports/{kind}", response_model=None, dependencies=[known_parameters("format")])
 async def export(
     kind: Literal["slime", "verl"],
     context: Context,

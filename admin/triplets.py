@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from rollway.admin.adapters.merged import merged_rows
@@ -38,6 +38,24 @@ router = APIRouter(tags=["triplets"], route_class=AdminRoute)
 
 #: Rollouts read and rendered per step.
 CHUNK = 500
+#: The query parameters of ``ExportQuery``, by the names the routes take them by.
+FILTERS = frozenset(field.alias or name for name, field in ExportQuery.model_fields.items())
+
+
+def known_parameters(*own: str) -> Any:
+    """A dependency that refuses (400) a query parameter the export does not know: a misspelt or unsupported
+    filter would otherwise be ignored, and the export would hand back rows it was asked to leave out."""
+    known = FILTERS | set(own)
+
+    def check(request: Request) -> None:
+        unknown = sorted(set(request.query_params) - known)
+        if unknown:
+            listed = ", ".join(f"'{name}'" for name in unknown)
+            raise HTTPException(400, f"unknown query parameter {listed}: this export takes {', '.join(sorted(known))}")
+
+    return Depends(check)
+
+
 CURSOR_HEADER = "x-rollway-next-cursor"
 #: Turns a chunk of exported rollouts into JSON documents (triplets here; trainer records in ``admin.exports``).
 Renderer = Callable[[list[ExportRollout]], list[bytes]]
@@ -96,7 +114,7 @@ async def _document(store: Store, page: ExportPage, render: Renderer, loaded: bo
     yield b'],"next_cursor":' + orjson.dumps(page.next_cursor) + b"}"
 
 
-@router.get("/triplets", response_model=None)
+@router.get("/triplets", response_model=None, dependencies=[known_parameters("merge", "format")])
 async def export_triplets(
     context: Context,
     query: Annotated[ExportQuery, Query()],

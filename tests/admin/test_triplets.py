@@ -364,6 +364,29 @@ async def test_a_bad_cursor_or_limit_is_a_400_in_the_error_envelope(client: http
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
+@pytest.mark.parametrize("path", ["/admin/v1/triplets", "/admin/v1/exports/slime", "/admin/v1/exports/verl"])
+async def test_a_filter_the_export_does_not_know_is_a_400_not_ignored(
+    app_store: Store, client: httpx.AsyncClient, path: str
+) -> None:
+    """``mode=train`` (or a misspelt ``group``) would otherwise export every rollout: the export refuses it, in the
+    error envelope, and names the parameter; the parameters it knows still work."""
+    done = await enqueue(app_store, {})
+    await run(app_store, client, done[0])
+    for params in ({"mode": "train"}, {"group": "g", "limit": 5}, {"partial": "true", "modle_version": "v1"}):
+        response = await client.get(path, params=params)
+        assert response.status_code == 400, (params, response.text)
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        [unknown] = set(params) - {"limit", "partial"}
+        assert f"'{unknown}'" in error["message"]
+    known = {"limit": 5, "partial": "true", "format": "json", "since": None, "rollout_id": done[0]}
+    if path.endswith("triplets"):
+        known["merge"] = "false"
+    response = await client.get(path, params={k: v for k, v in known.items() if v is not None})
+    assert response.status_code == 200, response.text
+    assert response.json()["items"]
+
+
 async def test_store_export_orders_units_by_their_last_finish(store: Store) -> None:
     """The export read on each engine: groups at their last finish, whole, with their latest attempt's spans."""
     group = await store.enqueue([TaskSpec(group_id="g", group_size=2)])
