@@ -10,13 +10,13 @@ from collections.abc import Iterable
 
 from fastapi import APIRouter, Depends
 
-from rollway.admin import exports, keys, models, replicas, resources, rollouts, stats, triplets
+from rollway.admin import exports, keys, models, replicas, resources, rollouts, stats, triplets, updates
 from rollway.admin.auth import require_admin
 
 
 def build_router(extra: Iterable[APIRouter] = ()) -> APIRouter:
     router = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_admin)])
-    subs = (rollouts, resources, models, keys, stats, triplets, replicas)
+    subs = (rollouts, resources, models, updates, keys, stats, triplets, replicas)
     for sub in (module.router for module in subs):
         router.include_router(sub)
     for sub in extra:

@@ -194,6 +194,13 @@ class RollwayClient:
     resume_model = _blocking(AsyncRollwayClient.resume_model)
     drain_model = _blocking(AsyncRollwayClient.drain_model)
     swap_model = _blocking(AsyncRollwayClient.swap_model)
+    # weight updates
+    update_weights = _blocking(AsyncRollwayClient.update_weights)
+    begin_update = _blocking(AsyncRollwayClient.begin_update)
+    commit_update = _blocking(AsyncRollwayClient.commit_update)
+    abort_update = _blocking(AsyncRollwayClient.abort_update)
+    get_update = _blocking(AsyncRollwayClient.get_update)
+    list_updates = _blocking(AsyncRollwayClient.list_updates)
     # remote agent servers
     list_agents = _blocking(AsyncRollwayClient.list_agents)
     get_agent = _blocking(AsyncRollwayClient.get_agent)

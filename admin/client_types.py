@@ -5,6 +5,7 @@ Errors::
 
     RollwayError                 any failed call
      ├── RollwayAPIError         the server answered 4xx/5xx: ``status`` and the envelope's message/type/code
+     │    └── WeightUpdateFailed the update failed or expired, resumed on the old version: its ``update``
      └── RollwayConnectionError  the server could not be reached (after the retries)
 """
 
@@ -17,6 +18,8 @@ from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict
+
+from rollway.store.schemas import WeightUpdate
 
 
 class RollwayError(Exception):
@@ -36,16 +39,20 @@ class RollwayAPIError(RollwayError):
         param: str | None = None,
         method: str = "",
         url: str = "",
+        body: Any = None,
     ) -> None:
         super().__init__(f"{status} {type or 'error'}: {message}")
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
         self.method, self.url = method, url
+        self.body = body  # the answer's JSON (None when it was not JSON)
 
     @classmethod
     def of(cls, response: httpx.Response) -> RollwayAPIError:
         error: Any = None
+        body: Any = None
         with contextlib.suppress(ValueError, AttributeError):
-            error = response.json().get("error")
+            body = response.json()
+            error = body.get("error")
         if not isinstance(error, dict):
             text = response.text.strip() or response.reason_phrase
             error = {"message": text[:500]}
@@ -57,7 +64,26 @@ class RollwayAPIError(RollwayError):
             param=error.get("param"),
             method=response.request.method,
             url=str(response.request.url),
+            body=body,
         )
+
+
+class WeightUpdateFailed(RollwayAPIError):
+    """A weight update failed or expired: the alias is back on its old version. ``update`` is its record (the
+    engine calls it made, and why it failed)."""
+
+    def __init__(self, error: RollwayAPIError, update: WeightUpdate) -> None:
+        super().__init__(
+            error.status,
+            error.message,
+            type=error.type,
+            code=error.code,
+            param=error.param,
+            method=error.method,
+            url=error.url,
+            body=error.body,
+        )
+        self.update = update
 
 
 class RollwayConnectionError(RollwayError):

@@ -15,6 +15,7 @@ from fastapi import Depends, Request
 from pydantic import SecretStr
 
 from rollway.store import Backend, ModelAlias, Store
+from rollway.store.schemas import UpdatePlan, WeightUpdate
 
 
 class ModelControl(Protocol):
@@ -64,6 +65,18 @@ class ModelControl(Protocol):
         ...
 
 
+class UpdateControl(Protocol):
+    """The weight-update operation (``rollway.gateway.updates.WeightUpdates``)."""
+
+    async def run(self, alias: str, plan: UpdatePlan, by: str) -> WeightUpdate: ...
+
+    async def begin(self, alias: str, plan: UpdatePlan, by: str) -> WeightUpdate: ...
+
+    async def commit(self, update_id: str) -> WeightUpdate: ...
+
+    async def abort(self, update_id: str, reason: str | None = None) -> WeightUpdate: ...
+
+
 class CaptureCounts(Protocol):
     completions: int
     untrainable: int
@@ -77,6 +90,7 @@ class KeyCacheControl(Protocol):
 class AdminContext:
     store: Store
     models: ModelControl
+    updates: UpdateControl
     keys: KeyCacheControl
     admin_token: SecretStr | None = None
     public_url: str | None = None

@@ -7,12 +7,24 @@ Backend API keys are accepted here and never returned.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Response
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi.responses import JSONResponse
 
+from rollway.admin.auth import admin_by
 from rollway.admin.context import AdminContext, Context
 from rollway.admin.route import AdminRoute
-from rollway.admin.schemas import CaptureView, DrainRequest, ModelPage, ModelPut, ModelView, SwapRequest
-from rollway.store import ModelAlias
+from rollway.admin.schemas import (
+    CaptureView,
+    DrainRequest,
+    ModelPage,
+    ModelPut,
+    ModelView,
+    SwapRequest,
+    UpdatePage,
+    UpdateRequest,
+)
+from rollway.envelope import envelope
+from rollway.store import ModelAlias, WeightUpdate
 from rollway.store.sql.catalog import action_path
 
 router = APIRouter(tags=["models"], route_class=AdminRoute)
@@ -67,6 +79,42 @@ async def drain(alias: str, context: Context, body: DrainRequest | None = None) 
     says whether that happened). Pause first: otherwise new calls keep arriving."""
     drained = await context.models.drain(alias, (body or DrainRequest()).timeout_seconds)
     return await view(context, await context.store.get_model(alias), drained)
+
+
+@router.post(
+    "/models/{alias:path}/updates",
+    response_model=WeightUpdate,
+    responses={201: {"model": WeightUpdate}, 502: {"description": "the update failed; resumed on the old version"}},
+)
+async def update_weights(alias: str, body: UpdateRequest, request: Request, context: Context) -> Response:
+    """Update the alias's weights as one operation: hold its new calls, drain (or abort) the calls in flight,
+    reload, give it the new version, resume. `form: reload` (the default) asks the engines to reload in place and
+    answers when the update has ended: 200 committed, or 502 failed with the update's record beside the error,
+    resumed on the old version. `form: trainer` answers 201 once the alias is held and drained, for the trainer
+    to move the weights and then commit (`POST /admin/v1/updates/{id}/commit`)."""
+    by = admin_by(request)
+    if body.form == "trainer":
+        update = await context.updates.begin(alias, body.plan(), by)
+    else:
+        update = await context.updates.run(alias, body.plan(), by)
+    return update_answer(update, opened=201 if body.form == "trainer" else 200)
+
+
+@router.get("/models/{alias:path}/updates", response_model=UpdatePage)
+async def list_updates(alias: str, context: Context, limit: int = Query(20, ge=1, le=500)) -> UpdatePage:
+    """The alias's weight updates, newest first."""
+    await context.store.get_model(alias)  # 404 for an alias that does not exist
+    return UpdatePage(items=await context.store.list_updates(alias, limit))
+
+
+def update_answer(update: WeightUpdate, opened: int = 200) -> Response:
+    """An update as its caller is told: its record; a failed or expired one as a 502 with the record beside the
+    error, so a script that checks the status does not go on as if the weights had changed."""
+    record = update.model_dump(mode="json")
+    if update.state in ("failed", "expired"):
+        message = f"weight update {update.update_id} of '{update.alias}' {update.state}: {update.error}"
+        return JSONResponse({**envelope(message, "upstream_error", code="weight_update_failed"), "update": record}, 502)
+    return JSONResponse(record, status_code=opened if update.state == "open" else 200)
 
 
 # After the routes with a suffix: an alias may contain '/' ("Qwen/Qwen2.5-7B"), so these match any rest of the

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from rollway.store import (
@@ -23,12 +22,15 @@ from rollway.store import (
     Span,
     TaskSpec,
 )
-from rollway.store.schemas import RewardValue
+from rollway.store.schemas import RewardValue, UpdatePlan, WeightUpdate
 
 
 def valid_unicode(data: Any) -> Any:
     """Refuse strings that are not Unicode text (lone surrogates such as ``"\\ud8f3"``, which JSON parsers
-    accept): they would be stored but could not be sent back as JSON. One orjson pass, no copy kept."""
+    accept): they would be stored but could not be sent back as JSON. One orjson pass, no copy kept. The server
+    validates request bodies, the clients only build them: orjson is imported here, so a client needs none."""
+    import orjson
+
     try:
         orjson.dumps(data)
     except orjson.JSONEncodeError as exc:
@@ -191,6 +193,7 @@ class ModelState(BaseModel):
     paused: bool
     in_flight: int  # calls of the alias in flight in every gateway replica
     in_flight_old: int = 0  # of those, calls still on an earlier configuration (what a swap's drain waits for)
+    updating: str | None = None  # the weight update holding the alias (its id), while one is open
 
 
 class CaptureView(BaseModel):
@@ -227,7 +230,9 @@ class ModelView(BaseModel):
             backends=[BackendView.of(b, detected, up) for b in model.backends],
             version=model.version,
             sampling=model.sampling,
-            state=ModelState(paused=model.paused, in_flight=in_flight[0], in_flight_old=in_flight[1]),
+            state=ModelState(
+                paused=model.paused, in_flight=in_flight[0], in_flight_old=in_flight[1], updating=model.update_id
+            ),
             drained=drained,
         )
 
@@ -246,6 +251,36 @@ class SwapRequest(Body):
     backends: list[Backend] | None = Field(default=None, min_length=1, max_length=256)
     version: str | None = Field(default=None, min_length=1, max_length=128)
     drain_timeout_seconds: float | None = Field(default=None, ge=0, le=600)
+
+
+class UpdateRequest(Body):
+    """``POST /admin/v1/models/{alias}/updates``: one weight update (``docs/training.md``)."""
+
+    version: str | None = Field(default=None, min_length=1, max_length=128)  # None: the version + 1
+    form: Literal["reload", "trainer"] = "reload"  # reload: Rollway reloads the engines; trainer: begin only
+    in_flight: Literal["drain", "abort"] = "drain"
+    drain_timeout_seconds: float = Field(default=60.0, ge=0, le=3600)
+    timeout_seconds: float = Field(default=600.0, gt=0, le=86400)
+    weights_path: str | None = Field(default=None, min_length=1, max_length=4096)
+    note: str | None = Field(default=None, max_length=1024)
+
+    def plan(self) -> UpdatePlan:
+        return UpdatePlan(
+            to_version=self.version,
+            in_flight=self.in_flight,
+            drain_timeout=self.drain_timeout_seconds,
+            timeout=self.timeout_seconds,
+            weights_path=self.weights_path,
+            note=self.note,
+        )
+
+
+class AbortRequest(Body):
+    reason: str | None = Field(default=None, max_length=1024)
+
+
+class UpdatePage(BaseModel):
+    items: list[WeightUpdate]
 
 
 class DrainRequest(Body):

@@ -49,6 +49,8 @@ class Call:
         self._arrival = arrival  # counted in flight until the call holds its lease (``Arrival``)
         self._lease: Lease | None = None
         self._in_flight: Any = None  # the alias's in-flight gauge child, while the call holds its lease
+        self._watch: ClientWatch | None = None  # while the call is being answered: what a weight update cancels
+        self._aborted: str | None = None  # why a weight update ended the call
 
     @classmethod
     async def begin(
@@ -81,7 +83,7 @@ class Call:
         if trace is not None:
             record.trace_id, record.parent_id = trace.trace_id, trace.parent_id
             record.trace_flags, record.trace_state = trace.flags, trace.state
-        if gateway.registry.paused(alias) and gateway.settings.pause_wait_seconds > 0:
+        if gateway.registry.paused(alias) and (gateway.settings.pause_wait_seconds > 0 or gateway.registry.held(alias)):
             # It waits for its lease in ``run``, where a client that leaves ends it; not a call to drain meanwhile,
             # since it leases what is current when the alias resumes.
             arrival.end()
@@ -97,10 +99,13 @@ class Call:
         watch = ClientWatch(receive)
         gateway.running.add()
         try:
+            self._watch = watch
             try:
                 ending = await self._answer(body=record.request, reply=reply, headers=headers)
             except (Exception, asyncio.CancelledError) as exc:
                 ending = self._ending(exc, watch, reply, headers)
+            finally:
+                self._watch = None  # answered: a weight update's abort has nothing left to end
             try:
                 withheld = await self._write_span()
                 await ending.send(reply, withheld)
@@ -158,6 +163,14 @@ class Call:
             self._arrival = None  # ``admit`` ended it
         record.model_version = lease.version
         self._lease, self._in_flight = lease, gateway.metrics.count_in_flight(alias)
+        lease.on_abort = self._abort
+
+    def _abort(self, reason: str) -> None:
+        """A weight update ends the call (``ModelRegistry.abort``): its task is cancelled and its span says why."""
+        if self._watch is None or self._aborted is not None:
+            return
+        self._aborted = reason
+        self._watch.cancel()
 
     def _whole(self, answer: Answer, whole: bytes, injected: Injected, headers: Headers) -> WholeAnswer:
         """A whole answer (read by ``connect``), as the client gets it; a backend echoing its key (an answer
@@ -186,6 +199,10 @@ class Call:
         record = self.record
         if isinstance(exc, asyncio.CancelledError):
             watch.uncancel()
+            if self._aborted is not None and not watch.gone:  # a weight update ended it
+                err = outcome.aborted_error(self._aborted)
+                outcome.mark_unfinished(record, "aborted", err.body.decode(), status=None if reply.started else 503)
+                return ErrorAnswer(err, headers)
             if watch.gone:  # the client left
                 outcome.mark_unfinished(record, "cancelled", cancelled=True)
                 return NoAnswer()
@@ -271,6 +288,11 @@ class ClientWatch:
             return
         self.gone = True
         self._task.cancel()
+
+    def cancel(self) -> None:
+        """Cancel the call's task as its client's leaving would (a weight update that aborts it)."""
+        if not self._over:
+            self._task.cancel()
 
     def uncancel(self) -> None:
         """The call's task takes the cancellation that reached it (the client's, or the server's at shutdown) and

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ class AliasState:
     released: asyncio.Event = field(default_factory=asyncio.Event)  # set whenever a lease ends
     by_key: dict[str, int] = field(default_factory=dict)  # in flight per configuration key
     key: str = ""
+    leases: set[Lease] = field(default_factory=set)  # the calls holding a lease, for an update that aborts them
 
     def __post_init__(self) -> None:
         self.key = config_key(self.config)
@@ -60,26 +62,44 @@ class AliasState:
         else:
             self.resumed.set()
 
+    def hold_left(self, now: float) -> float:
+        """Seconds a call may still wait for the weight update holding the alias (0 when none holds it)."""
+        until = self.config.hold_until
+        return 0.0 if until is None else max(0.0, until - now)
 
-@dataclass
+
+@dataclass(eq=False)
 class Lease:
-    """One call's hold on an alias: the configuration it runs with."""
+    """One call's hold on an alias: the configuration it runs with. ``on_abort``: what ends the call when a weight
+    update aborts the calls in flight (set by the call once it can be ended)."""
 
     alias: str
     config: ModelAlias
     _state: AliasState
     _key: str = ""
     _released: bool = False
+    on_abort: Callable[[str], None] | None = None
+
+    def __post_init__(self) -> None:
+        self._state.leases.add(self)
 
     @property
     def version(self) -> str:
         return self.config.version
+
+    def abort(self, reason: str) -> bool:
+        """End the call for ``reason`` (a weight update's); whether there was a call to end."""
+        if self._released or self.on_abort is None:
+            return False
+        self.on_abort(reason)
+        return True
 
     def release(self) -> None:
         if self._released:
             return
         self._released = True
         _decrement(self._state.by_key, self._key)
+        self._state.leases.discard(self)
         self._state.released.set()
 
 

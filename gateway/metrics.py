@@ -155,6 +155,25 @@ class Metrics:
             " in, each dropping its cached aliases and keys; the first one it sees after starting included.",
             registry=r,
         )
+        self.weight_updates = Counter(
+            "rollway_weight_updates",
+            "Weight updates that ended, by how (committed, failed, aborted, expired).",
+            ["alias", "state"],
+            registry=r,
+        )
+        self.weight_update_held = Histogram(
+            "rollway_weight_update_held_seconds",
+            "How long a weight update held its alias's new calls (from its begin to its end).",
+            ["alias"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.weight_update_aborted = Counter(
+            "rollway_weight_update_aborted_calls",
+            "Calls in flight that weight updates ended (recorded as aborted spans).",
+            ["alias"],
+            registry=r,
+        )
         self.scrape_errors = Counter(
             "rollway_metrics_store_errors", "Scrapes that could not read the store in time.", registry=r
         )
@@ -255,6 +274,14 @@ class Metrics:
 
     # -- store hooks ----------------------------------------------------------------------------------
 
+    def observe_update(self, alias: str, state: str, held_seconds: float | None, aborted: int) -> None:
+        """A weight update this process ended."""
+        self.weight_updates.labels(alias, state).inc()
+        if held_seconds is not None:
+            self.weight_update_held.labels(alias).observe(held_seconds)
+        if aborted:
+            self.weight_update_aborted.labels(alias).inc(aborted)
+
     def observe_write(self, size: int, seconds: float) -> None:
         self.write_batch.observe(size)
         self.write_seconds.observe(seconds)
@@ -323,6 +350,9 @@ class _StateCollector:
         attempts = GaugeMetricFamily("rollway_attempts", "Attempts by status.", labels=["status"])
         queue = GaugeMetricFamily("rollway_queue_depth", "Rollouts waiting for a worker (queuing, requeuing).")
         paused = GaugeMetricFamily("rollway_model_paused", "1 when the model alias is paused.", labels=["alias"])
+        updating = GaugeMetricFamily(
+            "rollway_model_updating", "1 while a weight update holds the model alias.", labels=["alias"]
+        )
         backend_up = GaugeMetricFamily(
             "rollway_backend_up",
             "1 when this process routes to the backend (not ejected by passive health checks).",
@@ -347,6 +377,7 @@ class _StateCollector:
             router = self.router
             for model in snap.models:
                 paused.add_metric([model.alias], 1.0 if model.paused else 0.0)
+                updating.add_metric([model.alias], 0.0 if model.update_id is None else 1.0)
                 waiting.add_metric([model.alias], 0 if router is None else router.waiting(model.alias))
                 for backend in model.backends:
                     labels = [model.alias, backend.backend_id]
@@ -354,7 +385,7 @@ class _StateCollector:
                     backend_up.add_metric(labels, 1.0 if healthy else 0.0)
                     busy = 0 if router is None else router.health(backend.backend_id).outstanding
                     outstanding.add_metric(labels, busy)
-        yield from (rollouts, attempts, queue, paused, backend_up, outstanding, waiting)
+        yield from (rollouts, attempts, queue, paused, updating, backend_up, outstanding, waiting)
 
 
 def _multiproc_dir() -> str | None:

@@ -112,6 +112,14 @@ def withhold(record: CallRecord) -> bool:
     return True
 
 
+def aborted_error(reason: str) -> CallError:
+    """The call was ended by a weight update that aborts the calls in flight: retried, it is held until the new
+    weights serve it."""
+    err = CallError.of(503, f"{reason}; try again", "service_unavailable", code="weights_updating")
+    err.headers.append((b"retry-after", b"1"))
+    return err
+
+
 def shutdown_error() -> CallError:
     """The call outlived the server's graceful shutdown."""
     return CallError.of(

@@ -164,7 +164,8 @@ class ModelRegistry:
             held = state
             held.waiting += 1
             try:
-                while state.paused and (left := deadline - loop.time()) > 0:
+                # A weight update's hold may outlast the pause bound: the call waits for whichever ends later.
+                while state.paused and (left := max(deadline - loop.time(), state.hold_left(time.time()))) > 0:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(state.resumed.wait(), min(left, max(self._ttl, 0.01), PAUSE_POLL))
                     if state.paused:
@@ -329,6 +330,19 @@ class ModelRegistry:
         """Delete ``alias``: calls in flight finish, later ones are refused as for any unknown alias."""
         await self._store.delete_model(alias)
         self.invalidate(alias)
+
+    def abort(self, alias: str, reason: str) -> int:
+        """End this process's calls of ``alias`` in flight (a weight update that aborts them): each writes its
+        span as aborted. How many were ended."""
+        state = self._states.get(alias)
+        if state is None:
+            return 0
+        return sum(lease.abort(reason) for lease in list(state.leases))
+
+    def held(self, alias: str) -> bool:
+        """Whether a weight update holds ``alias`` as this process last saw it."""
+        state = self._states.get(alias)
+        return state is not None and state.paused and state.config.update_id is not None
 
     def in_flight(self, alias: str) -> int:
         state = self._states.get(alias)

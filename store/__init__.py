@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         SpanStatus,
         StoreStats,
         TaskSpec,
+        WeightUpdate,
         Worker,
     )
     from rollway.store.states import AttemptStatus, RolloutStatus
@@ -61,6 +62,7 @@ _PUBLIC = {
             "SpanStatus",
             "StoreStats",
             "TaskSpec",
+            "WeightUpdate",
             "Worker",
         ),
         "rollway.store.schemas",
@@ -98,6 +100,7 @@ __all__ = [
     "StoreValidationError",
     "TaskSpec",
     "UnavailableError",
+    "WeightUpdate",
     "Worker",
 ]
 

@@ -22,6 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field
 MAX_EXPORT_LIMIT = 10_000
 
 
+#: ``since=now``: an empty page whose ``next_cursor`` is the export's position now, so a trainer's first pull
+#: takes only what finishes after it started (not every earlier run's rollouts).
+NOW = "now"
+
+
 class ExportQuery(BaseModel):
     """Which finished rollouts an export page holds, and from where. The admin exports take it as their query
     parameters (``?rollout_id=...&group_id=...&since=...&limit=...&partial=...``) and hand it to the store as is."""
@@ -34,7 +39,9 @@ class ExportQuery(BaseModel):
         description="only these rollouts (repeat the parameter), each exported once finished, whatever its group",
     )
     group_id: str | None = Field(None, description="only this group (whole and once complete, unless `partial`)")
-    since: str | None = Field(None, description="the `next_cursor` of the page before")
+    since: str | None = Field(
+        None, description="the `next_cursor` of the page before; `now`: an empty page whose cursor starts from now"
+    )
     limit: int = Field(100, ge=1, le=MAX_EXPORT_LIMIT, description="rollouts in the page (a group comes whole)")
     partial: bool = Field(False, description="each finished rollout as it finishes, not whole complete groups")
 

@@ -33,6 +33,10 @@ def key_id() -> str:
     return "key-" + secrets.token_hex(6)
 
 
+def update_id() -> str:
+    return "wu-" + secrets.token_hex(8)
+
+
 def backend_id() -> str:
     return "be-" + secrets.token_hex(4)
 

@@ -176,6 +176,63 @@ class ModelAlias(BaseModel):
     paused: bool = False
     created_time: float
     updated_time: float
+    #: The weight update holding the alias, while one is open (``WeightUpdate``), and until when the calls it
+    #: holds may wait for it (epoch seconds): past the gateway's own pause bound, since an update that moves
+    #: weights can take minutes.
+    update_id: str | None = None
+    hold_until: float | None = None
+
+
+UpdateState = Literal["open", "committed", "failed", "aborted", "expired"]
+UpdateForm = Literal["reload", "trainer"]
+InFlightPolicy = Literal["drain", "abort"]
+
+
+class UpdatePlan(BaseModel):
+    """What a weight update is asked to do (``WeightUpdate`` is what it did)."""
+
+    to_version: str | None = None  # None: the alias's version + 1
+    in_flight: InFlightPolicy = "drain"
+    drain_timeout: float = 60.0  # how long the calls in flight may take to end (or be aborted)
+    timeout: float = 600.0  # reload: the bound on each engine call; trainer: how long the trainer may hold
+    weights_path: str | None = None  # reload from here rather than from the model's own folder
+    note: str | None = None
+
+
+class EngineStep(BaseModel):
+    """One call a weight update made to an engine, as it went."""
+
+    backend_id: str
+    action: str  # "pause", "reload_weights", "update_weight_version", "resume", "weight_info", ...
+    ok: bool
+    status: int | None = None  # the engine's HTTP status (None: no answer)
+    seconds: float = 0.0
+    detail: str | None = None  # the engine's error, or what it reported (its weight version)
+
+
+class WeightUpdate(BaseModel):
+    """One change of an alias's weights: held, drained (or aborted), moved, versioned and resumed as one
+    operation. ``form``: ``reload`` (Rollway asks the engines to reload in place) or ``trainer`` (the trainer moves
+    the weights itself between a begin and a commit)."""
+
+    update_id: str
+    alias: str
+    state: UpdateState
+    form: UpdateForm
+    in_flight: InFlightPolicy
+    from_version: str
+    to_version: str
+    by: str  # who asked: the admin token, an admin key (by id) or an open loopback server
+    note: str | None = None
+    begun_time: float
+    deadline: float  # an update still open then is expired: resumed on ``from_version``
+    finished_time: float | None = None
+    held_seconds: float | None = None  # from the hold to the resume: how long new calls waited at most
+    drained: bool | None = None  # whether the calls in flight when it began ended (or were aborted) in time
+    aborted_calls: int = 0
+    steps: list[EngineStep] = Field(default_factory=list)
+    engine_versions: dict[str, str | None] = Field(default_factory=dict)  # backend id → what the engine reports
+    error: str | None = None
 
 
 class AgentServer(BaseModel):

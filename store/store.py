@@ -29,6 +29,7 @@ from rollway.store.parts.lifecycle import LifecycleMixin
 from rollway.store.parts.queue import QueueMixin
 from rollway.store.parts.reads import ReadsMixin
 from rollway.store.parts.spans import SpansMixin
+from rollway.store.parts.updates import UpdatesMixin
 from rollway.store.parts.wal import WalMixin
 from rollway.store.signals import Signal
 from rollway.store.sql import catalog, watchdog
@@ -38,7 +39,9 @@ log = logging.getLogger("rollway.store")
 T = TypeVar("T")
 
 
-class Store(QueueMixin, LifecycleMixin, CatalogMixin, EditsMixin, AgentsMixin, SpansMixin, ReadsMixin, WalMixin):
+class Store(
+    QueueMixin, LifecycleMixin, CatalogMixin, UpdatesMixin, EditsMixin, AgentsMixin, SpansMixin, ReadsMixin, WalMixin
+):
     """The embedded store over SQLite or PostgreSQL (see the package docstring)."""
 
     def __init__(

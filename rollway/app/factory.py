@@ -34,6 +34,7 @@ from rollway.gateway.metrics import Metrics
 from rollway.gateway.proxy import Gateway
 from rollway.gateway.registry import ModelRegistry
 from rollway.gateway.routing import Router
+from rollway.gateway.updates import WeightUpdates
 from rollway.osmosis import agents as osmosis_agents
 from rollway.osmosis import callbacks as osmosis
 from rollway.osmosis.dispatcher import Dispatcher
@@ -130,7 +131,8 @@ def create_app(settings: Settings) -> RollwayApp:
         registry.listen(metrics.catalog_changes.inc)
         dispatcher = Dispatcher(settings, store)
         await dispatcher.start()
-        reporter = ReplicaReporter(store, registry, replica)
+        updates = WeightUpdates(store, registry, metrics)
+        reporter = ReplicaReporter(store, registry, replica, follow=updates.follow)
         await reporter.start()
         api.state.rollway = AppState(
             settings=settings,
@@ -146,6 +148,7 @@ def create_app(settings: Settings) -> RollwayApp:
         api.state.admin = AdminContext(
             store=store,
             models=registry,
+            updates=updates,
             keys=keys,
             admin_token=settings.admin_token,
             public_url=settings.public_url,
@@ -160,6 +163,7 @@ def create_app(settings: Settings) -> RollwayApp:
                 log.warning("calls still running at shutdown after %s s: their spans may be lost", CALLS_END_GRACE)
             dataplane.serve_with(None)
             await reporter.close()  # logs, never raises
+            await updates.close()
             await dispatcher.close()
             await gateway.close()
             await registry.kinds.close()

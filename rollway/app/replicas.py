@@ -16,7 +16,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from rollway.gateway.registry import ModelRegistry
 from rollway.store import Store, StoreError
@@ -42,9 +42,20 @@ def new_replica() -> ReplicaInfo:
 
 
 class ReplicaReporter:
-    def __init__(self, store: Store, registry: ModelRegistry, info: ReplicaInfo) -> None:
+    """Reports this replica's calls in flight (see the module docstring). ``follow``: called after each report
+    (the catalog moved, or the heartbeat): what this replica does for weight updates begun anywhere."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: ModelRegistry,
+        info: ReplicaInfo,
+        *,
+        follow: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self._store = store
         self._registry = registry
+        self._follow = follow
         self.info = info
         self._last: Mapping[str, Mapping[str, int]] | None = None  # the counts last written
         self._reported_at = float("-inf")
@@ -93,6 +104,8 @@ class ReplicaReporter:
             due = revision > self._revision
         if due:
             await self.report()
+            if self._follow is not None:
+                await self._follow()
 
     async def _run(self) -> None:
         while True:

@@ -146,6 +146,12 @@ def parent_exists(ctx: click.Context, param: click.Parameter, value: str | None)
 @click.option("--token-delay-ms", type=float, default=0.0, show_default=True, help="Time between tokens.")
 @click.option("--model", "models", multiple=True, help="A model name to serve (repeatable) [default: mock-model].")
 @click.option("--strict-models", is_flag=True, help="Answer 404 for models not listed.")
+@click.option(
+    "--dev-mode/--no-dev-mode",
+    default=True,
+    show_default=True,
+    help="Serve vLLM's weight routes (/collective_rpc, /pause, /weight_info ...), as VLLM_SERVER_DEV_MODE=1 does.",
+)
 @click.option("--access-log/--no-access-log", default=False, show_default=True, help="Log every request.")
 @click.option("--log-level", default="info", show_default=True, help="uvicorn's log level.")
 def mock_backend(
@@ -157,6 +163,7 @@ def mock_backend(
     token_delay_ms: float,
     models: tuple[str, ...],
     strict_models: bool,
+    dev_mode: bool,
     access_log: bool,
     log_level: str,
 ) -> None:
@@ -171,6 +178,7 @@ def mock_backend(
         latency_ms=latency_ms,
         ttft_ms=ttft_ms,
         token_delay_ms=token_delay_ms,
+        dev_mode=dev_mode,
     )
     serve(config, host=host, port=port, log_level=log_level, access_log=access_log)
 

@@ -1,4 +1,5 @@
-"""``rollway models``: model aliases and their backends (put, swap, list, pause, resume, delete, drain)."""
+"""``rollway models``: model aliases and their backends (put, swap, list, pause, resume, delete, drain), and their
+weight updates (update, updates)."""
 
 from __future__ import annotations
 
@@ -125,3 +126,61 @@ def models_drain(connection: Connection, alias: str, timeout: float, as_json: bo
     from rollway.cli.commands import drain_model
 
     drain_model(connection, alias, timeout, as_json)
+
+
+@admin_command(models, "update")
+@click.argument("alias")
+@click.option("--version", default=None, help="The new weights' version [default: previous + 1].")
+@click.option(
+    "--abort-in-flight", is_flag=True, help="End the calls in flight (recorded as aborted) instead of draining them."
+)
+@click.option(
+    "--drain-timeout",
+    type=click.FloatRange(0, 3600),
+    default=60.0,
+    show_default=True,
+    help="Seconds the calls in flight may take to end.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0, 86400, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Seconds each engine call may take.",
+)
+@click.option("--weights-path", default=None, help="Reload from this folder [default: the model's own].")
+@click.option("--note", default=None, help="Kept with the update's record.")
+@JSON_OPTION
+def models_update(
+    connection: Connection,
+    alias: str,
+    version: str | None,
+    abort_in_flight: bool,
+    drain_timeout: float,
+    timeout: float,
+    weights_path: str | None,
+    note: str | None,
+    as_json: bool,
+) -> None:
+    """Reload ALIAS's weights in place on its engines (vLLM in dev mode, SGLang), as one operation: new calls
+    held, calls in flight drained, version bumped, resumed. Exit 1 when it failed (the alias is then back on its
+    old version)."""
+    from rollway.cli.commands import update_weights
+
+    options: dict[str, Any] = {
+        "in_flight": "abort" if abort_in_flight else "drain",
+        "drain_timeout_seconds": drain_timeout,
+    }
+    options |= {"timeout_seconds": timeout, "weights_path": weights_path, "note": note}
+    update_weights(connection, alias, version, options, as_json)
+
+
+@admin_command(models, "updates")
+@click.argument("alias", required=False)
+@click.option("--limit", type=click.IntRange(1, 500), default=20, show_default=True, help="Most updates shown.")
+@JSON_OPTION
+def models_updates(connection: Connection, alias: str | None, limit: int, as_json: bool) -> None:
+    """List the latest weight updates (of ALIAS, when given), newest first."""
+    from rollway.cli.commands import list_updates
+
+    list_updates(connection, alias, limit, as_json)

@@ -45,6 +45,7 @@ from rollway.mock.plans import Plan, Planner
 from rollway.mock.sglang_plans import SGLangPlanner
 from rollway.mock.state import MockState, Watch
 from rollway.mock.validation import BadRequest, schema_error
+from rollway.mock.weights import weight_routes
 
 RECORD_KEY = "rollway.mock.record"
 #: The client's ``x-request-id``, when it sent a usable one.
@@ -211,6 +212,10 @@ class _Endpoint:
             record.stage = "held"
             if await watch.until(state.released):
                 return
+        if record.path in GENERATION_PATHS and not state.engine_resumed.is_set():
+            record.stage = "engine_paused"  # the engine's own pause (``POST /pause``): requests wait for /resume
+            if await watch.until(state.engine_resumed):
+                return
         record.stage = "waiting"
         if await watch.sleep(latency):
             return
@@ -352,6 +357,7 @@ def create_mock_app(config: MockConfig | None = None) -> Starlette:
     else:
         routes += [Route("/v1/embeddings", endpoint("embeddings"), methods=["POST"])]
         routes += [Route("/version", endpoint("version"), methods=["GET"])]
+    routes += weight_routes(state)
     routes += control_routes(state)
     app = Starlette(
         routes=routes,

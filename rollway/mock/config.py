@@ -50,6 +50,9 @@ class MockConfig:
     #: ``sglang`` flavour parses the fake model's ``<tool_call>`` markup into tool calls, whatever the name, and
     #: sends the logprobs of a streamed token that adds no text in a chunk of their own.
     tool_call_parser: str = ""
+    #: vLLM's ``VLLM_SERVER_DEV_MODE=1``: the ``vllm`` flavour serves its weight routes (``rollway.mock.weights``);
+    #: off, they are 404s, as on a vLLM started without it.
+    dev_mode: bool = True
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
@@ -63,8 +66,8 @@ class MockConfig:
             if key not in known:
                 raise ValueError(f"unknown config key {key!r}")
             current = getattr(self, key)
-            if key == "flavor" and value != current:
-                raise ValueError("flavor is fixed when the mock starts")
+            if key in ("flavor", "dev_mode") and value != current:
+                raise ValueError(f"{key} is fixed when the mock starts")
             if isinstance(current, str) and not isinstance(value, str):
                 raise ValueError(f"{key} must be a string")
             if isinstance(current, bool):

@@ -203,8 +203,10 @@ def _fill_arguments(schema: dict[str, Any], rng: random.Random, user_text: str) 
 class FakeModel:
     """Chooses answers from the prompt, deterministically."""
 
-    def __init__(self, *, math_accuracy: float = 0.7) -> None:
+    def __init__(self, *, math_accuracy: float = 0.7, weights: str = "") -> None:
         self.math_accuracy = math_accuracy
+        #: Which weights are loaded ("" for the ones it started with): a reload changes every answer.
+        self.weights = weights
 
     def generate(
         self,
@@ -218,6 +220,8 @@ class FakeModel:
         choices: list[Choice] = []
         for index in range(sampling.n):
             salt = f"{digest}:{sampling.seed}:{sampling.temperature}:{index}"
+            if self.weights:
+                salt += f":{self.weights}"
             rng = random.Random(_seed(salt))
             if tool is not None:
                 choices.append(self._tool_choice(index, salt, rng, sampling, tool, user_text))

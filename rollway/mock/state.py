@@ -28,6 +28,11 @@ class MockState:
         #: Set unless ``config.hold``: what held requests wait for.
         self.released = asyncio.Event()
         self.released.set()
+        #: The engine's own pause (``POST /pause``, ``/resume``: ``rollway.mock.weights``) and weight version.
+        self.engine_resumed = asyncio.Event()
+        self.engine_resumed.set()
+        self.weight_version = "default"
+        self.reloads = 0
 
     def set_config(self, config: MockConfig) -> None:
         self.config = config
@@ -35,11 +40,21 @@ class MockState:
             self.released.clear()
         else:
             self.released.set()
-        self.model = FakeModel(math_accuracy=config.math_accuracy)
+        self.model = FakeModel(math_accuracy=config.math_accuracy, weights=self.model.weights)
         if config.prefix_block_size != self.prefix_cache.block_size:
             self.prefix_cache = PrefixCache(config.prefix_block_size)
 
+    def reload(self, path: str | None) -> None:
+        """The weights reloaded (from ``path``, or the model's own folder): the fake model answers differently."""
+        self.reloads += 1
+        self.model.weights = f"{path or ''}#{self.reloads}"
+        self.prefix_cache.clear()
+
     def reset(self) -> None:
+        self.model.weights = ""
+        self.weight_version = "default"
+        self.reloads = 0
+        self.engine_resumed.set()
         self.set_config(self.initial_config)
         self.faults.clear()
         self.stats.reset()

@@ -160,6 +160,39 @@ class ModelAliasRow(SQLModel, table=True):
     paused: bool = False
     created_time: float
     updated_time: float
+    #: The open weight update holding the alias and the end of its hold (migration 0007).
+    update_id: str | None = Field(default=None, max_length=64)
+    hold_until: float | None = None
+
+
+class WeightUpdateRow(SQLModel, table=True):
+    """One weight update of an alias (``store.sql.updates``); at most one per alias is ``open``."""
+
+    __tablename__ = "weight_updates"
+    __table_args__ = (
+        Index("ix_weight_updates_alias", "alias", "begun_time"),
+        Index("ix_weight_updates_state", "state"),
+    )
+
+    update_id: str = Field(primary_key=True, max_length=64)
+    alias: str = Field(max_length=256)
+    state: str = Field(max_length=16)
+    form: str = Field(max_length=16)
+    in_flight: str = Field(max_length=8)
+    from_version: str = Field(max_length=128)
+    to_version: str = Field(max_length=128)
+    by: str = Field(max_length=256)
+    note: str | None = Field(default=None, max_length=1024)
+    was_paused: bool = False  # the alias's pause before the update: what its end restores
+    begun_time: float
+    deadline: float
+    finished_time: float | None = None
+    held_seconds: float | None = None
+    drained: bool | None = None
+    aborted_calls: int = 0
+    steps: Any = _json()
+    engine_versions: Any = _json()
+    error: str | None = Field(default=None, sa_type=Text)
 
 
 class ApiKeyRow(SQLModel, table=True):
@@ -233,3 +266,4 @@ api_keys = ApiKeyRow.__table__  # type: ignore[attr-defined]
 workers = WorkerRow.__table__  # type: ignore[attr-defined]
 agent_servers = AgentServerRow.__table__  # type: ignore[attr-defined]
 gateway_replicas = GatewayReplicaRow.__table__  # type: ignore[attr-defined]
+weight_updates = WeightUpdateRow.__table__  # type: ignore[attr-defined]

@@ -21,7 +21,7 @@ from sqlalchemy import Connection, delete, select, update
 from rollway.store import ids
 from rollway.store.db import models
 from rollway.store.db.dialect import serialize_key
-from rollway.store.errors import NotFoundError, StoreValidationError, UnavailableError
+from rollway.store.errors import ConflictError, NotFoundError, StoreValidationError, UnavailableError
 from rollway.store.schemas import ApiKey, AttemptedRollout, Backend, KeyScope, ModelAlias
 from rollway.store.sql.lifecycle import bump_counter
 
@@ -33,7 +33,7 @@ C = models.counters
 REVISION = "catalog"
 #: An alias's control routes (``POST /admin/v1/models/{alias}/pause`` ...). Aliases may contain '/'
 #: ("Qwen/Qwen2.5-7B"), so one whose last segment is one of these could not be told apart from its action.
-ACTIONS = frozenset({"pause", "resume", "swap", "drain"})
+ACTIONS = frozenset({"pause", "resume", "swap", "drain", "updates"})
 
 
 def action_path(alias: str) -> tuple[str, str] | None:
@@ -132,6 +132,8 @@ def _alias(row: Any, cipher: Cipher | None) -> ModelAlias:
         paused=row["paused"],
         created_time=row["created_time"],
         updated_time=row["updated_time"],
+        update_id=row["update_id"],
+        hold_until=row["hold_until"],
     )
 
 
@@ -148,7 +150,8 @@ def revision(conn: Connection) -> int:
     return int(value or 0)
 
 
-def _changed(conn: Connection) -> None:
+def bump_revision(conn: Connection) -> None:
+    """Move the catalog revision forward: every replica reloads the aliases on its next call."""
     bump_counter(conn, REVISION)
 
 
@@ -190,7 +193,7 @@ def put_model(
     serialize_key(conn, "model:" + alias)
     row = (conn.execute(select(M).where(M.c.alias == alias))).mappings().first()
     if version is None:
-        version = "1" if row is None else _next_version(row["version"])
+        version = "1" if row is None else next_version(row["version"])
     values = {
         "backends": [_backend_json(b, cipher) for b in backends],
         "version": version,
@@ -201,7 +204,7 @@ def put_model(
         conn.execute(M.insert().values(alias=alias, paused=False, created_time=now, **values))
     else:
         conn.execute(update(M).where(M.c.alias == alias).values(**values))
-    _changed(conn)
+    bump_revision(conn)
     return get_model(conn, alias, cipher)
 
 
@@ -247,7 +250,7 @@ def holds_credentials(url: str) -> bool:
         return "@" in url
 
 
-def _next_version(version: str) -> str:
+def next_version(version: str) -> str:
     """The version after ``version``: its trailing number + 1, same width or wider ("7" → "8", "v2" → "v3",
     "step-099" → "step-100"); a version that does not end in a number gets one ("main" → "main+1")."""
     digits = len(version) - len(version.rstrip("0123456789"))
@@ -258,17 +261,23 @@ def _next_version(version: str) -> str:
 
 
 def set_paused(conn: Connection, alias: str, paused: bool, now: float, cipher: Cipher | None = None) -> ModelAlias:
+    """Pause or resume ``alias``. A resume while a weight update holds it is a conflict: its calls would be
+    served by weights that are being replaced (the update's commit or abort resumes it)."""
+    if not paused:
+        held = conn.execute(select(M.c.update_id).where(M.c.alias == alias)).scalar()
+        if held is not None:
+            raise ConflictError(f"model '{alias}' is held by weight update '{held}': commit or abort it to resume")
     result = conn.execute(update(M).where(M.c.alias == alias).values(paused=paused, updated_time=now))
     if result.rowcount == 0:
         raise NotFoundError(f"model '{alias}' not found")
-    _changed(conn)
+    bump_revision(conn)
     return get_model(conn, alias, cipher)
 
 
 def delete_model(conn: Connection, alias: str) -> None:
     if (conn.execute(delete(M).where(M.c.alias == alias))).rowcount == 0:
         raise NotFoundError(f"model '{alias}' not found")
-    _changed(conn)
+    bump_revision(conn)
 
 
 def digest(key: str) -> str:
@@ -330,7 +339,7 @@ def attempt_keys(
             K.c.revoked_time.is_(None),
         )
         if conn.execute(stale.values(revoked_time=now)).rowcount:
-            _changed(conn)  # every replica drops the keys it cached
+            bump_revision(conn)  # every replica drops the keys it cached
     return [
         mint_key(conn, "rollout", now, rollout_id=a.rollout.rollout_id, attempt_id=a.attempt.attempt_id)[1]
         for a in handed
@@ -353,7 +362,7 @@ def revoke_key(conn: Connection, key_id: str, now: float) -> ApiKey:
     if row is None:
         raise NotFoundError(f"key '{key_id}' not found")
     if result.rowcount:
-        _changed(conn)
+        bump_revision(conn)
     return _key(row)
 
 

@@ -39,6 +39,7 @@ from sqlalchemy import Connection, Select, Text, cast, func, select, union_all
 from rollway.store.db import models
 from rollway.store.db.dialect import decode_cursor, encode_cursor
 from rollway.store.exports import (
+    NOW,
     STATUSES,
     ExportPage,
     ExportQuery,
@@ -47,6 +48,7 @@ from rollway.store.exports import (
     ExportStatus,
     read_attributes,
 )
+from rollway.store.sql.lifecycle import FINISH_COUNTER
 
 R = models.rollouts
 S = models.spans
@@ -178,6 +180,10 @@ def export(conn: Connection, query: ExportQuery, *, with_spans: bool = True) -> 
     """The finished rollouts ``query`` asks for, after its cursor, in export order, each with its latest
     attempt's spans (see the module docstring for the order and the cursor)."""
     since = query.since
+    if since == NOW:  # no rollout yet: the cursor of what finishes (or completes its group) from here on
+        counters = models.counters
+        value = conn.execute(select(counters.c.value).where(counters.c.name == FINISH_COUNTER)).scalar()
+        return ExportPage(rollouts=[], next_cursor=encode_cursor(int(value or 0)))
     after = decode_cursor(since) or 0
     rows = _page(conn, query, after, query.limit)
     rollouts = [

@@ -169,7 +169,7 @@ async def test_models_never_return_backend_api_keys(admin: httpx.AsyncClient, mo
         assert response.status_code == 200
     view = (await admin.get("/admin/v1/models/policy")).json()
     assert view["backends"][0]["has_api_key"] is True
-    assert view["state"] == {"paused": False, "in_flight": 0, "in_flight_old": 0}
+    assert view["state"] == {"paused": False, "in_flight": 0, "in_flight_old": 0, "updating": None}
 
 
 async def test_retry_path_requeues_failed_attempt_and_refuses_the_old_key(

@@ -355,3 +355,69 @@ async def test_workers_that_die_together_are_each_replaced(sqlite_url: str, mock
             body = {"model": "policy", "messages": MESSAGES, "max_tokens": 3}
             answers = await asyncio.gather(*(http.post("/v1/chat/completions", json=body) for _ in range(20)))
             assert [a.status_code for a in answers] == [200] * 20
+
+
+async def test_a_weight_update_through_one_worker_holds_and_updates_every_worker(
+    sqlite_url: str, mock: MockBackendProcess
+) -> None:
+    """Agents keep calling, spread over the workers, while the weights are updated in place through one of them:
+    no call fails, the engine reloads once, and every call that begins after the update answered is served by the
+    new version, whichever worker takes it. Then an update that aborts the calls in flight ends a slow call on
+    every worker at once, each recorded as an aborted span."""
+    env = {"ROLLWAY_WORKERS": str(WORKERS)}
+    with GatewayProcess(sqlite_url, env=env) as gw:
+        async with admin(gw) as client, fresh_connections(gw) as http:
+            await client.put_model("policy", [vllm(mock, "mock-a")], version="v1")
+            rollouts = await claim(client, 6)
+            updated = asyncio.Event()
+            after: list[str] = []
+            failures: list[str] = []
+
+            async def agent(rollout_id: str, attempt_id: str) -> None:
+                for _ in range(40):
+                    began_after = updated.is_set()
+                    body = {"model": "policy", "messages": MESSAGES, "max_tokens": 3}
+                    answer = await http.post(chat_path(rollout_id, attempt_id), json=body)
+                    if answer.status_code != 200:
+                        failures.append(answer.text)
+                    elif began_after:
+                        after.append(rollout_id)
+
+            agents = [asyncio.create_task(agent(r, a)) for r, a in rollouts]
+            await until(lambda: _calls_made(client, rollouts, 30), "calls before the update")
+            update = await client.update_weights("policy", "v2")
+            updated.set()
+            await asyncio.gather(*agents)
+            assert update.state == "committed" and update.drained
+            assert failures == []
+            assert after
+            assert [r["path"] for r in mock.requests(path="/collective_rpc")] == ["/collective_rpc"]
+            for rollout_id, _ in rollouts:
+                versions = [s.attributes["rollway.model_version"] for s in await client.get_spans(rollout_id)]
+                assert versions == sorted(versions)
+                assert versions.count("v2") >= after.count(rollout_id)
+
+            # A slow call on every worker, then an update that aborts them: each worker ends its own. Calls are
+            # added one by one until the kernel has handed one to each worker.
+            [(slow_rollout, slow_attempt)] = await claim(client, 1)
+            slow: list[asyncio.Task[httpx.Response]] = []
+            body = {"model": "policy", "messages": MESSAGES, **SLOW}
+            while len(slow) < 20:
+                slow.append(asyncio.create_task(http.post(chat_path(slow_rollout, slow_attempt), json=body)))
+
+                async def counted() -> list[dict[str, Any]] | None:
+                    seen = await replicas(http)
+                    return seen if sum(r["calls_in_flight"] for r in seen) == len(slow) else None
+
+                seen = await until(counted, "the slow calls in flight")
+                if all(r["calls_in_flight"] for r in seen):
+                    break
+            assert len(seen) == WORKERS and all(r["calls_in_flight"] for r in seen)
+            began = time.monotonic()
+            aborting = await client.update_weights("policy", "v3", in_flight="abort", drain_timeout_seconds=10)
+            assert aborting.state == "committed" and aborting.drained
+            answers = await asyncio.gather(*slow)
+            assert time.monotonic() - began < 10  # not the 20 s the slow calls would take
+            assert {a.status_code for a in answers} == {503}
+            spans = await client.get_spans(slow_rollout)
+            assert [s.attributes["error.type"] for s in spans] == ["aborted"] * len(slow)

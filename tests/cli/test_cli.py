@@ -428,3 +428,34 @@ def test_a_table_shortens_ids_before_it_splits_a_name_and_wraps_text_between_wor
     records = shown(table, 48)  # too narrow for a table: one "header  value" line per cell
     whole(records, url, "ro-0123456789ab", "some words that wrap", width=48)
     assert shown(table, 44).splitlines()[1:3] == ["name", url]  # a value too wide beside its header: under it
+
+
+def test_models_update_reloads_in_place_and_lists_the_updates(gateway: GatewayProcess) -> None:
+    with MockBackendProcess() as engine:
+        backend = ("--backend", engine.base_url, "--kind", "vllm", "--model", "mock-model")
+        assert rollway(gateway, "models", "put", "learner", *backend, "--version", "step-0").exit_code == 0
+        done = rollway(gateway, "models", "update", "learner", "--version", "step-1", "--note", "cli")
+        assert done.exit_code == 0, done.output
+        assert "learner: step-0 → step-1 committed" in done.stderr
+        assert [r["path"] for r in engine.requests(limit=10)] == [
+            "/pause",
+            "/collective_rpc",
+            "/update_weight_version",
+            "/resume",
+            "/weight_info",
+        ]
+        engine.add_faults({"kind": "status", "status": 500, "match": {"path": "/update_weight_version"}})
+        failed = rollway(gateway, "models", "update", "learner", "--json")
+        assert failed.exit_code == 1
+        record = json.loads(failed.stdout)
+        assert record["state"] == "failed" and "update_weight_version answered 500" in record["error"]
+    listed = as_json(rollway(gateway, "models", "updates", "learner", "--json"))
+    assert [(u["to_version"], u["state"], u["note"]) for u in listed] == [
+        ("step-2", "failed", None),
+        ("step-1", "committed", "cli"),
+    ]
+    [learner] = [m for m in as_json(rollway(gateway, "models", "list", "--json")) if m["alias"] == "learner"]
+    assert learner["version"] == "step-1"
+    lines = rollway(gateway, "models", "updates", "learner")
+    assert lines.exit_code == 0 and "step-0 → step-1 committed" in lines.stdout
+    assert rollway(gateway, "models", "delete", "learner").exit_code == 0

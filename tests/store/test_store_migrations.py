@@ -30,8 +30,9 @@ HEAD_TABLES = {
     "workers",
     "agent_servers",
     "gateway_replicas",
+    "weight_updates",
 }
-ADDED_AFTER_0001 = {"model_aliases", "api_keys", "workers", "agent_servers", "gateway_replicas"}
+ADDED_AFTER_0001 = {"model_aliases", "api_keys", "workers", "agent_servers", "gateway_replicas", "weight_updates"}
 
 
 async def _run(engine: AsyncEngine | Engine, fn: Callable[[Connection], Any], *, write: bool = False) -> Any:

@@ -160,7 +160,7 @@ class Engine:
                 continue
 
 
-def _start(name: str, model: Path, args: tuple[str, ...], log: Path) -> Engine:
+def _start(name: str, model: Path, args: tuple[str, ...], log: Path, env: dict[str, str] | None = None) -> Engine:
     port = free_port()
     command = [str(python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port)]
     with log.open("wb") as out:
@@ -169,7 +169,7 @@ def _start(name: str, model: Path, args: tuple[str, ...], log: Path) -> Engine:
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=engine_env(),
+            env=engine_env() | (env or {}),
             start_new_session=True,
         )
     return Engine(name, f"http://127.0.0.1:{port}", process, log)
@@ -197,6 +197,24 @@ def _wait_healthy(engines: list[Engine], timeout: float) -> None:
                 engine = waiting[0]
                 pytest.fail(f"vLLM ({engine.name}) not healthy after {timeout:.0f} s:\n{engine.tail()}", pytrace=False)
             time.sleep(0.5)  # polling a health URL: there is no event to wait on
+
+
+@contextmanager
+def training_engine(model: Path, log_dir: Path) -> Iterator[Engine]:
+    """One vLLM server for training: ``model`` (a copy the trainer may overwrite) in float32, with its weight
+    routes (``VLLM_SERVER_DEV_MODE=1``: ``/collective_rpc``, ``/pause``, ``/update_weight_version`` ...)."""
+    engine = _start(
+        "train",
+        model,
+        ("--served-model-name", CHAT_MODEL, "--dtype", "float32", "--seed", "0"),
+        log_dir / "vllm-train.log",
+        {"VLLM_SERVER_DEV_MODE": "1"},
+    )
+    try:
+        _wait_healthy([engine], START_TIMEOUT)
+        yield engine
+    finally:
+        engine.stop()
 
 
 @dataclass

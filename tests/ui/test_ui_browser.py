@@ -309,6 +309,24 @@ def test_a_swap_from_the_model_page_installs_the_new_version(demo: Filled, page:
     assert page.problems() == []
 
 
+def test_the_model_page_lists_its_weight_updates(demo: Filled, page: Watched) -> None:
+    with demo.admin() as admin:
+        before = admin.get("/admin/v1/models/policy").json()["version"]
+        update = admin.post("/admin/v1/models/policy/updates", json={"version": "ui-w1", "note": "from the test"})
+        assert update.status_code == 200, update.text
+    page.page.goto(f"{demo.url}/ui/models/policy")
+    loaded(page.page)
+    row = page.page.locator(f"#updates-table tr[data-update-id='{update.json()['update_id']}']")
+    expect(row).to_contain_text(f"{before} → ui-w1")
+    expect(row).to_contain_text("committed")
+    expect(row).to_contain_text("from the test")
+    expect(page.page.locator("#model-version")).to_have_text("ui-w1")
+    shot(page.page, "model-updates")
+    with demo.admin() as admin:
+        admin.post("/admin/v1/models/policy/swap", json={"version": before}).raise_for_status()
+    assert page.problems() == []
+
+
 def test_the_page_of_a_rollout_in_progress_follows_it_until_it_finishes(demo: Filled, page: Watched) -> None:
     from openai import OpenAI
 

@@ -99,8 +99,25 @@
  * @property {BackendView[]} backends
  * @property {string} version
  * @property {Record<string, unknown> | null} sampling
- * @property {{ paused: boolean, in_flight: number, in_flight_old: number }} state
+ * @property {{ paused: boolean, in_flight: number, in_flight_old: number, updating: string | null }} state
  * @property {{ completions: number, untrainable: number }} capture
+ *
+ * @typedef {object} WeightUpdate  each item of GET /models/{alias}/updates: one weight update, from its begin to its end
+ * @property {string} update_id
+ * @property {string} alias
+ * @property {"open" | "committed" | "failed" | "aborted" | "expired"} state
+ * @property {"reload" | "trainer"} form
+ * @property {"drain" | "abort"} in_flight
+ * @property {string} from_version
+ * @property {string} to_version
+ * @property {string} by
+ * @property {string | null} note
+ * @property {number} begun_time
+ * @property {number | null} finished_time
+ * @property {number | null} held_seconds
+ * @property {number} aborted_calls
+ * @property {Record<string, string | null>} engine_versions
+ * @property {string | null} error
  *
  * @typedef {object} ResourcesUpdate  one version of a resources bundle (GET /resources, GET /resources/latest)
  * @property {string} resources_id

@@ -1,12 +1,42 @@
 // @ts-check
-// One model alias (/ui/models/{alias}): its backends, version, paused or active, calls in flight (and those
-// still on an earlier configuration), and the actions pause, resume and swap (a new version, and optionally new
-// backends), each behind a confirmation. Refreshed every 3 s.
+// One model alias (/ui/models/{alias}): its backends, version, paused or active (or held by a weight update),
+// calls in flight (and those still on an earlier configuration), its latest weight updates (who, when, from and
+// to which version, how long calls were held, how they ended), and the actions pause, resume and swap (a new
+// version, and optionally new backends), each behind a confirmation. Refreshed every 3 s.
 
 import { api } from "../api.js";
-import { badge, clear, confirmAction, every, failure, h, health, number, seg } from "../dom.js";
+import { badge, clear, confirmAction, duration, every, failure, h, health, number, seg, time } from "../dom.js";
 
-/** @import { BackendView, ModelView } from "../api.js" */
+/** @import { BackendView, ModelView, WeightUpdate } from "../api.js" */
+
+/** @param {WeightUpdate[]} items  newest first */
+function updates(items) {
+  if (!items.length) return h("p", { class: "muted", id: "updates-none" }, "No weight update yet.");
+  return h(
+    "table",
+    { class: "grid", id: "updates-table" },
+    h("thead", {}, h("tr", {}, ["begun", "from → to", "state", "held", "form", "in flight", "by", "engines report", "error"].map((c) => h("th", {}, c)))),
+    h(
+      "tbody",
+      {},
+      items.map((u) =>
+        h(
+          "tr",
+          { dataset: { updateId: u.update_id, state: u.state } },
+          h("td", {}, time(u.begun_time)),
+          h("td", {}, `${u.from_version} → ${u.to_version}`),
+          h("td", {}, badge(u.state)),
+          h("td", { class: "num" }, u.held_seconds === null ? "—" : duration(u.held_seconds)),
+          h("td", {}, u.form),
+          h("td", {}, u.in_flight === "abort" ? `aborted ${u.aborted_calls}` : "drained"),
+          h("td", {}, u.by + (u.note ? ` (${u.note})` : "")),
+          h("td", {}, Object.entries(u.engine_versions).map(([b, v]) => `${b}: ${v ?? "?"}`).join(", ") || "—"),
+          h("td", { class: "error" }, u.error ?? ""),
+        ),
+      ),
+    ),
+  );
+}
 
 /** @param {BackendView[]} items */
 function backends(items) {
@@ -97,8 +127,11 @@ export async function render(main, [alias], signal) {
   const refresh = async () => {
     /** @type {ModelView} */
     let view;
+    /** @type {WeightUpdate[]} */
+    let recent;
     try {
       view = /** @type {ModelView} */ (await api(path, { signal }));
+      recent = /** @type {{ items: WeightUpdate[] }} */ (await api(`${path}/updates`, { query: { limit: 10 }, signal })).items;
     } catch (error) {
       if (/** @type {Error} */ (error).name !== "AbortError") clear(head, failure(error));
       return;
@@ -112,7 +145,12 @@ export async function render(main, [alias], signal) {
         "dl",
         { class: "facts", id: "model-state", dataset: { paused: String(paused) } },
         h("dt", {}, "state"),
-        h("dd", {}, badge(paused ? "paused" : "active"), view.state.in_flight_old ? h("span", {}, " ", badge("draining")) : null),
+        h(
+          "dd",
+          {},
+          badge(view.state.updating ? "updating" : paused ? "paused" : "active"),
+          view.state.in_flight_old ? h("span", {}, " ", badge("draining")) : null,
+        ),
         h("dt", {}, "version"),
         h("dd", { id: "model-version" }, view.version),
         h("dt", {}, "calls in flight"),
@@ -123,7 +161,7 @@ export async function render(main, [alias], signal) {
         h("dd", {}, view.sampling ? JSON.stringify(view.sampling) : "—"),
       ),
     );
-    clear(body, h("h2", {}, "Backends"), backends(view.backends));
+    clear(body, h("h2", {}, "Backends"), backends(view.backends), h("h2", {}, "Weight updates"), updates(recent));
     main.dataset.loaded = "true";
   };
   return every(3, refresh);
