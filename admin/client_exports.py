@@ -69,6 +69,7 @@ class ExportsMixin:
         *,
         rollout_id: str | Sequence[str] | None = None,
         group_id: str | None = None,
+        mode: Literal["train", "val", "test"] | None = None,
         since: str | None = None,
         merge: bool = False,
         partial: bool = False,
@@ -79,7 +80,7 @@ class ExportsMixin:
         rollouts per call, following ``next_cursor`` (sent back as ``since``). With ``jsonl`` each page is
         streamed as JSON Lines (cursor in the ``x-rollway-next-cursor`` header); an error line the server ends a
         broken stream with is raised as ``RollwayAPIError``."""
-        params = query(group_id=group_id, merge=merge, partial=partial)
+        params = query(group_id=group_id, mode=mode, merge=merge, partial=partial)
         return self._records("/triplets", params, rollout_id, since, page_size, jsonl)
 
     def iter_export(
@@ -88,6 +89,7 @@ class ExportsMixin:
         *,
         rollout_id: str | Sequence[str] | None = None,
         group_id: str | None = None,
+        mode: Literal["train", "val", "test"] | None = None,
         since: str | None = None,
         partial: bool = False,
         page_size: int = 500,
@@ -95,7 +97,7 @@ class ExportsMixin:
     ) -> ExportRecords[dict[str, Any]]:
         """Trainer records of finished rollouts (``GET /exports/{kind}``): SLIME ``Sample`` fields (``slime``) or
         verl-style rows (``verl``), whole complete groups unless ``partial``, following ``next_cursor``."""
-        params = query(group_id=group_id, partial=partial)
+        params = query(group_id=group_id, mode=mode, partial=partial)
         return self._records(f"/exports/{kind}", params, rollout_id, since, page_size, jsonl)
 
     def _records(
@@ -158,6 +160,7 @@ class ExportsMixin:
         *,
         rollout_id: str | Sequence[str] | None = None,
         group_id: str | None = None,
+        mode: Literal["train", "val", "test"] | None = None,
         since: str | None = None,
         partial: bool = False,
         page_size: int = 500,
@@ -165,7 +168,13 @@ class ExportsMixin:
     ) -> ExportRecords[Triplet]:
         """One ``Triplet`` per LLM call (groups only when complete, unless ``partial``)."""
         records = self.iter_triplet_records(
-            rollout_id=rollout_id, group_id=group_id, since=since, partial=partial, page_size=page_size, jsonl=jsonl
+            rollout_id=rollout_id,
+            group_id=group_id,
+            mode=mode,
+            since=since,
+            partial=partial,
+            page_size=page_size,
+            jsonl=jsonl,
         )
         return records.map(Triplet.model_validate)
 
@@ -174,6 +183,7 @@ class ExportsMixin:
         *,
         rollout_id: str | Sequence[str] | None = None,
         group_id: str | None = None,
+        mode: Literal["train", "val", "test"] | None = None,
         since: str | None = None,
         partial: bool = False,
         page_size: int = 500,
@@ -183,6 +193,7 @@ class ExportsMixin:
         records = self.iter_triplet_records(
             rollout_id=rollout_id,
             group_id=group_id,
+            mode=mode,
             since=since,
             merge=True,
             partial=partial,

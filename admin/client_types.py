@@ -124,6 +124,7 @@ class Triplet(BaseModel):
     prompt: Any = None
     response: Any = None
     model_version: str | None = None
+    sampling: dict[str, Any] = {}
     finish_reason: str | None = None
 
 
@@ -141,6 +142,9 @@ class MergedTriplet(BaseModel):
     reward: float | None = None
     n_calls: int | None = None
     prefix_breaks: int | None = None
+    model_version: str | None = None
+    model_versions: list[str] = []
+    sampling: dict[str, Any] = {}
 
 
 class Unset:

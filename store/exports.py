@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -39,6 +39,9 @@ class ExportQuery(BaseModel):
         description="only these rollouts (repeat the parameter), each exported once finished, whatever its group",
     )
     group_id: str | None = Field(None, description="only this group (whole and once complete, unless `partial`)")
+    mode: Literal["train", "val", "test"] | None = Field(
+        None, description="only rollouts of this mode (a rollout enqueued without one has none: left out)"
+    )
     since: str | None = Field(
         None, description="the `next_cursor` of the page before; `now`: an empty page whose cursor starts from now"
     )

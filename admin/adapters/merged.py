@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import Any, TypedDict
 
-from rollway.admin.adapters.triplets import LlmCall, SpanLike, llm_calls, match_rewards
+from rollway.admin.adapters.triplets import LlmCall, SpanLike, llm_calls, match_rewards, sampling
 from rollway.store.exports import RawJson
 
 
@@ -41,6 +41,9 @@ class MergedRow(TypedDict):
     reward: float | None
     n_calls: int
     prefix_breaks: int
+    model_version: str | None  # of the segment's last call
+    model_versions: list[str]  # of its calls, each once, in call order (more than one: weights changed mid-way)
+    sampling: dict[str, Any]  # the last call's sampling parameters
 
 
 def _count(array: str) -> int:
@@ -151,6 +154,11 @@ def _joined(items: list[str]) -> RawJson:
 
 
 def row(segment: Segment, rollout_id: str, attempt_id: str, group_id: str | None, breaks: int) -> MergedRow:
+    versions: list[str] = []
+    for call in segment.calls:
+        version = call.span.attributes.get("rollway.model_version")
+        if isinstance(version, str) and version not in versions:
+            versions.append(version)
     return MergedRow(
         rollout_id=rollout_id,
         attempt_id=attempt_id,
@@ -161,6 +169,9 @@ def row(segment: Segment, rollout_id: str, attempt_id: str, group_id: str | None
         reward=segment.reward,
         n_calls=len(segment.calls),
         prefix_breaks=breaks,
+        model_version=versions[-1] if versions else None,
+        model_versions=versions,
+        sampling=sampling(segment.calls[-1].span.attributes) if segment.calls else {},
     )
 
 

@@ -138,6 +138,9 @@ class Segment:
             "finish_reason": self.finish_reason,
             "choice_index": self.choice_index,
             "side_choice": self.side,
+            "model_version": self.row["model_version"],
+            "model_versions": self.row["model_versions"],
+            "sampling": self.row["sampling"],
         }
 
 
@@ -208,6 +211,9 @@ def slime_samples(rollout: ExportRollout) -> list[dict[str, Any]]:
                     "finish_reason": None,
                     "choice_index": 0,
                     "side_choice": False,
+                    "model_version": None,
+                    "model_versions": [],
+                    "sampling": {},
                 },
             }
         ]
@@ -255,6 +261,8 @@ def verl_rows(rollout: ExportRollout) -> list[dict[str, Any]]:
                 "token_level_scores": scores,
                 "reward": reward,
                 "status": s.status(),
+                "model_version": s.row["model_version"],
+                "sampling": s.row["sampling"],
             }
         )
     return rows

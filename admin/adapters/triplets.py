@@ -94,7 +94,35 @@ class Triplet(TypedDict):
     prompt: Any
     response: Any
     model_version: str | None
+    sampling: dict[str, Any]
     finish_reason: str | None
+
+
+#: The request fields a trainer needs to know how a sample was drawn (importance ratios under a temperature, a
+#: top-p or top-k truncation): those of them the call's recorded request set.
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "stop",
+)
+
+
+def sampling(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampling parameters the call's recorded request (``rollway.request``) set; {} when none."""
+    request = attributes.get("rollway.request")
+    if not isinstance(request, dict):
+        return {}
+    return {name: request[name] for name in SAMPLING_FIELDS if request.get(name) is not None}
 
 
 @dataclass(slots=True)
@@ -296,6 +324,7 @@ def _triplet(call: LlmCall, rollout_id: str, attempt_id: str, group_id: str | No
         prompt=prompt,
         response=response,
         model_version=attributes.get("rollway.model_version"),
+        sampling=sampling(attributes),
         finish_reason=finish_reason(call),
     )
 

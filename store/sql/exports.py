@@ -73,6 +73,8 @@ def _one_by_one(filters: ExportQuery, since: int, upto: int | None) -> Select[An
         stmt = stmt.where(R.c.rollout_id.in_(list(filters.rollout_ids)))
     if filters.group_id is not None:
         stmt = stmt.where(R.c.group_id == filters.group_id)
+    if filters.mode is not None:
+        stmt = stmt.where(R.c.mode == filters.mode)
     return stmt
 
 
@@ -99,11 +101,15 @@ def _by_group(filters: ExportQuery, since: int, upto: int | None) -> Select[Any]
     grouped = select(*_ROLLOUT_COLUMNS, groups.c.done_seq.label("export_seq")).join(
         groups, groups.c.group_id == R.c.group_id
     )
+    if filters.mode is not None:  # a group's members share their task's mode
+        grouped = grouped.where(R.c.mode == filters.mode)
     if filters.group_id is not None:
         return grouped
     solo = select(*_ROLLOUT_COLUMNS, R.c.finish_seq.label("export_seq")).where(
         R.c.group_id.is_(None), R.c.finish_seq > since
     )
+    if filters.mode is not None:
+        solo = solo.where(R.c.mode == filters.mode)
     if upto is not None:
         solo = solo.where(R.c.finish_seq <= upto)
     units = union_all(solo, grouped).subquery("units")

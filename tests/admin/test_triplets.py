@@ -121,6 +121,7 @@ def test_non_trainable_calls_and_other_spans_are_not_triplets() -> None:
 def test_a_triplet_carries_the_call_and_its_context() -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]
     chat = call(1, [1, 2], [3, 4], logprobs=[-0.1, -0.2], messages=messages)
+    chat.attributes["rollway.request"] |= {"temperature": 0.7, "top_p": 0.9, "seed": 3, "stream": True, "user": "u"}
     text = call(2, [5], [6], operation="text_completion")
     [first, second] = plain(triplets("ro-1", A1, [chat, text], group_id="g-1"))
     assert first == {
@@ -137,6 +138,7 @@ def test_a_triplet_carries_the_call_and_its_context() -> None:
         "prompt": None,
         "response": chat.attributes["rollway.response"]["choices"][0]["message"],
         "model_version": "v7",
+        "sampling": {"temperature": 0.7, "top_p": 0.9, "seed": 3},  # how it was drawn, nothing else of the request
         "finish_reason": "stop",
     }
     assert second["response"] == text.attributes["rollway.response"]["choices"][0]["text"]
@@ -155,6 +157,15 @@ def test_merge_chains_a_three_turn_conversation_into_one_row() -> None:
     assert row["loss_mask"] == [0, 0, 1, 1, 0, 1, 0, 0, 1, 1]
     assert row["logprobs"] == [0.0, 0.0, -0.1, -0.2, 0.0, -0.3, 0.0, 0.0, -0.4, -0.5]
     assert (row["reward"], row["n_calls"], row["prefix_breaks"], row["group_id"]) == (1.0, 3, 0, "g-1")
+    assert (row["model_version"], row["model_versions"], row["sampling"]) == ("v7", ["v7"], {})
+
+
+def test_a_merged_row_whose_calls_span_a_weight_update_names_both_versions() -> None:
+    first, second = call(1, [1], [2], logprobs=[-0.1]), call(2, [1, 2, 3], [4], logprobs=[-0.2])
+    second.attributes["rollway.model_version"] = "v8"
+    second.attributes["rollway.request"]["temperature"] = 1.0
+    [row] = plain(merged_rows("ro-1", A1, [first, second, reward(3, 1.0)]))
+    assert (row["model_version"], row["model_versions"], row["sampling"]) == ("v8", ["v7", "v8"], {"temperature": 1.0})
 
 
 def test_merge_splits_where_a_prompt_rewrote_history_and_counts_the_break() -> None:
@@ -368,12 +379,12 @@ async def test_a_bad_cursor_or_limit_is_a_400_in_the_error_envelope(client: http
 async def test_a_filter_the_export_does_not_know_is_a_400_not_ignored(
     app_store: Store, client: httpx.AsyncClient, path: str
 ) -> None:
-    """``mode=train`` (or a misspelt ``group``) would otherwise export every rollout: the export refuses it, in the
+    """A misspelt ``mode`` or ``group`` would otherwise export every rollout: the export refuses it, in the
     error envelope, and names the parameter; the parameters it knows still work."""
     done = await enqueue(app_store, {})
     await run(app_store, client, done[0])
     unknowns: list[dict[str, str | int]] = [
-        {"mode": "train"},
+        {"mdoe": "train"},
         {"group": "g", "limit": 5},
         {"partial": "true", "modle_version": "v1"},
     ]
@@ -390,6 +401,28 @@ async def test_a_filter_the_export_does_not_know_is_a_400_not_ignored(
     response = await client.get(path, params=known)
     assert response.status_code == 200, response.text
     assert response.json()["items"]
+
+
+@pytest.mark.parametrize("partial", ["false", "true"])
+async def test_an_export_by_mode_leaves_other_modes_out_and_since_now_starts_from_now(
+    app_store: Store, client: httpx.AsyncClient, partial: str
+) -> None:
+    """``mode=train`` takes the training rollouts only (a group whole), not evaluation probes or rollouts without a
+    mode; ``since=now`` hands back an empty page whose cursor leaves out everything that finished before it."""
+    before = await enqueue(app_store, {"mode": "train"})
+    await run(app_store, client, before[0])
+    now = await export(client, since="now", partial=partial)
+    assert now["items"] == [] and now["next_cursor"]
+    train = await enqueue(app_store, {"mode": "train", "group_id": "g", "group_size": 2})
+    others = await enqueue(app_store, {"mode": "val"}, {})
+    for rollout_id in [*train, *others]:
+        await run(app_store, client, rollout_id)
+    page = await export(client, since=now["next_cursor"], mode="train", partial=partial)
+    assert {t["rollout_id"] for t in page["items"]} == set(train)
+    val = await export(client, mode="val", partial=partial)
+    assert {t["rollout_id"] for t in val["items"]} == {others[0]}
+    refused = await client.get("/admin/v1/triplets", params={"mode": "training"})
+    assert refused.status_code == 400
 
 
 async def test_store_export_orders_units_by_their_last_finish(store: Store) -> None:
