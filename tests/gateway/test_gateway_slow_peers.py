@@ -100,13 +100,17 @@ async def test_a_client_that_stops_reading_a_stream_ends_its_call_after_the_writ
         assert answer.choices[0].message.content
 
 
+DEADLINE = 12  # the rollout's, in the test below
+
+
 async def test_a_client_that_stops_reading_is_not_waited_for_past_the_rollouts_deadline(
     tmp_path: Path, mock: MockBackendProcess
 ) -> None:
     """The rollout's deadline bounds the wait for a reader too, when it comes before the write timeout."""
     async with gateway(tmp_path, vllm(mock), write_timeout=60) as gw:
-        # (the mock takes ~2 s to start an answer this long: the deadline comes after that)
-        await gw.store.enqueue([{"input": {"task": "t"}, "config": {"timeout_seconds": 6}}])
+        # (the mock takes ~2 s to start an answer this long, several on a loaded machine: the deadline comes
+        # well after that, or it would end the call while its answer is still being read from the backend)
+        await gw.store.enqueue([{"input": {"task": "t"}, "config": {"timeout_seconds": DEADLINE}}])
         [claimed] = await gw.store.claim("worker-1")
         rollout_id = claimed.rollout.rollout_id
         stalled = RawClient(gw)
@@ -114,12 +118,12 @@ async def test_a_client_that_stops_reading_is_not_waited_for_past_the_rollouts_d
             body = {"model": "policy", "messages": MESSAGES, "max_tokens": 20000, "n": 3, "stream": True}
             await stalled.post(f"/rollout/{rollout_id}/v1/chat/completions", body | {"ignore_eos": True})
             await stats(mock, wait_requests=1, timeout=5)
-            assert await gw.state.registry.drain("policy", 10)
+            assert await gw.state.registry.drain("policy", DEADLINE + 5)
             [span] = await gw.store.query_spans(rollout_id)
             assert span.attributes["error.type"] == "client_stalled"
             assert span.status.description == "the client did not read the answer before the rollout's deadline"
             assert span.end_time is not None
-            assert span.end_time < claimed.attempt.start_time + 6 + 1.0  # at the deadline, not 60 s later
+            assert span.end_time < claimed.attempt.start_time + DEADLINE + 1.0  # at the deadline, not 60 s later
         finally:
             stalled.close()
 
