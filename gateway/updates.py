@@ -27,7 +27,7 @@ from rollway.gateway.metrics import Metrics
 from rollway.gateway.registry import ModelRegistry
 from rollway.gateway.weights import RELOADABLE, EngineWeights, Reload
 from rollway.store import ConflictError, Store, StoreError, StoreValidationError
-from rollway.store.schemas import EngineStep, UpdatePlan, UpdateState, WeightUpdate
+from rollway.store.schemas import EngineStep, UpdateForm, UpdatePlan, UpdateState, WeightUpdate
 
 log = logging.getLogger("rollway.updates")
 
@@ -121,13 +121,13 @@ class WeightUpdates:
 
     # -- steps -----------------------------------------------------------------------------------------
 
-    async def _hold(self, alias: str, plan: UpdatePlan, form: str, by: str, hold: float) -> WeightUpdate:
+    async def _hold(self, alias: str, plan: UpdatePlan, form: UpdateForm, by: str, hold: float) -> WeightUpdate:
         """Begin: the alias held, then its calls in flight drained or aborted. An update whose calls did not end
         within the drain's bound ends ``failed`` (resumed on the old version) and is returned so."""
         update = await self._store.begin_update(
             alias,
             to_version=plan.to_version,
-            form="reload" if form == "reload" else "trainer",
+            form=form,
             in_flight=plan.in_flight,
             by=by,
             note=plan.note,

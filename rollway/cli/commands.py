@@ -20,10 +20,10 @@ from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 from rich.console import Console
 from rich.markup import escape
 
-from rollway.admin.client import AsyncRollwayClient, RollwayAPIError, RollwayError, WeightUpdateFailed
+from rollway.admin.client import AsyncRollwayClient, RollwayAPIError, RollwayError
 from rollway.admin.schemas import AgentView, BackendView, ModelView
 from rollway.cli.tables import FitTable, Kind, render
-from rollway.store import Rollout, WeightUpdate
+from rollway.store import Rollout
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -91,7 +91,7 @@ def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, ensure_ascii=False, indent=2) + "\n")
 
 
-def _when(timestamp: float | None) -> str:
+def when(timestamp: float | None) -> str:
     """A short local time: the clock for today, else the date too."""
     if timestamp is None:
         return ""
@@ -228,7 +228,7 @@ def rollouts_table(rollouts: list[Rollout]) -> FitTable:
             escape(r.group_id or ""),
             "" if r.group_index is None else str(r.group_index),
             str(r.attempt_count),
-            _when(r.start_time),
+            when(r.start_time),
         )
     return table
 
@@ -371,45 +371,6 @@ def swap_model(
         connection, lambda c: c.swap_model(alias, backends, version=version, drain_timeout_seconds=drain_timeout)
     )
     show_models([model], as_json)
-
-
-def update_summary(update: WeightUpdate) -> str:
-    held = "" if update.held_seconds is None else f" in {update.held_seconds:.2f} s"
-    aborted = f", {update.aborted_calls} call(s) aborted" if update.aborted_calls else ""
-    line = f"{update.alias}: {update.from_version} → {update.to_version} {update.state}{held}{aborted}"
-    return line + (f" ({update.update_id})" if update.state == "committed" else f": {update.error}")
-
-
-def update_weights(
-    connection: Connection, alias: str, version: str | None, options: dict[str, Any], as_json: bool
-) -> None:
-    """One weight update; its record (JSON) or a line, and exit 1 when it failed."""
-
-    async def work(client: AsyncRollwayClient) -> WeightUpdate:
-        try:
-            return await client.update_weights(alias, version, **options)
-        except WeightUpdateFailed as exc:
-            return exc.update
-
-    update = run(connection, work)
-    if as_json:
-        print_json(update.model_dump(mode="json"))
-    else:
-        err_console().print(update_summary(update), highlight=False)
-    if update.state != "committed":
-        raise SystemExit(1)
-
-
-def list_updates(connection: Connection, alias: str | None, limit: int, as_json: bool) -> None:
-    updates = run(connection, lambda c: c.list_updates(alias, limit))
-    if as_json:
-        print_json([u.model_dump(mode="json") for u in updates])
-        return
-    if not updates:
-        err_console().print("no weight updates yet", highlight=False)
-        return
-    for update in updates:
-        out_console().print(f"{_when(update.begun_time)}  {update_summary(update)}", highlight=False)
 
 
 # -- keys ----------------------------------------------------------------------------------------------------

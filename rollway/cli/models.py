@@ -165,7 +165,7 @@ def models_update(
     """Reload ALIAS's weights in place on its engines (vLLM in dev mode, SGLang), as one operation: new calls
     held, calls in flight drained, version bumped, resumed. Exit 1 when it failed (the alias is then back on its
     old version)."""
-    from rollway.cli.commands import update_weights
+    from rollway.cli.updates import update_weights
 
     options: dict[str, Any] = {
         "in_flight": "abort" if abort_in_flight else "drain",
@@ -181,6 +181,6 @@ def models_update(
 @JSON_OPTION
 def models_updates(connection: Connection, alias: str | None, limit: int, as_json: bool) -> None:
     """List the latest weight updates (of ALIAS, when given), newest first."""
-    from rollway.cli.commands import list_updates
+    from rollway.cli.updates import list_updates
 
     list_updates(connection, alias, limit, as_json)

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -190,25 +191,12 @@ async def test_a_swap_through_one_worker_reaches_every_worker_with_no_failed_cal
         async with admin(gw) as client, fresh_connections(gw) as http:
             await client.put_model("policy", [vllm(mock, "mock-a")], version="v1")
             rollouts = await claim(client, 6)
-            swapped = asyncio.Event()
-            after: list[str] = []  # rollouts of the calls that began after the swap answered
-            failures: list[str] = []
-
-            async def agent(rollout_id: str, attempt_id: str) -> None:
-                for _ in range(40):
-                    began_after = swapped.is_set()
-                    body = {"model": "policy", "messages": MESSAGES, "max_tokens": 3}
-                    answer = await http.post(chat_path(rollout_id, attempt_id), json=body)
-                    if answer.status_code != 200:
-                        failures.append(answer.text)
-                    elif began_after:
-                        after.append(rollout_id)
-
-            agents = [asyncio.create_task(agent(r, a)) for r, a in rollouts]
+            agents = calling_agents(http, rollouts)
+            after, failures = agents.after, agents.failures  # rollouts of the calls begun after the swap answered
             await until(lambda: _calls_made(client, rollouts, 30), "calls before the swap")
             await client.swap_model("policy", [vllm(mock, "mock-b")], version="v2", drain_timeout_seconds=10)
-            swapped.set()
-            await asyncio.gather(*agents)
+            agents.changed.set()
+            await asyncio.gather(*agents.tasks)
             assert failures == []
             assert after  # calls began after the swap
             for rollout_id, _ in rollouts:
@@ -220,6 +208,34 @@ async def test_a_swap_through_one_worker_reaches_every_worker_with_no_failed_cal
                     s.attributes["rollway.backend_id"] == ("mock-b" if v == "v2" else "mock-a")
                     for s, v in zip(spans, versions, strict=True)
                 )
+
+
+@dataclass
+class Agents:
+    """Agents that each make 40 calls in a row, one per rollout; which calls failed, and the rollouts of the calls
+    that began after ``changed`` was set (a swap or an update answered)."""
+
+    tasks: list[asyncio.Task[None]]
+    changed: asyncio.Event
+    after: list[str]
+    failures: list[str]
+
+
+def calling_agents(http: httpx.AsyncClient, rollouts: list[tuple[str, str]]) -> Agents:
+    agents = Agents([], asyncio.Event(), [], [])
+
+    async def agent(rollout_id: str, attempt_id: str) -> None:
+        for _ in range(40):
+            began_after = agents.changed.is_set()
+            body = {"model": "policy", "messages": MESSAGES, "max_tokens": 3}
+            answer = await http.post(chat_path(rollout_id, attempt_id), json=body)
+            if answer.status_code != 200:
+                agents.failures.append(answer.text)
+            elif began_after:
+                agents.after.append(rollout_id)
+
+    agents.tasks = [asyncio.create_task(agent(r, a)) for r, a in rollouts]
+    return agents
 
 
 async def _calls_made(client: AsyncRollwayClient, rollouts: list[tuple[str, str]], count: int) -> bool:
@@ -369,25 +385,12 @@ async def test_a_weight_update_through_one_worker_holds_and_updates_every_worker
         async with admin(gw) as client, fresh_connections(gw) as http:
             await client.put_model("policy", [vllm(mock, "mock-a")], version="v1")
             rollouts = await claim(client, 6)
-            updated = asyncio.Event()
-            after: list[str] = []
-            failures: list[str] = []
-
-            async def agent(rollout_id: str, attempt_id: str) -> None:
-                for _ in range(40):
-                    began_after = updated.is_set()
-                    body = {"model": "policy", "messages": MESSAGES, "max_tokens": 3}
-                    answer = await http.post(chat_path(rollout_id, attempt_id), json=body)
-                    if answer.status_code != 200:
-                        failures.append(answer.text)
-                    elif began_after:
-                        after.append(rollout_id)
-
-            agents = [asyncio.create_task(agent(r, a)) for r, a in rollouts]
+            agents = calling_agents(http, rollouts)
+            after, failures = agents.after, agents.failures
             await until(lambda: _calls_made(client, rollouts, 30), "calls before the update")
             update = await client.update_weights("policy", "v2")
-            updated.set()
-            await asyncio.gather(*agents)
+            agents.changed.set()
+            await asyncio.gather(*agents.tasks)
             assert update.state == "committed" and update.drained
             assert failures == []
             assert after
