@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import httpx
 
+from rollway.admin.client_batch import AttemptBatcher
 from rollway.admin.client_exports import ExportsMixin
 from rollway.admin.client_transport import Transport, dump_backend, dump_body, path_segment, query
 from rollway.admin.client_types import (
@@ -88,6 +89,7 @@ class AsyncRollwayClient(ExportsMixin, UpdatesMixin):
     ) -> None:
         self.url = url.rstrip("/").removesuffix("/admin/v1")
         self._t = Transport(self.url, token, timeout=timeout, retry=retry or RetryPolicy(), transport=transport)
+        self._updates = AttemptBatcher(self._t)  # the attempt updates sent at once, in one request
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> AsyncRollwayClient:
@@ -212,19 +214,32 @@ class AsyncRollwayClient(ExportsMixin, UpdatesMixin):
         *,
         status: str | None = None,
         metadata: Mapping[str, Any] | Unset | None = UNSET,
+        reward: float | Unset | None = UNSET,
+        reward_name: str = "primary",
     ) -> Attempt:
-        """Report an attempt's outcome (``succeeded``/``failed``) and/or replace its metadata."""
+        """Report an attempt's outcome (``succeeded``/``failed``) and/or replace its metadata. With ``reward``,
+        the reward is recorded in the same request and transaction (``add_reward`` records one alone): an
+        agent's end is one request, ``update_attempt(rid, aid, status="succeeded", reward=r)``.
+
+        An update that names its attempt is sent with the others this client's agents send at the same time, in
+        one request (``client_batch``); it is safe to send again (a reward goes with its own idempotency key).
+        The ``latest`` form is sent alone and once: by the time it is sent again, the latest attempt may be
+        another worker's."""
         body: dict[str, Any] = {} if status is None else {"status": status}
         if not isinstance(metadata, Unset):
             body["metadata"] = None if metadata is None else dict(metadata)
+        if not isinstance(reward, Unset):
+            body |= {"reward": reward, "reward_name": reward_name}
+        if attempt_id != "latest":
+            change = {"rollout_id": rollout_id, "attempt_id": attempt_id, **body}
+            if "reward" in body:
+                change["idempotency_key"] = uuid.uuid4().hex
+            return await self._updates.submit(change)
         return await self._t.model(
             Attempt,
             "PATCH",
-            f"/rollouts/{path_segment(rollout_id)}/attempts/{path_segment(attempt_id)}",
+            f"/rollouts/{path_segment(rollout_id)}/attempts/latest",
             json=body,
-            # It sets a status and metadata: the same again changes nothing — of that attempt. "latest" may be
-            # another worker's attempt by the time it is sent again.
-            repeatable=attempt_id != "latest",
         )
 
     async def heartbeat(self, rollout_id: str, attempt_id: str = "latest") -> Attempt:

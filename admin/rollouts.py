@@ -3,6 +3,7 @@ store."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from typing import Annotated, Any, Literal
@@ -12,7 +13,11 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request
 from rollway.admin.context import AdminContext, Context
 from rollway.admin.route import AdminRoute
 from rollway.admin.schemas import (
+    AttemptChange,
+    AttemptChanges,
     AttemptRequest,
+    AttemptResult,
+    AttemptResults,
     AttemptUpdate,
     Claim,
     ClaimRequest,
@@ -30,8 +35,10 @@ from rollway.admin.schemas import (
     WaitRequest,
     WaitResponse,
 )
+from rollway.envelope import envelope, store_error_status
 from rollway.store import UNSET, Attempt, AttemptedRollout, Rollout, RolloutStatus, Span, TaskSpec, ids
-from rollway.store.exports import REWARD_SPAN
+from rollway.store.errors import StoreError, UnavailableError
+from rollway.store.exports import REWARD_SPAN, REWARD_STAMPED
 from rollway.store.schemas import Mode
 
 router = APIRouter(tags=["rollouts"], route_class=AdminRoute)
@@ -162,10 +169,57 @@ async def new_attempt(
 
 
 @router.patch("/rollouts/{rollout_id}/attempts/{attempt_id}", response_model=Attempt)
-async def update_attempt(rollout_id: str, attempt_id: str, body: AttemptUpdate, context: Context) -> Attempt:
-    """Report an attempt's outcome (`succeeded`/`failed`) or metadata; `attempt_id` may be `latest`."""
+async def update_attempt(
+    rollout_id: str,
+    attempt_id: str,
+    body: AttemptUpdate,
+    context: Context,
+    idempotency_key: IdempotencyKey = None,
+) -> Attempt:
+    """Report an attempt's outcome (`succeeded`/`failed`) or metadata; `attempt_id` may be `latest`.
+
+    With `reward`, the reward is recorded on the attempt as `POST .../rewards` records one, in the same
+    transaction as the status: an agent's end is one request. With an `Idempotency-Key`, a retry records the
+    reward once."""
     metadata: Any = body.metadata if "metadata" in body.model_fields_set else UNSET
-    return await context.store.update_attempt(rollout_id, attempt_id, status=body.status, metadata=metadata)
+    reward = None
+    if "reward" in body.model_fields_set:
+        reward = reward_span(rollout_id, body.reward, body.reward_name, idempotency_key)
+    return await context.store.update_attempt(
+        rollout_id, attempt_id, status=body.status, metadata=metadata, reward=reward, idempotency_key=idempotency_key
+    )
+
+
+@router.patch("/attempts", response_model=AttemptResults)
+async def update_attempts(body: AttemptChanges, context: Context) -> AttemptResults:
+    """Many attempts' updates in one request, each as its own `PATCH .../attempts/{attempt_id}` would be done
+    (the Python client sends the ends its agents report at once this way). Each gets its own status and the
+    attempt or the error envelope; one refused update leaves the others done. A database that is down is a
+    503 for the whole request."""
+
+    async def one(change: AttemptChange) -> AttemptResult:
+        metadata: Any = change.metadata if "metadata" in change.model_fields_set else UNSET
+        reward = None
+        if "reward" in change.model_fields_set:
+            reward = reward_span(change.rollout_id, change.reward, change.reward_name, change.idempotency_key)
+        try:
+            attempt = await context.store.update_attempt(
+                change.rollout_id,
+                change.attempt_id,
+                status=change.status,
+                metadata=metadata,
+                reward=reward,
+                idempotency_key=change.idempotency_key,
+            )
+        except UnavailableError:
+            raise
+        except StoreError as exc:
+            status, type_ = store_error_status(exc)
+            return AttemptResult(status=status, error=envelope(exc.message, type_))
+        return AttemptResult(status=200, attempt=attempt)
+
+    # Submitted together, the store's writer commits them together (SQLite: one transaction, a savepoint each).
+    return AttemptResults(results=list(await asyncio.gather(*(one(change) for change in body.updates))))
 
 
 @router.post("/rollouts/{rollout_id}/attempts/{attempt_id}/heartbeat", response_model=Attempt)
@@ -182,19 +236,24 @@ async def reward(
     With an `Idempotency-Key` header, the same request again returns the reward the first one recorded
     instead of recording a second (which would go to an earlier LLM call); the key with another reward is a
     409."""
+    span = reward_span(rollout_id, body.value, body.name, idempotency_key)
+    span.attempt_id = None if body.attempt_id == "latest" else body.attempt_id
+    [written] = await context.store.add_spans([span], idempotency_key, stamped=REWARD_STAMPED)
+    return written
+
+
+def reward_span(rollout_id: str, value: float | None, name: str, idempotency_key: str | None) -> Span:
+    """A reward as the span it is stored as (on the latest attempt until the caller names one)."""
     now = time.time()
-    span = Span(
+    return Span(
         rollout_id=rollout_id,
-        attempt_id=None if body.attempt_id == "latest" else body.attempt_id,
         trace_id=_new_id(idempotency_key, 0, "trace", 32),
         span_id=_new_id(idempotency_key, 0, "span", 16),
         name=REWARD_SPAN,
         start_time=now,
         end_time=now,
-        attributes={"rollway.reward.name": body.name, "rollway.reward.value": body.value},
+        attributes={"rollway.reward.name": name, "rollway.reward.value": value},
     )
-    [written] = await context.store.add_spans([span], idempotency_key, stamped=("start_time", "end_time"))
-    return written
 
 
 @router.post("/rollouts/{rollout_id}/spans", status_code=201, response_model=SpansResponse)

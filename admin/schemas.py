@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from rollway.store import (
     AgentServer,
@@ -96,6 +96,42 @@ class AttemptRequest(Body):
 class AttemptUpdate(Body):
     status: AttemptStatus | None = None
     metadata: dict[str, Any] | None = None
+    #: A reward recorded with the update, in the same transaction (``null`` stays null, never 0).
+    reward: RewardValue | None = None
+    reward_name: str = Field(default="primary", min_length=1, max_length=128)
+
+
+class AttemptChange(AttemptUpdate):
+    """One attempt's update in a batch (``PATCH /admin/v1/attempts``): the attempt named by id (not ``latest``,
+    which may be another worker's by the time a batch is sent again)."""
+
+    rollout_id: str = Field(min_length=1, max_length=200)
+    attempt_id: str = Field(min_length=1, max_length=200)
+    #: Makes the reward safe to send again, as the ``Idempotency-Key`` header does for one update.
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @field_validator("attempt_id")
+    @classmethod
+    def _named(cls, value: str) -> str:
+        if value == "latest":
+            raise ValueError("a batched update names its attempt by id, not 'latest'")
+        return value
+
+
+class AttemptChanges(Body):
+    updates: list[AttemptChange] = Field(min_length=1, max_length=1000)
+
+
+class AttemptResult(BaseModel):
+    """One update's outcome: ``status`` as a lone ``PATCH`` would answer, with the attempt or the error."""
+
+    status: int
+    attempt: Attempt | None = None
+    error: dict[str, Any] | None = None
+
+
+class AttemptResults(BaseModel):
+    results: list[AttemptResult]
 
 
 class RewardRequest(Body):

@@ -55,6 +55,9 @@ class ExportQuery(BaseModel):
 
 
 REWARD_SPAN = "rollway.reward"
+# The fields of a reward span each try of a request sets itself (its time): a retry that finds the first try's
+# span does not compare them.
+REWARD_STAMPED = ("start_time", "end_time")
 PRIMARY_REWARD = "primary"
 AGL_ANNOTATION = "agentlightning.annotation"
 AGL_PRIMARY_REWARD = "agentlightning.reward.0.value"

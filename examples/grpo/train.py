@@ -89,8 +89,7 @@ async def run_agents(
         )
         ids = (answer.choices[0].model_extra or {}).get("token_ids") or []
         reward = word_starts(tokenizer.convert_ids_to_tokens(ids))
-        await client.add_reward(rollout.rollout_id, reward, attempt_id=attempt.attempt_id)
-        await client.update_attempt(rollout.rollout_id, attempt.attempt_id, status="succeeded")
+        await client.update_attempt(rollout.rollout_id, attempt.attempt_id, status="succeeded", reward=reward)
 
     running: list[asyncio.Task[None]] = []
     while len(running) < count:

@@ -129,8 +129,7 @@ async def runner(name: str, client: AsyncRollwayClient, results: dict[str, Outco
             outcome = Outcome(None, None, 0, error=f"{type(exc).__name__}: {exc}")
             await client.update_attempt(rollout_id, attempt_id, status="failed", metadata={"error": outcome.error})
         else:
-            await client.add_reward(rollout_id, outcome.reward, attempt_id=attempt_id)
-            await client.update_attempt(rollout_id, attempt_id, status="succeeded")
+            await client.update_attempt(rollout_id, attempt_id, status="succeeded", reward=outcome.reward)
         results[rollout_id] = outcome
         on_done()
 

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Connection
 
 from rollway.store.db import limits, models
 from rollway.store.errors import StoreValidationError, UnavailableError
+from rollway.store.exports import REWARD_STAMPED
 from rollway.store.parts.plumbing import StorePlumbing
-from rollway.store.schemas import Attempt, Rollout
-from rollway.store.sql import convert, watchdog
+from rollway.store.schemas import Attempt, Rollout, Span
+from rollway.store.sql import convert, spans, watchdog
 from rollway.store.sql.lifecycle import (
     apply_attempt_status,
     load_attempt,
@@ -40,6 +42,7 @@ UNSET: Any = _Unset()
 
 class LifecycleMixin(StorePlumbing):
     watchdog_interval: float
+    span_observer: Callable[[int], None] | None
 
     async def update_attempt(
         self,
@@ -49,8 +52,15 @@ class LifecycleMixin(StorePlumbing):
         status: AttemptStatus | str | None = None,
         metadata: Any = UNSET,
         worker_id: Any = UNSET,
+        reward: Span | None = None,
+        idempotency_key: str | None = None,
     ) -> Attempt:
-        """Report an attempt's outcome or metadata; the latest attempt's status drives the rollout."""
+        """Report an attempt's outcome or metadata; the latest attempt's status drives the rollout.
+
+        ``reward`` (a reward span, its attempt left to this call) is written in the same transaction, before the
+        status changes: a rollout never reads as finished without the reward its worker sent with the end. With
+        ``idempotency_key`` the span is written as ``add_spans`` writes a keyed request's, so a retry of the
+        request records it once."""
         try:
             new_status = AttemptStatus(status) if status is not None else None
         except ValueError as exc:
@@ -59,6 +69,7 @@ class LifecycleMixin(StorePlumbing):
             raise StoreValidationError("attempt metadata must be an object")
         limits.check_worker_id(worker_id)
         now = self.clock()
+        wrote = [0]  # spans written (the reward), for ``span_observer``
 
         def op(conn: Connection) -> Attempt:
             rollout = load_rollout(conn, rollout_id)
@@ -69,6 +80,14 @@ class LifecycleMixin(StorePlumbing):
                 extra["metadata"] = metadata
             if worker_id is not UNSET:
                 extra["worker_id"] = worker_id
+            if reward is not None:  # before the status, so the rollout never reads as ended without it
+                reward.attempt_id = attempt["attempt_id"]
+                if idempotency_key is None:
+                    wrote[:] = [len(spans.add(conn, [reward], now))]
+                else:
+                    wrote[:] = [spans.add_keyed(conn, [reward], now, idempotency_key, REWARD_STAMPED)[1]]
+                rollout = load_rollout(conn, rollout_id)  # the span's heartbeat may have moved both
+                attempt = load_attempt(conn, rollout, attempt["attempt_id"])
             if extra:
                 conn.execute(A.update().where(A.c.pk == attempt["pk"]).values(**extra))
             if new_status is not None:
@@ -76,6 +95,8 @@ class LifecycleMixin(StorePlumbing):
             return convert.attempt(load_attempt(conn, rollout, attempt["attempt_id"], lock=False))
 
         result = await self._write(op)
+        if wrote[0] and self.span_observer is not None:
+            self.span_observer(wrote[0])
         self._notify_all()
         return result
 

@@ -433,6 +433,84 @@ async def test_rewards_spans_and_attempts_whose_answers_were_lost_are_not_record
     assert plain[0].json()["span_id"] != plain[1].json()["span_id"]  # no key: two requests, two rewards
 
 
+async def test_an_attempts_end_and_its_reward_are_one_request_recorded_once(gw: RunningGateway) -> None:
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=NO_RETRY) as client:
+        claim = await client.start_rollout({"input": "q"}, worker_id="w")
+        rid, aid = claim.rollout.rollout_id, claim.attempt.attempt_id
+        with pytest.raises(RollwayAPIError) as refused:  # a bool is not a reward: nothing changes
+            await client.update_attempt(rid, aid, status="succeeded", reward=True)
+        assert refused.value.status == 400
+        assert (await client.get_rollout(rid)).status == "preparing" and await client.get_spans(rid) == []
+    transport = LosingAnswers(lose=2)
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=transport) as client:
+        attempt = await client.update_attempt(rid, aid, status="succeeded", reward=0.25)
+        assert len(transport.requests) == 3  # done on the first try; two answers lost
+        assert len({r.content for r in transport.requests}) == 1  # the same request, its reward's key in it
+        stored = await client.get_spans(rid)
+        view = await client.get_rollout(rid)
+    assert attempt.status == "succeeded" and view.status == "succeeded"
+    assert [(s.name, s.attempt_id, s.attributes["rollway.reward.value"]) for s in stored] == [
+        ("rollway.reward", aid, 0.25)
+    ]
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=NO_RETRY) as client:
+        second = await client.start_rollout({"input": "q"}, worker_id="w")
+        await client.update_attempt(second.rollout.rollout_id, status="failed", reward=None, reward_name="judge")
+        [null] = await client.get_spans(second.rollout.rollout_id)
+    assert null.attributes == {"rollway.reward.name": "judge", "rollway.reward.value": None}  # null, never 0
+
+
+async def test_the_ends_agents_report_at_once_go_in_few_requests_each_with_its_own_answer(gw: RunningGateway) -> None:
+    transport = Counting()
+    async with AsyncRollwayClient(gw.url, TOKEN, retry=NO_RETRY, transport=transport) as client:
+        await client.enqueue([{"input": i} for i in range(20)])
+        claims = await client.claim("w", limit=20)
+        bad = claims[-1]
+        await client.update_attempt(bad.rollout.rollout_id, bad.attempt.attempt_id, status="failed")
+        sent = len(transport.requests)
+        outcomes = await asyncio.gather(
+            *(
+                client.update_attempt(c.rollout.rollout_id, c.attempt.attempt_id, status="succeeded", reward=i / 20)
+                for i, c in enumerate(claims)
+            ),
+            return_exceptions=True,
+        )
+        batches = transport.requests[sent:]
+        rewards = [(await client.get_spans(c.rollout.rollout_id)) for c in claims]
+    assert 1 <= len(batches) <= 2 and {r.url.path for r in batches} == {"/admin/v1/attempts"}
+    *done, refused = outcomes
+    assert all(isinstance(a, Attempt) and a.status == "succeeded" for a in done)
+    assert [a.attempt_id for a in done if isinstance(a, Attempt)] == [c.attempt.attempt_id for c in claims[:-1]]
+    # The ended attempt's update is refused alone, with the status and envelope a lone PATCH gets; its
+    # reward, in the same transaction, is not recorded.
+    assert isinstance(refused, RollwayAPIError) and refused.status == 409 and refused.type == "conflict_error"
+    assert [[s.attributes["rollway.reward.value"] for s in spans] for spans in rewards] == [
+        *([i / 20] for i in range(19)),
+        [],
+    ]
+
+
+async def test_a_server_without_the_batch_route_gets_each_update_alone() -> None:
+    attempt = {"rollout_id": "r", "attempt_id": "a", "sequence_id": 1, "start_time": 1.0, "status": "succeeded"}
+    hits: list[tuple[str, str]] = []
+
+    async def older(scope: Scope, receive: Receive, send: Send) -> None:
+        hits.append((scope["method"], scope["path"]))
+        status, body = (
+            (404, {"error": {"message": "Not Found"}}) if scope["path"] == "/admin/v1/attempts" else (200, attempt)
+        )
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
+        )
+        await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+    transport = httpx.ASGITransport(app=older)
+    async with AsyncRollwayClient("http://older", retry=NO_RETRY, transport=transport) as client:
+        first = await asyncio.gather(*(client.update_attempt("r", "a", status="succeeded") for _ in range(3)))
+        then = await client.update_attempt("r", "a", status="succeeded")
+    assert all(a.status == "succeeded" for a in [*first, then])
+    assert hits == [("PATCH", "/admin/v1/attempts"), *[("PATCH", "/admin/v1/rollouts/r/attempts/a")] * 4]
+
+
 async def test_a_write_without_a_key_is_not_sent_again_once_it_may_have_arrived(gw: RunningGateway) -> None:
     lost = LosingAnswers(lose=1)
     async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=lost) as client:
