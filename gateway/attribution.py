@@ -78,6 +78,13 @@ class KeyCache:
         self._prune(now)
         return found
 
+    def prime(self, key: ApiKey, plain: str) -> None:
+        """Cache a key this process just minted (a claim's rollout key): its agent's first call reads nothing."""
+        now = self._clock()
+        self._entries[plain] = (now, key)
+        self._entries.move_to_end(plain)
+        self._prune(now)
+
     def _prune(self, now: float) -> None:
         """Drop the oldest entries while they are past the TTL (or the cache is over its size)."""
         entries = self._entries

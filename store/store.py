@@ -31,6 +31,7 @@ from rollway.store.parts.reads import ReadsMixin
 from rollway.store.parts.spans import SpansMixin
 from rollway.store.parts.updates import UpdatesMixin
 from rollway.store.parts.wal import WalMixin
+from rollway.store.schemas import ApiKey
 from rollway.store.signals import Signal
 from rollway.store.sql import catalog, watchdog
 
@@ -67,6 +68,7 @@ class Store(
         self._loops: list[asyncio.Task[None]] = []  # the watchdog's, the WAL checkpoints', the calls' keepalive
         self.calls_in_flight = CallsInFlight(self._write, clock, keepalive_interval)
         self.span_observer: Callable[[int], None] | None = None  # told how many spans each add_spans wrote
+        self.key_observer: Callable[[ApiKey, str], None] | None = None  # told each rollout key minted
         self.health = WriteHealth(waiting_since=writer.waiting_since)  # whether writes go through (``/readyz``)
         self.failures = FailureLog()  # the database's failures, logged once per kind per interval
 

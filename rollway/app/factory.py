@@ -127,6 +127,7 @@ def create_app(settings: Settings) -> RollwayApp:
         gateway = Gateway(settings, store, registry, router, metrics, exporter)
         await gateway.start()
         keys = KeyCache(store)
+        store.key_observer = keys.prime  # the keys this process's claims mint, known to its gateway at once
         registry.listen(keys.forget)  # the catalog changed (a key revoked through another replica, maybe)
         registry.listen(metrics.catalog_changes.inc)
         dispatcher = Dispatcher(settings, store)

@@ -96,7 +96,9 @@ class CatalogMixin(StorePlumbing):
         carried an idempotency key: the keys an earlier try of it got for the attempt are revoked
         (``catalog.attempt_keys``)."""
         now = self.clock()
-        return (await self._write(lambda conn: catalog.attempt_keys(conn, [handed], now, arrived=arrived)))[0]
+        [minted] = await self._write(lambda conn: catalog.attempt_keys(conn, [handed], now, arrived=arrived))
+        self._keys_minted([minted])
+        return minted[1]
 
     async def find_key(self, plain: str) -> ApiKey | None:
         now = self.clock()

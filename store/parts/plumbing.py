@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
+from rollway.store.schemas import ApiKey
 from rollway.store.sql.catalog import Cipher
 
 T = TypeVar("T")
@@ -17,6 +18,14 @@ class StorePlumbing:
     clock: Callable[[], float]
     cipher: Cipher | None  # encrypts the API keys kept for others (``catalog.Cipher``), when given a secret key
     direct_calls: bool  # PostgreSQL: the call path's writes go straight to the driver (``store.sql.pg_calls``)
+    #: Told each rollout key a claim or a start minted, once it is committed (record, key): the gateway in this
+    #: process caches it, so the agent's first call with it reads nothing.
+    key_observer: Callable[[ApiKey, str], None] | None
+
+    def _keys_minted(self, minted: list[tuple[ApiKey, str]]) -> None:
+        if self.key_observer is not None:
+            for record, plain in minted:
+                self.key_observer(record, plain)
 
     async def _write(self, op: Callable[[Connection], T]) -> T:
         raise NotImplementedError  # provided by Store

@@ -13,7 +13,7 @@ from rollway.store.db import limits
 from rollway.store.errors import StoreValidationError
 from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.parts.reads import MAX_WAIT_SECONDS
-from rollway.store.schemas import AttemptedRollout, Rollout, TaskSpec
+from rollway.store.schemas import ApiKey, AttemptedRollout, Rollout, TaskSpec
 from rollway.store.signals import Signal
 from rollway.store.sql import catalog, convert, queue
 
@@ -66,12 +66,15 @@ class QueueMixin(StorePlumbing):
         limits.check_worker_id(worker_id)
         arrived = None if idempotency_key is None else self.clock()
 
-        def op(conn: Connection) -> list[tuple[AttemptedRollout, str]]:
+        def op(conn: Connection) -> list[tuple[AttemptedRollout, ApiKey, str]]:
             now = self.clock()
             claimed = queue.claim(conn, worker_id, limit, now, key=idempotency_key)
-            return list(zip(claimed, catalog.attempt_keys(conn, claimed, now, arrived=arrived), strict=True))
+            keys = catalog.attempt_keys(conn, claimed, now, arrived=arrived)
+            return [(a, record, plain) for a, (record, plain) in zip(claimed, keys, strict=True)]
 
-        return await self._claim_waiting(limit, wait_seconds, op)
+        handed = await self._claim_waiting(limit, wait_seconds, op)
+        self._keys_minted([(record, plain) for _, record, plain in handed])
+        return [(a, plain) for a, _, plain in handed]
 
     async def _claim_waiting(self, limit: int, wait_seconds: float, op: Callable[[Connection], list[T]]) -> list[T]:
         if limit < 1 or limit > 1000:

@@ -320,8 +320,8 @@ def mint_key(
 
 def attempt_keys(
     conn: Connection, handed: Sequence[AttemptedRollout], now: float, *, arrived: float | None = None
-) -> list[str]:
-    """A rollout-scoped key for each attempt a claim or a start hands out (the keys themselves).
+) -> list[tuple[ApiKey, str]]:
+    """A rollout-scoped key for each attempt a claim or a start hands out (each key's record and the key).
 
     ``arrived``: when a request carrying an idempotency key arrived. An attempt it hands out that is older than
     that was made by an earlier try of the request, whose answer the client did not get (or gave up on): the
@@ -341,8 +341,7 @@ def attempt_keys(
         if conn.execute(stale.values(revoked_time=now)).rowcount:
             bump_revision(conn)  # every replica drops the keys it cached
     return [
-        mint_key(conn, "rollout", now, rollout_id=a.rollout.rollout_id, attempt_id=a.attempt.attempt_id)[1]
-        for a in handed
+        mint_key(conn, "rollout", now, rollout_id=a.rollout.rollout_id, attempt_id=a.attempt.attempt_id) for a in handed
     ]
 
 

@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from rollway.gateway.attribution import KeyCache
 from rollway.mock import MockBackendProcess
-from rollway.store import Store
+from rollway.store import Store, TaskSpec
 from support.clock import FakeClock
 from support.gateway_harness import Alias, RunningGateway, claim_one, register, running_gateway
 
@@ -428,3 +428,19 @@ async def test_the_key_cache_keeps_only_keys_it_may_still_serve(store: Store) ->
     _, plain = await store.mint_key("gateway")
     assert await keys.find(plain) is not None
     assert len(keys) == 1
+
+
+async def test_a_claims_keys_are_known_to_the_gateway_without_a_read(store: Store, monkeypatch: Any) -> None:
+    keys = KeyCache(store)
+    store.key_observer = keys.prime
+    await store.enqueue([TaskSpec(input=i) for i in range(3)])
+    claimed = await store.claim_with_keys("w", limit=3)
+
+    async def no_read(plain: str) -> None:
+        raise AssertionError("the key was read from the store")
+
+    monkeypatch.setattr(store, "find_key", no_read)
+    found = [await keys.find(plain) for _, plain in claimed]
+    assert [(k.scope, k.rollout_id, k.attempt_id) for k in found if k is not None] == [
+        ("rollout", a.rollout.rollout_id, a.attempt.attempt_id) for a, _ in claimed
+    ]
