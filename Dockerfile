@@ -13,7 +13,7 @@ COPY store ./store
 COPY gateway ./gateway
 COPY admin ./admin
 COPY rollway ./rollway
-RUN pip install . \
+RUN pip install '.[server]' \
     && useradd --system --create-home --uid 10001 rollway \
     && mkdir -p /data && chown rollway:rollway /data
 

@@ -204,12 +204,12 @@ def _installed(where: Path, *what: str) -> Path:
 
 @pytest.fixture(scope="module")
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    yield _installed(tmp_path_factory.mktemp("venv") / "env", str(wheel))
+    yield _installed(tmp_path_factory.mktemp("venv") / "env", f"{wheel}[server]")
 
 
 @pytest.fixture(scope="module")
 def editable_installed(checkout: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    yield _installed(tmp_path_factory.mktemp("venv-editable") / "env", "-e", str(checkout))
+    yield _installed(tmp_path_factory.mktemp("venv-editable") / "env", "-e", f"{checkout}[server]")
 
 
 def _purelib(python: Path) -> Path:
@@ -282,6 +282,63 @@ def test_the_installed_command_serves_its_help(installed: Path, tmp_path: Path) 
     result = subprocess.run([str(rollway), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "serve" in result.stdout and "ROLLWAY_DATABASE_URL" in result.stdout
+
+
+# What the client install's environment may import of the server extra: nothing.
+SERVER_PACKAGES = ("fastapi", "uvicorn", "sqlalchemy", "sqlmodel", "alembic", "aiohttp", "orjson", "yaml", "asyncpg")
+
+CLIENT_ROUND_TRIP = """
+import asyncio, importlib.util, sys
+from rollway import AsyncRollwayClient, RollwayClient
+
+async def main():
+    async with AsyncRollwayClient(sys.argv[1]) as client:
+        [claim] = await client.claim("trainer", limit=1, wait_seconds=5)
+        rid, aid = claim.rollout.rollout_id, claim.attempt.attempt_id
+        done = await client.update_attempt(rid, aid, status="succeeded", reward=1.0)
+        print(done.status.value, (await client.get_rollout(rid)).status.value)
+
+with RollwayClient(sys.argv[1]) as sync:
+    sync.enqueue([{"input": "q"}])
+asyncio.run(main())
+print([name for name in sys.argv[2:] if importlib.util.find_spec(name) is not None])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.real_component
+def test_the_client_installs_without_the_server_and_works_against_one(wheel: Path, tmp_path: Path) -> None:
+    """``pip install rollway`` is the client a trainer installs: the Python client and the admin commands, none of
+    the server's packages; ``rollway serve`` there says which extra to install."""
+    from rollway.process import GatewayProcess
+
+    python = _installed(tmp_path / "env", str(wheel))
+    with GatewayProcess(f"sqlite:///{tmp_path / 'server.db'}") as server:
+        env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME"}}
+        trip = subprocess.run(
+            [str(python), "-c", CLIENT_ROUND_TRIP, server.url, *SERVER_PACKAGES],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        listed = subprocess.run(
+            [str(python.parent / "rollway"), "--url", server.url, "rollouts", "list", "--json"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert trip.returncode == 0, trip.stderr
+    assert trip.stdout.splitlines() == ["succeeded succeeded", "[]"]
+    assert listed.returncode == 0, listed.stderr
+    assert [r["status"] for r in json.loads(listed.stdout)["items"]] == ["succeeded"]
+    serve = subprocess.run(
+        [str(python.parent / "rollway"), "serve"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert serve.returncode == 2 and "pip install 'rollway[server]'" in serve.stderr, serve.stderr
+    assert "Traceback" not in serve.stderr
 
 
 @pytest.mark.slow

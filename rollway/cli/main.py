@@ -72,6 +72,7 @@ def serve(
     host: str | None, port: int | None, database_url: str | None, workers: int | None, config_file: str | None
 ) -> None:
     """Start the gateway and the store on one port."""
+    needs_server("serve")
     from pydantic import ValidationError
 
     from rollway.settings import Settings, error_summary
@@ -95,6 +96,28 @@ def serve(
     from rollway.app.serving import serve as run_server
 
     sys.exit(run_server(settings))
+
+
+#: The modules of the ``server`` extra that the serving commands import (``pip install rollway`` is the client).
+SERVER_MODULES = (
+    *("fastapi", "uvicorn", "pydantic_settings", "sqlalchemy", "sqlmodel", "alembic", "yaml", "orjson"),
+    *("aiohttp", "cryptography", "prometheus_client"),
+)
+
+
+def needs_server(command: str, also: tuple[str, ...] = ()) -> None:
+    """Exit with the install command when the server's packages are missing, rather than a traceback."""
+    import importlib.util
+
+    missing = [name for name in (*SERVER_MODULES, *also) if importlib.util.find_spec(name) is None]
+    if missing:
+        extra = "demo" if also else "server"
+        click.echo(
+            f"rollway: 'rollway {command}' needs the server, an extra of the client install:"
+            f" pip install 'rollway[{extra}]' (not installed: {', '.join(missing)})",
+            err=True,
+        )
+        sys.exit(2)
 
 
 def port_in_use(host: str, port: int) -> str | None:
@@ -169,6 +192,7 @@ def mock_backend(
 ) -> None:
     """Run a mock inference backend (vLLM- or SGLang-like, deterministic, no GPU); script faults over HTTP at
     /mock/*."""
+    needs_server("mock-backend")
     from rollway.mock import MockConfig, serve
 
     config = MockConfig(
@@ -414,6 +438,7 @@ def keys_revoke(connection: Connection, key_id: str) -> None:
 def demo(out: str, db: str | None, problems: int, group_size: int, workers: int) -> None:
     """Run the whole loop on this machine, no GPU: a mock backend, a gateway, runners with a toy math agent,
     rewards, and the triplets written to OUT."""
+    needs_server("demo", also=("openai",))
     from rollway.cli.demo import DemoOptions, run_demo
 
     options = DemoOptions(
