@@ -122,10 +122,23 @@ class AsyncRollwayClient(ExportsMixin, UpdatesMixin):
         body = dump_body(task) | ({"worker_id": worker_id} if worker_id is not None else {})
         return await self._t.model(Claim, "POST", "/rollouts/start", json=body, headers=_fresh_key())
 
-    async def claim(self, worker_id: str | None = None, limit: int = 1, wait_seconds: float = 0.0) -> list[Claim]:
-        """Take up to ``limit`` queued rollouts, waiting up to ``wait_seconds`` (≤ 60) for one to arrive. Sent
-        with a fresh ``Idempotency-Key``: a retry after a lost answer gets the rollouts the first try took."""
-        body = {"worker_id": worker_id, "limit": limit, "wait_seconds": wait_seconds}
+    async def claim(
+        self,
+        worker_id: str | None = None,
+        limit: int = 1,
+        wait_seconds: float = 0.0,
+        *,
+        mode: str | None = None,
+        group_id: str | None = None,
+        metadata: Mapping[str, str | int | float | bool] | None = None,
+    ) -> list[Claim]:
+        """Take up to ``limit`` queued rollouts, waiting up to ``wait_seconds`` (≤ 60) for one to arrive; with
+        ``mode``, ``group_id`` or ``metadata`` (each key at that value), only the rollouts they name. Sent with a
+        fresh ``Idempotency-Key``: a retry after a lost answer gets the rollouts the first try took."""
+        body: dict[str, Any] = {"worker_id": worker_id, "limit": limit, "wait_seconds": wait_seconds}
+        for name, value in (("mode", mode), ("group_id", group_id), ("metadata", metadata)):
+            if value is not None:
+                body[name] = dict(value) if isinstance(value, Mapping) else value
         claimed = await self._t.model(
             ClaimsResponse, "POST", "/claims", json=body, wait=wait_seconds, headers=_fresh_key()
         )

@@ -8,9 +8,10 @@ what finished in between, with nothing left out and nothing twice."""
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncGenerator, Callable, Sequence
+import json
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypedDict, TypeVar, Unpack
 
 import httpx
 
@@ -59,58 +60,63 @@ class ExportRecords(Generic[T]):
         return ExportRecords(parsed(), self._cursor)
 
 
+class ExportFilters(TypedDict, total=False):
+    """Which finished rollouts an export takes (each as the server's query parameter of the same name)."""
+
+    rollout_id: str | Sequence[str] | None  # only these rollouts, each once finished, whatever its group
+    group_id: str | None  # only this group
+    mode: Literal["train", "val", "test"] | None  # only rollouts of this mode
+    metadata: Mapping[str, str | int | float | bool] | None  # only rollouts whose task metadata holds each key=value
+    model_version: str | Sequence[str] | None  # only rollouts whose every LLM call one of these versions answered
+    since: str | None  # the cursor to continue from (``next_cursor``; ``"now"``: from now on)
+    partial: bool  # each rollout as it finishes, not whole complete groups
+
+
+def _filter_params(filters: ExportFilters) -> dict[str, Any]:
+    versions, metadata = filters.get("model_version"), filters.get("metadata")
+    return query(
+        group_id=filters.get("group_id"),
+        mode=filters.get("mode"),
+        partial=filters.get("partial"),
+        metadata=[f"{k}={json.dumps(v)}" for k, v in metadata.items()] if metadata is not None else None,
+        model_version=[versions] if isinstance(versions, str) else None if versions is None else list(versions),
+    )
+
+
 class ExportsMixin:
-    """Export iterators of ``AsyncRollwayClient`` (which provides the transport)."""
+    """Export iterators of ``AsyncRollwayClient`` (which provides the transport). Each takes the
+    ``ExportFilters`` as keywords."""
 
     _t: Transport
 
     def iter_triplet_records(
-        self,
-        *,
-        rollout_id: str | Sequence[str] | None = None,
-        group_id: str | None = None,
-        mode: Literal["train", "val", "test"] | None = None,
-        since: str | None = None,
-        merge: bool = False,
-        partial: bool = False,
-        page_size: int = 500,
-        jsonl: bool = False,
+        self, *, merge: bool = False, page_size: int = 500, jsonl: bool = False, **filters: Unpack[ExportFilters]
     ) -> ExportRecords[dict[str, Any]]:
         """Triplets (or with ``merge`` merged rows) of finished rollouts as plain JSON objects, ``page_size``
         rollouts per call, following ``next_cursor`` (sent back as ``since``). With ``jsonl`` each page is
         streamed as JSON Lines (cursor in the ``x-rollway-next-cursor`` header); an error line the server ends a
         broken stream with is raised as ``RollwayAPIError``."""
-        params = query(group_id=group_id, mode=mode, merge=merge, partial=partial)
-        return self._records("/triplets", params, rollout_id, since, page_size, jsonl)
+        params = _filter_params(filters) | query(merge=merge)
+        return self._records("/triplets", params, filters, page_size, jsonl)
 
     def iter_export(
         self,
         kind: Literal["slime", "verl"],
         *,
-        rollout_id: str | Sequence[str] | None = None,
-        group_id: str | None = None,
-        mode: Literal["train", "val", "test"] | None = None,
-        since: str | None = None,
-        partial: bool = False,
         page_size: int = 500,
         jsonl: bool = False,
+        **filters: Unpack[ExportFilters],
     ) -> ExportRecords[dict[str, Any]]:
         """Trainer records of finished rollouts (``GET /exports/{kind}``): SLIME ``Sample`` fields (``slime``) or
         verl-style rows (``verl``), whole complete groups unless ``partial``, following ``next_cursor``."""
-        params = query(group_id=group_id, mode=mode, partial=partial)
-        return self._records(f"/exports/{kind}", params, rollout_id, since, page_size, jsonl)
+        return self._records(f"/exports/{kind}", _filter_params(filters), filters, page_size, jsonl)
 
     def _records(
-        self,
-        path: str,
-        filters: dict[str, Any],
-        rollout_id: str | Sequence[str] | None,
-        since: str | None,
-        page_size: int,
-        jsonl: bool,
+        self, path: str, params: dict[str, Any], filters: ExportFilters, page_size: int, jsonl: bool
     ) -> ExportRecords[dict[str, Any]]:
-        read = _Cursor(since)
-        return ExportRecords(self._iter_pages(path, filters, rollout_id, read, page_size, jsonl), read)
+        read = _Cursor(filters.get("since"))
+        pages = self._iter_pages(path, params, filters.get("rollout_id"), read, page_size, jsonl)
+        return ExportRecords(pages, read)
 
     async def _iter_pages(
         self,
@@ -156,50 +162,17 @@ class ExportsMixin:
             cursor = next_cursor
 
     def iter_triplets(
-        self,
-        *,
-        rollout_id: str | Sequence[str] | None = None,
-        group_id: str | None = None,
-        mode: Literal["train", "val", "test"] | None = None,
-        since: str | None = None,
-        partial: bool = False,
-        page_size: int = 500,
-        jsonl: bool = False,
+        self, *, page_size: int = 500, jsonl: bool = False, **filters: Unpack[ExportFilters]
     ) -> ExportRecords[Triplet]:
         """One ``Triplet`` per LLM call (groups only when complete, unless ``partial``)."""
-        records = self.iter_triplet_records(
-            rollout_id=rollout_id,
-            group_id=group_id,
-            mode=mode,
-            since=since,
-            partial=partial,
-            page_size=page_size,
-            jsonl=jsonl,
-        )
+        records = self.iter_triplet_records(page_size=page_size, jsonl=jsonl, **filters)
         return records.map(Triplet.model_validate)
 
     def iter_merged_triplets(
-        self,
-        *,
-        rollout_id: str | Sequence[str] | None = None,
-        group_id: str | None = None,
-        mode: Literal["train", "val", "test"] | None = None,
-        since: str | None = None,
-        partial: bool = False,
-        page_size: int = 500,
-        jsonl: bool = False,
+        self, *, page_size: int = 500, jsonl: bool = False, **filters: Unpack[ExportFilters]
     ) -> ExportRecords[MergedTriplet]:
         """One ``MergedTriplet`` per multi-turn segment of a rollout (``merge=true``)."""
-        records = self.iter_triplet_records(
-            rollout_id=rollout_id,
-            group_id=group_id,
-            mode=mode,
-            since=since,
-            merge=True,
-            partial=partial,
-            page_size=page_size,
-            jsonl=jsonl,
-        )
+        records = self.iter_triplet_records(merge=True, page_size=page_size, jsonl=jsonl, **filters)
         return records.map(MergedTriplet.model_validate)
 
 

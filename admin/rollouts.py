@@ -111,8 +111,11 @@ async def claim(
 
     With an `Idempotency-Key` header, the same claim again returns the rollouts the first one took (with new
     gateway keys; those the earlier answer carried are revoked) instead of taking more; the key from another
-    worker is a 409."""
-    claimed = await context.store.claim_with_keys(body.worker_id, body.limit, body.wait_seconds, idempotency_key)
+    worker is a 409. `mode`, `group_id` and `metadata` take only the rollouts they name (a training worker's
+    claim leaves the evaluation rollouts to the evaluators)."""
+    claimed = await context.store.claim_with_keys(
+        body.worker_id, body.limit, body.wait_seconds, idempotency_key, where=body.where()
+    )
     return ClaimsResponse(claims=[await to_claim(context, request, c, key) for c, key in claimed])
 
 

@@ -7,7 +7,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 from rollway.store import (
     AgentServer,
@@ -15,6 +26,7 @@ from rollway.store import (
     AttemptedRollout,
     AttemptStatus,
     Backend,
+    ClaimFilter,
     ModelAlias,
     ResourcesUpdate,
     Rollout,
@@ -22,7 +34,7 @@ from rollway.store import (
     Span,
     TaskSpec,
 )
-from rollway.store.schemas import RewardValue, UpdatePlan, WeightUpdate
+from rollway.store.schemas import Mode, RewardValue, UpdatePlan, WeightUpdate
 
 
 def valid_unicode(data: Any) -> Any:
@@ -68,6 +80,14 @@ class ClaimRequest(Body):
     worker_id: str | None = Field(default=None, max_length=128)
     limit: int = Field(default=1, ge=1, le=100)
     wait_seconds: float = Field(default=0.0, ge=0, le=60)
+    #: Only rollouts of this mode, of this group, whose task metadata holds each key at its value.
+    mode: Mode | None = None
+    group_id: str | None = Field(default=None, min_length=1, max_length=200)
+    metadata: dict[str, StrictStr | StrictInt | StrictFloat | StrictBool] | None = Field(default=None, max_length=16)
+
+    def where(self) -> ClaimFilter | None:
+        where = ClaimFilter(mode=self.mode, group_id=self.group_id, metadata=self.metadata)
+        return None if where.empty else where
 
 
 class Claim(BaseModel):

@@ -25,7 +25,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from rollway.admin.adapters.merged import merged_rows
-from rollway.admin.adapters.triplets import dumps, triplets
+from rollway.admin.adapters.triplets import dumps, llm_calls, triplets
 from rollway.admin.context import Context
 from rollway.admin.route import AdminRoute
 from rollway.envelope import envelope
@@ -71,6 +71,25 @@ def render(rollouts: list[ExportRollout], merge: bool) -> list[bytes]:
         rows: list[Any] = build(r.rollout_id, r.latest_attempt_id, r.spans, group_id=r.group_id)
         out.extend(dumps(row) for row in rows)
     return out
+
+
+def made_by(versions: frozenset[str], render: Renderer) -> Renderer:
+    """``render`` of the rollouts whose every LLM call (of the latest attempt) was answered by one of
+    ``versions``; a call whose version is unknown is none of them. The page's cursor still moves past the others."""
+
+    def kept(rollouts: list[ExportRollout]) -> list[bytes]:
+        return render(
+            [
+                r
+                for r in rollouts
+                if all(
+                    c.span.attributes.get("rollway.model_version") in versions
+                    for c in llm_calls(r.spans, r.latest_attempt_id)
+                )
+            ]
+        )
+
+    return kept
 
 
 async def _rendered(store: Store, page: ExportPage, render: Renderer, loaded: bool) -> AsyncIterator[list[bytes]]:
@@ -133,6 +152,8 @@ async def respond(store: Store, query: ExportQuery, render: Renderer, format_: L
     """The export page ``query`` asks for, rendered by ``render``: a JSON document or JSON Lines, streamed when
     large (the module docstring); shared by the triplet and trainer exports."""
     loaded = query.limit <= CHUNK
+    if query.model_versions is not None:
+        render = made_by(frozenset(query.model_versions), render)
     page = await store.export_rollouts(query, with_spans=loaded)
     headers = {CURSOR_HEADER: page.next_cursor} if page.next_cursor else {}
     if format_ == "jsonl":

@@ -12,12 +12,15 @@ attributes is decoded as usual. Attributes stored in another layout are simply d
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rollway.store.schemas import MetadataValue, checked_metadata_filter
 
 MAX_EXPORT_LIMIT = 10_000
 
@@ -42,16 +45,53 @@ class ExportQuery(BaseModel):
     mode: Literal["train", "val", "test"] | None = Field(
         None, description="only rollouts of this mode (a rollout enqueued without one has none: left out)"
     )
+    metadata: list[str] | None = Field(
+        None,
+        description="only rollouts whose task metadata holds `key=value` (repeat the parameter; the value is read "
+        'as JSON when it parses, so `step=3` is the number and `step="3"` the string)',
+    )
+    model_versions: list[str] | None = Field(
+        None,
+        alias="model_version",
+        description="only rollouts whose every LLM call was answered by one of these model versions (repeat the "
+        "parameter: the current version and the one before, say); a group's members are kept each on its own",
+    )
     since: str | None = Field(
         None, description="the `next_cursor` of the page before; `now`: an empty page whose cursor starts from now"
     )
     limit: int = Field(100, ge=1, le=MAX_EXPORT_LIMIT, description="rollouts in the page (a group comes whole)")
     partial: bool = Field(False, description="each finished rollout as it finishes, not whole complete groups")
 
+    @field_validator("metadata")
+    @classmethod
+    def _pairs(cls, pairs: list[str] | None) -> list[str] | None:
+        for pair in pairs or ():
+            if "=" not in pair or not pair.split("=", 1)[0]:
+                raise ValueError(f"metadata filter {pair!r}: write it as key=value")
+        if pairs:
+            checked_metadata_filter(_metadata_filter(pairs))
+        return pairs
+
+    @property
+    def metadata_filter(self) -> dict[str, MetadataValue]:
+        """``metadata`` as ``{key: value}``."""
+        return _metadata_filter(self.metadata or [])
+
     @property
     def one_by_one(self) -> bool:
         """Rollouts exported each on its own, not as whole complete groups."""
         return self.partial or self.rollout_ids is not None
+
+
+def _metadata_filter(pairs: list[str]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for pair in pairs:
+        key, raw = pair.split("=", 1)
+        try:
+            found[key] = json.loads(raw)
+        except ValueError:
+            found[key] = raw  # a bare word: the string itself
+    return found
 
 
 REWARD_SPAN = "rollway.reward"

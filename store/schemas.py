@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from rollway.store import ids
+from rollway.store.errors import StoreValidationError
 from rollway.store.states import RETRYABLE, AttemptStatus, RolloutStatus
 
 Mode = Literal["train", "val", "test"]
@@ -113,6 +116,42 @@ class ResourcesUpdate(BaseModel):
     create_time: float
     update_time: float
     resources: dict[str, Any]
+
+
+#: A value a metadata filter compares a task's metadata with (``store.sql.matching``).
+MetadataValue = str | int | float | bool
+#: A metadata key a filter may name: no quote or backslash, so it sits in a JSON path as it is.
+_FILTER_KEY = re.compile(r"^[^\"\\]{1,128}$")
+MAX_FILTER_KEYS = 16
+
+
+def checked_metadata_filter(metadata: Mapping[str, Any] | None) -> dict[str, MetadataValue]:
+    """``metadata`` as a filter (``{key: value}``), or a ``StoreValidationError`` that says what is wrong."""
+    if not metadata:
+        return {}
+    if len(metadata) > MAX_FILTER_KEYS:
+        raise StoreValidationError(f"a metadata filter names at most {MAX_FILTER_KEYS} keys")
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not _FILTER_KEY.match(key):
+            raise StoreValidationError(f"metadata filter key {key!r}: 1-128 characters, no quote or backslash")
+        if value is None or not isinstance(value, str | int | float):
+            raise StoreValidationError(f"metadata filter '{key}': the value must be a string, a number or a boolean")
+    return dict(metadata)
+
+
+class ClaimFilter(BaseModel):
+    """Which queued rollouts a claim may take: those of this mode, of this group, and whose task metadata holds
+    each of these keys at this value (a JSON scalar; ``store.sql.matching``). Unset parts take any rollout."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Mode | None = None
+    group_id: str | None = Field(default=None, min_length=1, max_length=200)
+    metadata: dict[str, str | int | float | bool] | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.mode is None and self.group_id is None and not self.metadata
 
 
 class AttemptedRollout(BaseModel):

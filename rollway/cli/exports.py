@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
+import click
 from rich.markup import escape
 
 from rollway.admin.client import AsyncRollwayClient
@@ -70,13 +71,35 @@ def _export(
     err_console().print(f"Wrote [bold]{count}[/] {noun} to {where}")
 
 
+def filters(query: dict[str, Any]) -> dict[str, Any]:
+    """The command's filter options as the client takes them: ``--metadata KEY=VALUE`` (the value read as JSON
+    when it parses) into a mapping, repeated ``--model-version`` into a list."""
+    pairs, versions = query.pop("metadata", ()), query.pop("model_version", ())
+    if pairs:
+        metadata: dict[str, Any] = {}
+        for pair in pairs:
+            key, sep, raw = pair.partition("=")
+            if not sep or not key:
+                raise click.BadParameter(f"{pair!r}: write it as KEY=VALUE", param_hint="--metadata")
+            try:
+                metadata[key] = json.loads(raw)
+            except ValueError:
+                metadata[key] = raw
+        query["metadata"] = metadata
+    if versions:
+        query["model_version"] = list(versions)
+    return query
+
+
 def triplets_export(connection: Connection, out: str, **query: Any) -> None:
+    query = filters(query)
     noun = "merged rows" if query.get("merge") else "triplets"
     _export(connection, out, "Exporting triplets", noun, lambda client: client.iter_triplet_records(**query))
 
 
 def trainer_export(connection: Connection, kind: Literal["slime", "verl"], out: str, **query: Any) -> None:
     """Write SLIME ``Sample`` records or verl rows as JSON Lines to ``out`` ('-': stdout)."""
+    query = filters(query)
 
     def records(client: AsyncRollwayClient) -> AsyncIterator[dict[str, Any]]:
         return client.iter_export(kind, **query)

@@ -105,13 +105,18 @@ SERVER_MODULES = (
 )
 
 
-def needs_server(command: str, also: tuple[str, ...] = ()) -> None:
+def needs_server(command: str, extra: str = "server") -> None:
     """Exit with the install command when the server's packages are missing, rather than a traceback."""
     import importlib.util
 
-    missing = [name for name in (*SERVER_MODULES, *also) if importlib.util.find_spec(name) is None]
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except ImportError:
+            return True
+
+    missing = [name for name in SERVER_MODULES if absent(name)]
     if missing:
-        extra = "demo" if also else "server"
         click.echo(
             f"rollway: 'rollway {command}' needs the server, an extra of the client install:"
             f" pip install 'rollway[{extra}]' (not installed: {', '.join(missing)})",
@@ -278,6 +283,20 @@ def rollouts_list(
 main.add_command(models)
 
 
+def _export_filters(command: Callable[..., None]) -> Callable[..., None]:
+    """The options every export takes to pick rollouts by mode, task metadata and model version."""
+    options = [
+        click.option("--mode", type=click.Choice(["train", "val", "test"]), default=None, help="Only this mode."),
+        click.option("--metadata", multiple=True, help="Only tasks whose metadata has KEY=VALUE (repeatable)."),
+        click.option(
+            "--model-version", "model_version", multiple=True, help="Only rollouts this version made (repeatable)."
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 @main.group()
 def triplets() -> None:
     """Export training data."""
@@ -292,6 +311,7 @@ def triplets() -> None:
 @click.option("--partial", is_flag=True, help="Also incomplete groups.")
 @click.option("--page-size", type=click.IntRange(1, 10_000), default=500, show_default=True, help="Rollouts per call.")
 @click.option("--stream", "jsonl", is_flag=True, help="Fetch pages as streamed JSON Lines.")
+@_export_filters
 def triplets_export(connection: Connection, out: str, rollout_id: tuple[str, ...], **query: Any) -> None:
     """Write triplets (per LLM call, with token ids, logprobs and rewards) as JSON Lines to OUT ('-': stdout)."""
     from rollway.cli.exports import triplets_export as export
@@ -322,7 +342,7 @@ def _trainer_export(kind: Literal["slime", "verl"], what: str) -> None:
         ),
         click.option("--stream", "jsonl", is_flag=True, help="Fetch pages as streamed JSON Lines."),
     ]
-    decorated: Callable[..., None] = command
+    decorated: Callable[..., None] = _export_filters(command)
     for option in reversed(options):
         decorated = option(decorated)
     admin_command(export, kind)(decorated)
@@ -438,7 +458,7 @@ def keys_revoke(connection: Connection, key_id: str) -> None:
 def demo(out: str, db: str | None, problems: int, group_size: int, workers: int) -> None:
     """Run the whole loop on this machine, no GPU: a mock backend, a gateway, runners with a toy math agent,
     rewards, and the triplets written to OUT."""
-    needs_server("demo", also=("openai",))
+    needs_server("demo", extra="demo")  # the demo says itself when only openai is missing
     from rollway.cli.demo import DemoOptions, run_demo
 
     options = DemoOptions(

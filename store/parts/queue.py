@@ -13,9 +13,9 @@ from rollway.store.db import limits
 from rollway.store.errors import StoreValidationError
 from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.parts.reads import MAX_WAIT_SECONDS
-from rollway.store.schemas import ApiKey, AttemptedRollout, Rollout, TaskSpec
+from rollway.store.schemas import ApiKey, AttemptedRollout, ClaimFilter, Rollout, TaskSpec
 from rollway.store.signals import Signal
-from rollway.store.sql import catalog, convert, queue
+from rollway.store.sql import catalog, convert, matching, queue
 
 T = TypeVar("T")
 
@@ -44,13 +44,17 @@ class QueueMixin(StorePlumbing):
         limit: int = 1,
         wait_seconds: float = 0.0,
         idempotency_key: str | None = None,
+        where: ClaimFilter | None = None,
     ) -> list[AttemptedRollout]:
         """Take up to ``limit`` queued rollouts, waiting up to ``wait_seconds`` (≤ 60) for one to appear. The
-        same ``idempotency_key`` again returns what the first claim with it took (``queue.claim``)."""
+        same ``idempotency_key`` again returns what the first claim with it took (``queue.claim``). ``where``:
+        only the rollouts it admits (mode, group, task metadata)."""
         key = idempotency_key
         limits.check_worker_id(worker_id)
+        if where is not None:
+            matching.checked(where.metadata)
         return await self._claim_waiting(
-            limit, wait_seconds, lambda conn: queue.claim(conn, worker_id, limit, self.clock(), key=key)
+            limit, wait_seconds, lambda conn: queue.claim(conn, worker_id, limit, self.clock(), key=key, where=where)
         )
 
     async def claim_with_keys(
@@ -59,16 +63,19 @@ class QueueMixin(StorePlumbing):
         limit: int = 1,
         wait_seconds: float = 0.0,
         idempotency_key: str | None = None,
+        where: ClaimFilter | None = None,
     ) -> list[tuple[AttemptedRollout, str]]:
         """``claim``, and in the same transaction a rollout-scoped gateway key for each attempt (the key itself,
         returned only here: the store keeps its hash). A repeated claim gets new keys, and those that earlier
-        tries got are revoked (``catalog.attempt_keys``)."""
+        tries got are revoked (``catalog.attempt_keys``). ``where``: only the rollouts it admits."""
         limits.check_worker_id(worker_id)
+        if where is not None:
+            matching.checked(where.metadata)
         arrived = None if idempotency_key is None else self.clock()
 
         def op(conn: Connection) -> list[tuple[AttemptedRollout, ApiKey, str]]:
             now = self.clock()
-            claimed = queue.claim(conn, worker_id, limit, now, key=idempotency_key)
+            claimed = queue.claim(conn, worker_id, limit, now, key=idempotency_key, where=where)
             keys = catalog.attempt_keys(conn, claimed, now, arrived=arrived)
             return [(a, record, plain) for a, (record, plain) in zip(claimed, keys, strict=True)]
 

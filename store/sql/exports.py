@@ -48,6 +48,7 @@ from rollway.store.exports import (
     ExportStatus,
     read_attributes,
 )
+from rollway.store.sql import matching
 from rollway.store.sql.lifecycle import FINISH_COUNTER
 
 R = models.rollouts
@@ -64,7 +65,14 @@ _ROLLOUT_COLUMNS = (
 )
 
 
-def _one_by_one(filters: ExportQuery, since: int, upto: int | None) -> Select[Any]:
+def _narrowed(stmt: Select[Any], filters: ExportQuery, dialect: str) -> Select[Any]:
+    """``stmt`` with the filters on a rollout's own columns: its mode and its task metadata."""
+    if filters.mode is not None:
+        stmt = stmt.where(R.c.mode == filters.mode)
+    return stmt.where(*matching.clauses(dialect, R.c.metadata, filters.metadata_filter))
+
+
+def _one_by_one(filters: ExportQuery, since: int, upto: int | None, dialect: str) -> Select[Any]:
     seq = R.c.finish_seq
     stmt = select(*_ROLLOUT_COLUMNS, seq.label("export_seq")).where(seq > since)
     if upto is not None:
@@ -73,12 +81,10 @@ def _one_by_one(filters: ExportQuery, since: int, upto: int | None) -> Select[An
         stmt = stmt.where(R.c.rollout_id.in_(list(filters.rollout_ids)))
     if filters.group_id is not None:
         stmt = stmt.where(R.c.group_id == filters.group_id)
-    if filters.mode is not None:
-        stmt = stmt.where(R.c.mode == filters.mode)
-    return stmt
+    return _narrowed(stmt, filters, dialect)
 
 
-def _by_group(filters: ExportQuery, since: int, upto: int | None) -> Select[Any]:
+def _by_group(filters: ExportQuery, since: int, upto: int | None, dialect: str) -> Select[Any]:
     """Ungrouped rollouts at their own position, plus complete groups at the position of their last finish."""
     if filters.group_id is not None:
         touched: Any = [filters.group_id]
@@ -98,18 +104,16 @@ def _by_group(filters: ExportQuery, since: int, upto: int | None) -> Select[Any]
     if upto is not None:
         complete = complete.having(done <= upto)
     groups = complete.subquery("complete_groups")
-    grouped = select(*_ROLLOUT_COLUMNS, groups.c.done_seq.label("export_seq")).join(
+    grouped: Select[Any] = select(*_ROLLOUT_COLUMNS, groups.c.done_seq.label("export_seq")).join(
         groups, groups.c.group_id == R.c.group_id
     )
-    if filters.mode is not None:  # a group's members share their task's mode
-        grouped = grouped.where(R.c.mode == filters.mode)
+    grouped = _narrowed(grouped, filters, dialect)  # a group's members share their task's mode and metadata
     if filters.group_id is not None:
         return grouped
-    solo = select(*_ROLLOUT_COLUMNS, R.c.finish_seq.label("export_seq")).where(
+    solo: Select[Any] = select(*_ROLLOUT_COLUMNS, R.c.finish_seq.label("export_seq")).where(
         R.c.group_id.is_(None), R.c.finish_seq > since
     )
-    if filters.mode is not None:
-        solo = solo.where(R.c.mode == filters.mode)
+    solo = _narrowed(solo, filters, dialect)
     if upto is not None:
         solo = solo.where(R.c.finish_seq <= upto)
     units = union_all(solo, grouped).subquery("units")
@@ -117,7 +121,9 @@ def _by_group(filters: ExportQuery, since: int, upto: int | None) -> Select[Any]
 
 
 def _units(conn: Connection, filters: ExportQuery, since: int, upto: int | None, limit: int | None) -> list[Any]:
-    inner = _one_by_one(filters, since, upto) if filters.one_by_one else _by_group(filters, since, upto)
+    dialect = conn.dialect.name
+    build = _one_by_one if filters.one_by_one else _by_group
+    inner = build(filters, since, upto, dialect)
     rows = inner.subquery("export")
     stmt = select(rows).order_by(rows.c.export_seq, rows.c.finish_seq)
     if limit is not None:

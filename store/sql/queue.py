@@ -17,8 +17,8 @@ from rollway.store import ids
 from rollway.store.db import models
 from rollway.store.db.dialect import lock_rows, prebuilt, serialize_key, upsert
 from rollway.store.errors import ConflictError, StoreValidationError
-from rollway.store.schemas import AttemptedRollout, RolloutConfig, TaskSpec
-from rollway.store.sql import convert, groups, replays
+from rollway.store.schemas import AttemptedRollout, ClaimFilter, RolloutConfig, TaskSpec
+from rollway.store.sql import convert, groups, matching, replays
 from rollway.store.sql import resources as resources_ops
 from rollway.store.sql.lifecycle import load_rollout, set_rollout_status, sync_worker
 from rollway.store.states import QUEUED, AttemptStatus, RolloutStatus
@@ -205,6 +205,30 @@ def _attempted(conn: Connection, pairs: list[tuple[RowMapping, dict[str, Any]]],
     return out
 
 
+def _filtered_head(conn: Connection, where: ClaimFilter) -> tuple[Select[Any] | TextClause, dict[str, Any]]:
+    """The runners' queue head of rollouts ``where`` admits, and the parameters its filter adds (built for each
+    claim that filters; the filter's terms narrow the same index scan)."""
+    metadata = matching.checked(where.metadata)
+    params: dict[str, Any] = {}
+    if conn.dialect.name == "sqlite":
+        extra = ""
+        if where.mode is not None:
+            extra, params["f_mode"] = extra + " AND mode = :f_mode", where.mode
+        if where.group_id is not None:
+            extra, params["f_group"] = extra + " AND group_id = :f_group", where.group_id
+        terms, values = matching.sqlite_terms(metadata, "f_")
+        sql = _sqlite_head(conn, models.RUNNER_QUEUE_SQL + extra + terms, "ix_rollouts_queue")
+        return text(sql).columns(*R.c), {**params, **values}  # type: ignore[return-value]
+    stmt = select(R).where(text(models.RUNNER_QUEUE_SQL))
+    if where.mode is not None:
+        stmt = stmt.where(R.c.mode == where.mode)
+    if where.group_id is not None:
+        stmt = stmt.where(R.c.group_id == where.group_id)
+    stmt = stmt.where(*matching.clauses(conn.dialect.name, R.c.metadata, metadata))
+    stmt = stmt.order_by(R.c.priority.desc(), R.c.queue_time, R.c.pk)
+    return lock_rows(stmt.limit(bindparam("limit", type_=Integer)), conn, skip_locked=True), params
+
+
 def _build_queue_head(conn: Connection, agent: bool) -> Select[Any] | TextClause:
     """The first ``:limit`` queued rollouts in claim order: the runners' queue (tasks for no agent server),
     read through the partial index ``ix_rollouts_queue``, or the queue of agent server ``:agent``, through
@@ -217,15 +241,18 @@ def _build_queue_head(conn: Connection, agent: bool) -> Select[Any] | TextClause
     where = f"{models.AGENT_QUEUE_SQL} AND agent = :agent" if agent else models.RUNNER_QUEUE_SQL
     index = "ix_rollouts_agent_queue" if agent else "ix_rollouts_queue"
     if conn.dialect.name == "sqlite":
-        quote = conn.dialect.identifier_preparer.quote
-        columns = ", ".join(quote(c.name) for c in R.c)
-        sql = (
-            f"SELECT {columns} FROM rollouts INDEXED BY {index} WHERE {where} "
-            "ORDER BY priority DESC, queue_time, pk LIMIT :limit"
-        )
-        return text(sql).columns(*R.c)  # type: ignore[return-value]
+        return text(_sqlite_head(conn, where, index)).columns(*R.c)  # type: ignore[return-value]
     stmt = select(R).where(text(where)).order_by(R.c.priority.desc(), R.c.queue_time, R.c.pk)
     return lock_rows(stmt.limit(bindparam("limit", type_=Integer)), conn, skip_locked=True)
+
+
+def _sqlite_head(conn: Connection, where: str, index: str) -> str:
+    quote = conn.dialect.identifier_preparer.quote
+    columns = ", ".join(quote(c.name) for c in R.c)
+    return (
+        f"SELECT {columns} FROM rollouts INDEXED BY {index} WHERE {where} "
+        "ORDER BY priority DESC, queue_time, pk LIMIT :limit"
+    )
 
 
 def _build_claimed(conn: Connection) -> Any:
@@ -264,8 +291,10 @@ def claim(
     *,
     agent: str | None = None,
     key: str | None = None,
+    where: ClaimFilter | None = None,
 ) -> list[AttemptedRollout]:
-    """Hand up to ``limit`` queued rollouts to ``worker_id``, each with a new attempt in ``preparing``.
+    """Hand up to ``limit`` queued rollouts to ``worker_id``, each with a new attempt in ``preparing``; with
+    ``where``, only rollouts it admits (a runner's claim: mode, group, metadata).
 
     Runners (``agent`` None) only get tasks for no agent server; a remote agent server's dispatcher only the
     tasks enqueued with ``agent: <its name>`` (``store.sql.agents.claim``). With an idempotency ``key``, the
@@ -276,9 +305,13 @@ def claim(
         if earlier := replays.claimed_before(conn, key, worker_id, limit):
             return earlier
     request = None if key is None else replays.claim_digest(worker_id)
-    name = "queue_head" if agent is None else "agent_queue_head"
-    head = prebuilt(conn, name, partial(_build_queue_head, agent=agent is not None))
     params: dict[str, Any] = {"limit": limit} if agent is None else {"limit": limit, "agent": agent}
+    if where is not None and not where.empty and agent is None:
+        head, narrowed = _filtered_head(conn, where)
+        params |= narrowed
+    else:
+        name = "queue_head" if agent is None else "agent_queue_head"
+        head = prebuilt(conn, name, partial(_build_queue_head, agent=agent is not None))
     rows = (conn.execute(head, params)).mappings().all()
     if not rows:
         if worker_id:

@@ -511,6 +511,25 @@ async def test_a_server_without_the_batch_route_gets_each_update_alone() -> None
     assert hits == [("PATCH", "/admin/v1/attempts"), *[("PATCH", "/admin/v1/rollouts/r/attempts/a")] * 4]
 
 
+async def test_a_claim_filtered_by_mode_and_metadata_leaves_the_others_queued(client: AsyncRollwayClient) -> None:
+    await client.enqueue(
+        [
+            {"input": "probe", "mode": "val", "metadata": {"step": 1}},
+            {"input": "train", "mode": "train", "metadata": {"step": 1}},
+            {"input": "later", "mode": "train", "metadata": {"step": 2}},
+        ]
+    )
+    [trainer] = await client.claim("trainer", limit=5, mode="train", metadata={"step": 1})
+    [evaluator] = await client.claim("evaluator", limit=5, mode="val")
+    assert (trainer.rollout.input, evaluator.rollout.input) == ("train", "probe")
+    with pytest.raises(RollwayAPIError) as refused:
+        await client.claim("trainer", metadata={"step": [1]})  # type: ignore[dict-item]
+    assert refused.value.status == 400 and refused.value.param is not None
+    assert refused.value.param.startswith("metadata")
+    [left] = await client.claim("anyone", limit=5)
+    assert left.rollout.input == "later"
+
+
 async def test_a_write_without_a_key_is_not_sent_again_once_it_may_have_arrived(gw: RunningGateway) -> None:
     lost = LosingAnswers(lose=1)
     async with AsyncRollwayClient(gw.url, TOKEN, retry=FAST, transport=lost) as client:

@@ -548,3 +548,37 @@ def test_rows_with_integers_beyond_64_bits_still_serialize() -> None:
     [row] = plain(triplets("ro-1", A1, [span]))
     assert row["messages"][0]["n"] == 2**70
     assert row["prompt_token_ids"] == [1]
+
+
+async def test_an_export_by_metadata_and_model_version_takes_only_those_rollouts(
+    app_store: Store, client: httpx.AsyncClient
+) -> None:
+    """``metadata=key=value`` matches the task's metadata (JSON values: ``step=3`` is the number); ``model_version``
+    keeps a rollout only when every one of its calls was answered by one of the versions named."""
+    ids = await enqueue(
+        app_store,
+        {"metadata": {"step": 3, "split": "a"}},
+        {"metadata": {"step": 3, "split": "b"}},
+        {"metadata": {"step": "3"}},
+        {"metadata": {"step": 4}},
+    )
+    versions = {ids[0]: ["v3", "v3"], ids[1]: ["v2", "v3"], ids[2]: ["v3", "v3"], ids[3]: ["v4", "v4"]}
+    for rollout_id, made_by in versions.items():
+        attempt = (await app_store.get_attempt(rollout_id)).attempt_id
+        spans = conversation(rollout_id, attempt)
+        for span, version in zip(spans, made_by, strict=True):
+            span.attributes["rollway.model_version"] = version
+        await app_store.add_spans(spans)
+        await app_store.update_attempt(rollout_id, attempt, status="succeeded")
+
+    async def exported(**params: Any) -> list[str]:
+        return rollouts_in((await export(client, partial="true", **params))["items"])
+
+    assert await exported(metadata="step=3") == ids[:2]
+    assert await exported(metadata=["step=3", "split=b"]) == [ids[1]]
+    assert await exported(metadata='step="3"') == [ids[2]]
+    assert await exported(model_version="v3") == [ids[0], ids[2]]  # ids[1] has a call of v2
+    assert await exported(model_version=["v3", "v2"]) == ids[:3]
+    assert await exported(model_version=["v4"], metadata="step=4") == [ids[3]]
+    for bad in ("step", "=3", 'k"q=1'):
+        assert (await client.get("/admin/v1/triplets", params={"metadata": bad})).status_code == 400, bad

@@ -227,9 +227,21 @@ def test_triplets_export_writes_json_lines(
     assert row["rollout_id"] == rollout.rollout_id and row["reward"] == 1.0 and row["response_token_ids"]
     assert "Wrote 1 triplets" in result.stderr
 
+    version = row["model_version"]
     merged = rollway(gateway, "triplets", "export", "-", "--merge", "--stream", "--rollout-id", rollout.rollout_id)
     [row] = [json.loads(line) for line in merged.stdout.splitlines()]
     assert row["n_calls"] == 1 and 1 in row["loss_mask"]
+
+    def exported(*options: str) -> list[str]:
+        done = rollway(gateway, "export", "verl", "-", "--rollout-id", rollout.rollout_id, *options)
+        assert done.exit_code == 0, done.output
+        return [json.loads(line)["rollout_id"] for line in done.stdout.splitlines()]
+
+    assert exported("--mode", "val", "--model-version", str(version)) == [rollout.rollout_id]
+    assert exported("--mode", "train") == [] and exported("--model-version", "not-it") == []
+    assert exported("--metadata", "missing=1") == []
+    refused = rollway(gateway, "triplets", "export", "-", "--metadata", "no-value")
+    assert refused.exit_code == 2 and "KEY=VALUE" in refused.stderr
 
 
 @pytest.mark.slow

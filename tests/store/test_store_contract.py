@@ -16,6 +16,7 @@ import pytest
 
 from rollway.store import (
     AttemptStatus,
+    ClaimFilter,
     ConflictError,
     ExportQuery,
     NotFoundError,
@@ -64,6 +65,33 @@ class WaitSpy:
 
 
 # -- queue order -------------------------------------------------------------------------------------------
+
+
+async def test_a_claim_takes_only_the_rollouts_its_filter_names(store: Store) -> None:
+    tasks = [
+        TaskSpec(input=0, mode="train", metadata={"step": 3, "split": "a"}),
+        TaskSpec(input=1, mode="val", metadata={"step": 3}),
+        TaskSpec(input=2, mode="train", metadata={"step": 4, "split": "a", "hard": True}),
+        TaskSpec(input=3, mode="train", group_size=2, metadata={"step": 3, "split": "b"}),
+        TaskSpec(input=4),
+    ]
+    queued = await store.enqueue(tasks)
+    by_input = {r.input: r.rollout_id for r in queued if r.group_index in (None, 0)}
+
+    async def taking(**where: Any) -> list[Any]:
+        return [c.rollout.input for c in await store.claim("w", limit=10, where=ClaimFilter(**where))]
+
+    assert await taking(mode="val") == [1]
+    assert await taking(metadata={"step": 3, "split": "a"}) == [0]
+    assert await taking(metadata={"hard": True}) == [2]
+    group = next(r.group_id for r in queued if r.input == 3)
+    assert await taking(mode="train", group_id=group) == [3, 3]
+    assert await taking(mode="test") == []  # nothing of that mode: nothing taken, the rest left queued
+    assert [c.rollout.rollout_id for c in await store.claim("w", limit=10)] == [by_input[4]]
+    bads: list[dict[str, Any]] = [{"k": None}, {"k": [1]}, {'a"b': 1}]
+    for bad in bads:
+        with pytest.raises(StoreValidationError):
+            await store.claim("w", where=ClaimFilter.model_construct(metadata=bad))
 
 
 async def test_claims_follow_priority_then_enqueue_order(store: Store, clock: FakeClock) -> None:
