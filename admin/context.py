@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
 
@@ -77,6 +77,19 @@ class UpdateControl(Protocol):
     async def abort(self, update_id: str, reason: str | None = None) -> WeightUpdate: ...
 
 
+class EngineVersion(Protocol):
+    """What an engine reported as its weight version (``rollway.gateway.versions.EngineVersion``)."""
+
+    @property
+    def reported(self) -> str: ...
+    @property
+    def expected(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def checked_time(self) -> float: ...
+
+
 class CaptureCounts(Protocol):
     completions: int
     untrainable: int
@@ -98,6 +111,8 @@ class AdminContext:
     #: Whether this process routes calls to a backend now (the gateway's passive health: False while it is ejected
     #: after failures), by backend id; None when the server does not say (backends are then shown as unknown).
     backend_up: Callable[[str], bool] | None = None
+    #: What each engine behind an alias last reported as its weight version (``gateway.versions``), by backend.
+    engine_versions: Callable[[str], Mapping[str, EngineVersion]] | None = None
 
 
 def context_of(request: Request) -> AdminContext:

@@ -16,6 +16,7 @@ from rollway.admin.route import AdminRoute
 from rollway.admin.schemas import (
     CaptureView,
     DrainRequest,
+    EngineVersionView,
     ModelPage,
     ModelPut,
     ModelView,
@@ -41,7 +42,14 @@ def _view(
     capture = context.models.capture(model.alias)
     seen = CaptureView(completions=capture.completions, untrainable=capture.untrainable)
     detected = context.models.detected_kinds()
-    return ModelView.of(model, in_flight, drained, detected=detected, capture=seen, up=context.backend_up)
+    view = ModelView.of(model, in_flight, drained, detected=detected, capture=seen, up=context.backend_up)
+    if context.engine_versions is not None:
+        found = context.engine_versions(model.alias)
+        view.engine_versions = {
+            backend_id: EngineVersionView.model_validate(seen, from_attributes=True)
+            for backend_id, seen in found.items()
+        }
+    return view
 
 
 @router.get("/models", response_model=ModelPage)

@@ -260,6 +260,16 @@ class CaptureView(BaseModel):
     untrainable: int = 0
 
 
+class EngineVersionView(BaseModel):
+    """The weight version a backend's engine reports, beside the one Rollway records for its calls: ``match``,
+    ``mismatch``, or ``unset`` (the engine's initial ``default``: never given one since it started)."""
+
+    reported: str
+    expected: str
+    state: Literal["match", "mismatch", "unset"]
+    checked_time: float
+
+
 class ModelView(BaseModel):
     alias: str
     backends: list[BackendView]
@@ -268,6 +278,8 @@ class ModelView(BaseModel):
     state: ModelState
     capture: CaptureView = CaptureView()
     drained: bool | None = None  # drain, swap with a drain: whether the calls it waited for all ended in time
+    #: By backend id, for the engines that report a weight version (vLLM in dev mode, SGLang), as last checked.
+    engine_versions: dict[str, EngineVersionView] = {}
 
     @classmethod
     def of(

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -290,6 +290,14 @@ class Metrics:
         if count:
             self._api_spans.inc(count)
 
+    @property
+    def engine_versions(self) -> Callable[[], Iterable[tuple[str, str, bool]]] | None:
+        return self._state.engine_versions
+
+    @engine_versions.setter
+    def engine_versions(self, source: Callable[[], Iterable[tuple[str, str, bool]]] | None) -> None:
+        self._state.engine_versions = source
+
     def attach(self, store: Store, router: Router) -> None:
         store.writer.stats.observer = self.observe_write
         store.span_observer = self.observe_spans_added
@@ -334,6 +342,8 @@ class _StateCollector:
         self.snapshot: _Snapshot | None = None
         self.store_up: bool | None = None
         self.router: Router | None = None
+        #: (alias, backend, whether its engine reports another weight version): ``gateway.versions``.
+        self.engine_versions: Callable[[], Iterable[tuple[str, str, bool]]] | None = None
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families())
@@ -385,7 +395,14 @@ class _StateCollector:
                     backend_up.add_metric(labels, 1.0 if healthy else 0.0)
                     busy = 0 if router is None else router.health(backend.backend_id).outstanding
                     outstanding.add_metric(labels, busy)
-        yield from (rollouts, attempts, queue, paused, updating, backend_up, outstanding, waiting)
+        differs = GaugeMetricFamily(
+            "rollway_engine_version_mismatch",
+            "1 while the backend's engine reports another weight version than its calls are recorded under.",
+            labels=["alias", "backend"],
+        )
+        for alias, backend_id, mismatch in self.engine_versions() if self.engine_versions is not None else ():
+            differs.add_metric([alias, backend_id], 1.0 if mismatch else 0.0)
+        yield from (rollouts, attempts, queue, paused, updating, backend_up, outstanding, waiting, differs)
 
 
 def _multiproc_dir() -> str | None:

@@ -22,9 +22,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 from rollway.gateway.metrics import Metrics
 from rollway.gateway.registry import ModelRegistry
+from rollway.gateway.versions import VersionWatch
 from rollway.gateway.weights import RELOADABLE, EngineWeights, Reload
 from rollway.store import ConflictError, Store, StoreError, StoreValidationError
 from rollway.store.schemas import EngineStep, UpdateForm, UpdatePlan, UpdateState, WeightUpdate
@@ -37,16 +40,25 @@ EXPIRY_GRACE = 1.0
 
 class WeightUpdates:
     def __init__(
-        self, store: Store, registry: ModelRegistry, metrics: Metrics, engines: EngineWeights | None = None
+        self,
+        store: Store,
+        registry: ModelRegistry,
+        metrics: Metrics,
+        engines: EngineWeights | None = None,
+        *,
+        version_check_interval: float = 0.0,
     ) -> None:
         self._store = store
         self._registry = registry
         self._metrics = metrics
         self.engines = engines or EngineWeights()
+        #: The engines' own versions, checked every ``version_check_interval`` s and after each update.
+        self.versions = VersionWatch(store, registry, self.engines, version_check_interval)
         self._expiries: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
+        await self.versions.close()
         for handle in self._expiries.values():
             handle.cancel()
         self._expiries.clear()
@@ -178,6 +190,7 @@ class WeightUpdates:
         with contextlib.suppress(StoreError):
             self._registry.install(ended.alias, await self._store.get_model(ended.alias))  # resumed here at once
         self._metrics.observe_update(ended.alias, ended.state, ended.held_seconds, ended.aborted_calls)
+        self._spawn(self.versions.check_alias(ended.alias))  # what the engines say now, not at the next round
         level = logging.INFO if state == "committed" else logging.WARNING
         log.log(
             level,
@@ -191,7 +204,10 @@ class WeightUpdates:
 
     def _spawn_expiry(self, update_id: str) -> None:
         self._expiries.pop(update_id, None)
-        task = asyncio.ensure_future(self._expire_id(update_id))
+        self._spawn(self._expire_id(update_id))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

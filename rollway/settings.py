@@ -113,6 +113,12 @@ class Settings(BaseSettings):
     pause_wait_seconds: float = Field(
         default=30.0, ge=0, description="how long a call waits on a paused model before 429"
     )
+    version_check_interval: float = Field(
+        default=30.0,
+        ge=0,
+        description="seconds between asking each vLLM/SGLang engine for its weight version, to flag one that differs "
+        "from the version its calls are recorded under (0: never)",
+    )
     public_url: str | None = Field(
         default=None, description="the URL agents reach this server at (for claim base_urls); default: as requested"
     )

@@ -132,7 +132,9 @@ def create_app(settings: Settings) -> RollwayApp:
         registry.listen(metrics.catalog_changes.inc)
         dispatcher = Dispatcher(settings, store)
         await dispatcher.start()
-        updates = WeightUpdates(store, registry, metrics)
+        updates = WeightUpdates(store, registry, metrics, version_check_interval=settings.version_check_interval)
+        updates.versions.start()
+        metrics.engine_versions = updates.versions.mismatches
         reporter = ReplicaReporter(store, registry, replica, follow=updates.follow)
         await reporter.start()
         api.state.rollway = AppState(
@@ -154,6 +156,7 @@ def create_app(settings: Settings) -> RollwayApp:
             admin_token=settings.admin_token,
             public_url=settings.public_url,
             backend_up=router.is_up,
+            engine_versions=updates.versions.of,
         )
         dataplane.serve_with(Serving(gateway, keys))
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,7 +24,7 @@ from rollway.admin.client import AsyncRollwayClient, WeightUpdateFailed
 from rollway.admin.client_sync import RollwayClient
 from rollway.mock import MockBackendProcess
 from rollway.store import WeightUpdate
-from support.gateway_harness import Alias, RunningGateway, claim_one
+from support.gateway_harness import Alias, RunningGateway, claim_one, running_gateway
 
 ALIAS = "policy"
 BODY = {"model": "mock-model", "max_tokens": 6}
@@ -277,3 +278,31 @@ async def test_the_python_clients_drive_both_forms(gw: RunningGateway, mock: Moc
 
     again, third = await asyncio.to_thread(synchronous)
     assert again == done and third.state == "committed"
+
+
+async def test_an_engine_whose_own_version_differs_is_flagged(tmp_path: Path, mock: MockBackendProcess) -> None:
+    """Rollway asks each engine for its weight version and shows how it compares with the recorded one: ``unset``
+    for an engine never given one, ``match`` after an update, ``mismatch`` once something else changed it."""
+    backend = {"backend_id": "a", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
+    async with running_gateway(tmp_path, version_check_interval=0.05) as gw, gw.http() as admin:
+        await gw.store.put_model(ALIAS, [backend], version="step-0")
+
+        async def seen(state: str) -> dict[str, Any]:
+            deadline = time.monotonic() + 10
+            while True:  # the watch's next round: no event tells a client it ran
+                found = (await admin.get(f"/admin/v1/models/{ALIAS}")).json()["engine_versions"].get("a")
+                if found is not None and found["state"] == state:
+                    return dict(found)
+                assert time.monotonic() < deadline, found
+                await asyncio.sleep(0.05)
+
+        assert (await seen("unset"))["reported"] == "default"
+        committed = await admin.post(f"/admin/v1/models/{ALIAS}/updates", json={"version": "step-1"}, timeout=30)
+        assert committed.status_code == 200, committed.text
+        assert (await seen("match"))["reported"] == "step-1"
+        async with httpx.AsyncClient() as engine:  # the engine's version changed behind Rollway's back
+            await engine.post(f"{mock.base_url.removesuffix('/v1')}/update_weight_version", json={"new_version": "x"})
+        differs = await seen("mismatch")
+        assert (differs["reported"], differs["expected"]) == ("x", "step-1")
+        scraped = (await admin.get("/metrics")).text
+        assert 'rollway_engine_version_mismatch{alias="policy",backend="a"} 1.0' in scraped

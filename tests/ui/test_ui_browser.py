@@ -321,6 +321,10 @@ def test_the_model_page_lists_its_weight_updates(demo: Filled, page: Watched) ->
     expect(row).to_contain_text("committed")
     expect(row).to_contain_text("from the test")
     expect(page.page.locator("#model-version")).to_have_text("ui-w1")
+    # The engine reports the version the update gave it (checked again as the update ended).
+    engine = page.page.locator("#backends-table td.engine-version span").first
+    expect(engine).to_have_attribute("data-state", "match")
+    expect(engine).to_have_text("ui-w1")
     shot(page.page, "model-updates")
     with demo.admin() as admin:
         admin.post("/admin/v1/models/policy/swap", json={"version": before}).raise_for_status()

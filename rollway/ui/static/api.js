@@ -101,6 +101,13 @@
  * @property {Record<string, unknown> | null} sampling
  * @property {{ paused: boolean, in_flight: number, in_flight_old: number, updating: string | null }} state
  * @property {{ completions: number, untrainable: number }} capture
+ * @property {Record<string, EngineVersion>} engine_versions  by backend id: what its engine reports, as last checked
+ *
+ * @typedef {object} EngineVersion  the weight version an engine reports beside the one its calls are recorded under
+ * @property {string} reported
+ * @property {string} expected
+ * @property {"match" | "mismatch" | "unset"} state
+ * @property {number} checked_time
  *
  * @typedef {object} WeightUpdate  each item of GET /models/{alias}/updates: one weight update, from its begin to its end
  * @property {string} update_id

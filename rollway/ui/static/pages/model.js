@@ -7,7 +7,7 @@
 import { api } from "../api.js";
 import { badge, clear, confirmAction, duration, every, failure, h, health, number, seg, time } from "../dom.js";
 
-/** @import { BackendView, ModelView, WeightUpdate } from "../api.js" */
+/** @import { BackendView, EngineVersion, ModelView, WeightUpdate } from "../api.js" */
 
 /** @param {WeightUpdate[]} items  newest first */
 function updates(items) {
@@ -38,12 +38,26 @@ function updates(items) {
   );
 }
 
-/** @param {BackendView[]} items */
-function backends(items) {
+/**
+ * What the backend's engine reports as its weight version, beside the recorded one.
+ * @param {EngineVersion | undefined} seen
+ */
+function engineVersion(seen) {
+  if (!seen) return h("span", { class: "muted", title: "the engine does not report a weight version" }, "—");
+  if (seen.state === "match") return h("span", { class: "version-match", dataset: { state: "match" } }, seen.reported);
+  if (seen.state === "unset") return h("span", { class: "version-unset", dataset: { state: "unset" }, title: "never given a version since it started" }, `${seen.reported} (not set)`);
+  return h("span", { class: "version-mismatch", dataset: { state: "mismatch" }, title: `calls are recorded as ${seen.expected}` }, `${seen.reported} ≠ ${seen.expected}`);
+}
+
+/**
+ * @param {BackendView[]} items
+ * @param {Record<string, EngineVersion>} engines
+ */
+function backends(items, engines) {
   return h(
     "table",
     { class: "grid", id: "backends-table" },
-    h("thead", {}, h("tr", {}, ["backend", "health", "kind", "url", "model", "weight", "max concurrency", "version", "api key"].map((c) => h("th", {}, c)))),
+    h("thead", {}, h("tr", {}, ["backend", "health", "kind", "url", "model", "weight", "max concurrency", "version", "engine version", "api key"].map((c) => h("th", {}, c)))),
     h(
       "tbody",
       {},
@@ -59,6 +73,7 @@ function backends(items) {
           h("td", { class: "num" }, number(b.weight)),
           h("td", { class: "num" }, b.max_concurrency ?? "—"),
           h("td", {}, b.version ?? "—"),
+          h("td", { class: "engine-version" }, engineVersion(engines[b.backend_id])),
           h("td", {}, b.has_api_key ? "set" : "—"),
         ),
       ),
@@ -161,7 +176,7 @@ export async function render(main, [alias], signal) {
         h("dd", {}, view.sampling ? JSON.stringify(view.sampling) : "—"),
       ),
     );
-    clear(body, h("h2", {}, "Backends"), backends(view.backends), h("h2", {}, "Weight updates"), updates(recent));
+    clear(body, h("h2", {}, "Backends"), backends(view.backends, view.engine_versions ?? {}), h("h2", {}, "Weight updates"), updates(recent));
     main.dataset.loaded = "true";
   };
   return every(3, refresh);
