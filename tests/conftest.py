@@ -27,6 +27,12 @@ from support.postgres import create_database, drop_database, pg_dsn, pg_unavaila
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The gateways the tests start (in this process and as subprocesses, which inherit it) do not ask their engines for
+# their weight version in the background: many tests assert exactly which requests reached the mock engine, and a
+# periodic ``GET /weight_info`` would land among them at a moment of its own. The check after a weight update still
+# runs; the tests of the periodic check set their interval themselves.
+os.environ.setdefault("ROLLWAY_VERSION_CHECK_INTERVAL", "0")
+
 #: ``-n auto``'s workers per core (``PYTEST_XDIST_AUTO_NUM_WORKERS`` overrides the count): most tests spend much
 #: of their time waiting on subprocesses, sockets and PostgreSQL rather than on a core.
 WORKERS_PER_CORE = 2

@@ -449,13 +449,10 @@ def test_models_update_reloads_in_place_and_lists_the_updates(gateway: GatewayPr
         done = rollway(gateway, "models", "update", "learner", "--version", "step-1", "--note", "cli")
         assert done.exit_code == 0, done.output
         assert "learner: step-0 → step-1 committed" in done.stderr
-        assert [r["path"] for r in engine.requests(limit=10)] == [
-            "/pause",
-            "/collective_rpc",
-            "/update_weight_version",
-            "/resume",
-            "/weight_info",
-        ]
+        # then the version check that follows an update, in the background: it may not have run yet
+        paths = [r["path"] for r in engine.requests(limit=10)]
+        assert paths[:4] == ["/pause", "/collective_rpc", "/update_weight_version", "/resume"]
+        assert set(paths[4:]) <= {"/weight_info"}, paths
         engine.add_faults({"kind": "status", "status": 500, "match": {"path": "/update_weight_version"}})
         failed = rollway(gateway, "models", "update", "learner", "--json")
         assert failed.exit_code == 1

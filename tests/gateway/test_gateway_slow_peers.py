@@ -100,22 +100,23 @@ async def test_a_client_that_stops_reading_a_stream_ends_its_call_after_the_writ
         assert answer.choices[0].message.content
 
 
-DEADLINE = 12  # the rollout's, in the test below
+DEADLINE = 10  # the rollout's, in the test below
 
 
 async def test_a_client_that_stops_reading_is_not_waited_for_past_the_rollouts_deadline(
     tmp_path: Path, mock: MockBackendProcess
 ) -> None:
     """The rollout's deadline bounds the wait for a reader too, when it comes before the write timeout."""
-    async with gateway(tmp_path, vllm(mock), write_timeout=60) as gw:
-        # (the mock takes ~2 s to start an answer this long, several on a loaded machine: the deadline comes
-        # well after that, or it would end the call while its answer is still being read from the backend)
+    # The gateway's writes to the client are held back after some 100 KB (its 16 KiB send buffer, the client's
+    # 4 KiB window, uvicorn's buffer): a 5,000-token answer (~750 KB) is well past that, and the mock starts it at
+    # once, so the deadline finds the gateway waiting on the client, not on a backend still producing the answer.
+    async with gateway(tmp_path, vllm(mock), write_timeout=60, send_buffer=16384) as gw:
         await gw.store.enqueue([{"input": {"task": "t"}, "config": {"timeout_seconds": DEADLINE}}])
         [claimed] = await gw.store.claim("worker-1")
         rollout_id = claimed.rollout.rollout_id
         stalled = RawClient(gw)
         try:
-            body = {"model": "policy", "messages": MESSAGES, "max_tokens": 20000, "n": 3, "stream": True}
+            body = {"model": "policy", "messages": MESSAGES, "max_tokens": 5000, "stream": True}
             await stalled.post(f"/rollout/{rollout_id}/v1/chat/completions", body | {"ignore_eos": True})
             await stats(mock, wait_requests=1, timeout=5)
             assert await gw.state.registry.drain("policy", DEADLINE + 5)

@@ -266,7 +266,9 @@ async def test_the_write_ahead_log_is_emptied_under_steady_writes(
 ) -> None:
     """Writes that never pause keep SQLite from starting its log over after a passive checkpoint (each copy is
     overtaken by new commits): without more, the file grows by every write. Past ``WAL_RESET_BYTES`` (1 MiB
-    here) a checkpoint empties it, while the writes go on and every one of them lands."""
+    here) a checkpoint empties it, while the writes go on and every one of them lands. The size is read after each
+    checkpoint while the writes go on, so it may hold what landed since (on a loaded machine, 0.6 MB was seen):
+    the bound is a few times the threshold, where a log never emptied held 12 MB after the first 0.1 s here."""
     monkeypatch.setattr(store_engine, "WAL_RESET_BYTES", 1 << 20)
     path = tmp_path / "steady.db"
     store = await Store.open(f"sqlite:///{path}", run_watchdog=False)
@@ -282,14 +284,14 @@ async def test_the_write_ahead_log_is_emptied_under_steady_writes(
     writer = asyncio.create_task(write())
     sizes = []
     try:
-        for _ in range(6):
+        for _ in range(10):
             await asyncio.sleep(0.1)
             await store.checkpoint()
             sizes.append(await asyncio.to_thread(os.path.getsize, f"{path}-wal"))
     finally:
         stop.set()
         written = await writer
-    assert written > 0 and max(sizes) < 1 << 20, sizes
+    assert written > 0 and max(sizes) < 4 << 20, sizes
     assert (await store.stats()).total_rollouts == written  # nothing lost while the log was emptied
     await store.close()
 

@@ -92,16 +92,21 @@ class _QuietServer(uvicorn.Server):
 
 @asynccontextmanager
 async def running_gateway(
-    tmp_path: Path, *, in_process: bool = False, **settings: Any
+    tmp_path: Path, *, in_process: bool = False, send_buffer: int | None = None, **settings: Any
 ) -> AsyncIterator[RunningGateway]:
     """A gateway of ``settings`` on a SQLite file in ``tmp_path`` (unless ``database_url`` says otherwise), its
-    ``public_url`` its own address; served by uvicorn on a loopback port, or ``in_process``."""
+    ``public_url`` its own address; served by uvicorn on a loopback port, or ``in_process``. ``send_buffer`` sets
+    the kernel's send buffer of every connection it accepts (they inherit the listening socket's), so that a
+    client that stops reading holds the gateway's writes back after that many bytes, not after the megabytes
+    loopback's buffers grow to."""
     if in_process:
         async with _in_process(tmp_path, **settings) as running:
             yield running
         return
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if send_buffer is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)
     port = sock.getsockname()[1]
