@@ -48,7 +48,7 @@ class Reload:
 
 
 class EngineWeights:
-    """Talks to the engines' weight routes over one aiohttp session (opened on first use)."""
+    """Talks to the engines' weight routes over one aiohttp session (opened on first use, without keep-alive)."""
 
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
@@ -119,7 +119,11 @@ class EngineWeights:
         if backend.api_key is not None:
             headers["Authorization"] = f"Bearer {backend.api_key.get_secret_value()}"
         if self._session is None:
-            self._session = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
+            # A new connection for every call: an update comes seconds or minutes after the last, and an engine
+            # (uvicorn: after 5 s) closes an idle keep-alive connection on its own; reusing one just as it closes
+            # fails the update with ServerDisconnectedError (seen in CI, between two training steps ~5 s apart).
+            connector = aiohttp.TCPConnector(force_close=True)
+            self._session = aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",))
         began = time.monotonic()
         data = None if body is None else orjson.dumps(body)
         try:
