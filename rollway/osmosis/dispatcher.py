@@ -1,5 +1,8 @@
 """The remote-agent dispatcher (Rollway as Osmosis's TrainGate, docs/remote-agents.md), owned by the app's lifespan.
 
+A server whose ``/health`` is an Osmosis 0.3 RolloutServer's is admitted and polled instead (``rollway.osmosis.v03``,
+asked once per registration); what follows is the v1 protocol, for every other server.
+
 It claims the tasks enqueued with ``agent: <name>`` for each registered agent server, within the server's
 ``max_concurrent`` (``store.sql.agents.claim`` counts its live rollouts in the database, so several gateway
 processes on one database share the limit), mints a rollout-scoped key for the new attempt and sends
@@ -31,6 +34,8 @@ import aiohttp
 import orjson
 
 from rollway.gateway.upstream import backoff, wait
+from rollway.osmosis import v03
+from rollway.osmosis.v03 import Protocol
 from rollway.settings import Settings
 from rollway.store import AgentServer, AttemptedRollout, ConflictError, NotFoundError, Store, StoreError
 from rollway.store.signals import Signal
@@ -79,6 +84,22 @@ class Dispatcher:
         self._inits: set[asyncio.Task[None]] = set()
         self._sending: set[str] = set()  # attempt ids whose init this process is sending
         self._next_resend = 0.0  # monotonic time of the next look for lost inits
+        #: The protocol of each server, by name, with the (url, updated_time) it was asked under.
+        self._protocols: dict[str, tuple[tuple[str, float], Protocol]] = {}
+        self._controller = v03.Controller(
+            store,
+            self._client,
+            retries=settings.agent_init_retries,
+            retry_max_wait=settings.retry_max_wait,
+            record=self._record,
+        )
+
+    def _client(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "dispatcher not started"
+        return self._session
+
+    async def _record(self, rollout_id: str, attempt_id: str, info: dict[str, Any]) -> None:
+        await self.store.record_dispatch(rollout_id, attempt_id, info)
 
     @property
     def server_url(self) -> str:
@@ -175,10 +196,27 @@ class Dispatcher:
         task.add_done_callback(self._inits.discard)
         task.add_done_callback(lambda _: self._sending.discard(attempted.attempt.attempt_id))
 
+    async def protocol(self, server: AgentServer) -> Protocol:
+        """The protocol ``server`` speaks, asked once per registration (``v03.probe``)."""
+        known = self._protocols.get(server.name)
+        if known is not None and known[0] == (server.url, server.updated_time):
+            return known[1]
+        assert self._session is not None, "dispatcher not started"
+        spoken = await v03.probe(self._session, server)
+        if spoken is None:  # no answer: v1's init finds out what is wrong; ask again for the next attempt
+            return "v1"
+        self._protocols[server.name] = ((server.url, server.updated_time), spoken)
+        return spoken
+
     async def _dispatch(self, server: AgentServer, attempted: AttemptedRollout) -> None:
         rollout_id, attempt_id = attempted.rollout.rollout_id, attempted.attempt.attempt_id
         try:
             _, key = await self.store.mint_key("rollout", rollout_id=rollout_id, attempt_id=attempt_id)
+            if await self.protocol(server) == "0.3":
+                chat_url = f"{self.server_url}/rollout/{rollout_id}/attempt/{attempt_id}/v1"
+                messages = messages_of(attempted.rollout.input)
+                await self._controller.run(server, attempted, messages, chat_url, key)
+                return
             payload = {
                 "rollout_id": rollout_id,
                 "server_url": self.server_url,
@@ -192,7 +230,7 @@ class Dispatcher:
             await self.store.record_dispatch(
                 rollout_id, attempt_id, {"agent": server.name, "tools": tools, "init_tries": tries}
             )
-        except InitFailed as exc:
+        except (InitFailed, v03.Refused) as exc:
             log.warning("agent server '%s' refused rollout %s: %s", server.name, rollout_id, exc)
             await self._fail(rollout_id, attempt_id, {"agent": server.name, "error": str(exc)})
         except StoreError as exc:

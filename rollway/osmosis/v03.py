@@ -1,0 +1,316 @@
+"""Rollway as the controller of an Osmosis 0.3 agent server (``osmosis-ai`` 0.3's ``RolloutServer``).
+
+A 0.3 server never calls back: the controller admits a rollout and then polls for its result. It is told apart
+from a v1 server by its ``GET /health``, which carries ``process_id`` and ``lifecycle`` (``probe``). For each
+attempt the dispatcher has claimed, ``Controller.run``:
+
+1. admits it: ``POST {url}/rollout`` with ``rollout_id`` (the attempt id: a fresh one per attempt, as the server
+   keeps an id reserved for 15 minutes after it ends), ``initial_messages``, ``chat_completions_url`` (the
+   attempt's own route, ``{public_url}/rollout/{rid}/attempt/{aid}/v1``), ``llm_api_key`` (the attempt's ``rk-``
+   key), the task's ``metadata``, its ``label`` (``input.label``, else ``metadata.label``: the server's grader
+   needs a label or metadata) and ``agent_timeout_sec`` (the rollout's ``timeout_seconds``). A 202 admits it; a 429
+   is waited out (its ``Retry-After``, 0.05 to 60 s) for as long as the attempt lives; 5xx and transport errors are
+   retried (``ROLLWAY_AGENT_INIT_RETRIES``); any other answer fails the attempt;
+2. polls ``GET {url}/rollout/{id}/result`` with the lease header (``X-Osmosis-Rollout-Lease``). The server answers
+   at once when the rollout has ended, else after up to ``result_wait_timeout_sec`` (30 s), and each poll renews
+   the lease (``polling_lease_timeout_sec``, 120 s): transport errors and 502/503/504 are retried within it;
+3. records the result (``result_report``): ``success`` → the attempt succeeds with the grader's reward;
+   ``success`` with ``remove_sample`` → it succeeds with no reward and ``remove_sample: true`` in its completion
+   (the server's "drop this sample"); ``failure`` → it fails, with the server's category and message, and the
+   rollout's retry config decides what follows (a failure is never a reward of 0); ``cancelled`` by the server →
+   it fails. A 404 for a live id (the server restarted and lost it) or a 403 (the lease is no longer valid) fails
+   it at once, rather than at the rollout's deadline;
+4. when the attempt ends in the store before the server says so (cancelled through the admin API, timed out),
+   cancels it at the server: ``POST {url}/rollout/cancel {"ids": [id]}``.
+
+The lease token lives in this process's memory only: it is never stored, so it is in no admin answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiohttp
+import orjson
+
+from rollway.gateway.upstream import backoff, wait
+from rollway.store import AgentServer, AttemptedRollout, ConflictError, NotFoundError, RemoteCompletion, Store
+from rollway.store.states import ATTEMPT_TERMINAL, FINISHED
+
+log = logging.getLogger("rollway.dispatcher")
+
+LEASE_HEADER = "X-Osmosis-Rollout-Lease"
+RETRY_POLL = frozenset({502, 503, 504})
+#: How long a poll may take beyond the server's own wait before it counts as lost.
+POLL_SLACK = 10.0
+Protocol = Literal["v1", "0.3"]
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    osmosis_id: str
+    lease: str
+    wait_seconds: float
+    lease_seconds: float
+
+
+class Refused(Exception):
+    """The agent server did not take (or lost) the rollout: the attempt fails with this message."""
+
+
+def headers_of(server: AgentServer) -> dict[str, str]:
+    out = {"Content-Type": "application/json"}
+    if server.api_key is not None:
+        out["Authorization"] = f"Bearer {server.api_key.get_secret_value()}"
+    return out
+
+
+async def probe(session: aiohttp.ClientSession, server: AgentServer) -> Protocol | None:
+    """Which protocol ``server`` speaks: ``0.3`` when its ``/health`` is a 0.3 RolloutServer's, ``v1`` when it
+    answers otherwise, None when it does not answer (ask again next time)."""
+    try:
+        async with session.get(
+            f"{server.url}/health", headers=headers_of(server), timeout=aiohttp.ClientTimeout(total=5)
+        ) as response:
+            raw = await response.read()
+            status = response.status
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+    try:
+        health = orjson.loads(raw) if status == 200 else None
+    except orjson.JSONDecodeError:
+        health = None
+    return "0.3" if isinstance(health, dict) and "process_id" in health and "lifecycle" in health else "v1"
+
+
+def label_of(task_input: Any, metadata: dict[str, Any]) -> str | None:
+    for source in (task_input, metadata):
+        if isinstance(source, dict) and source.get("label") is not None:
+            value = source["label"]
+            return value if isinstance(value, str) else orjson.dumps(value).decode()
+    return None
+
+
+def result_report(rollout_id: str, result: dict[str, Any]) -> RemoteCompletion | None:
+    """A 0.3 result as the completion Rollway records (None while the rollout has not ended)."""
+    status = result.get("status")
+    sample = result.get("sample") if isinstance(result.get("sample"), dict) else {}
+    assert isinstance(sample, dict)
+    metrics = sample.get("metrics") if isinstance(sample.get("metrics"), dict) else None
+    messages = sample.get("messages") if isinstance(sample.get("messages"), list) else []
+    extra = dict(sample.get("extra_fields") or {}) if isinstance(sample.get("extra_fields"), dict) else {}
+    if status == "success":
+        removed = bool(sample.get("remove_sample"))
+        if removed:
+            extra["remove_sample"] = True
+        reward = sample.get("reward")
+        if removed or isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+            reward = None  # the server sends null unless a success keeps its sample
+        return RemoteCompletion(
+            rollout_id=rollout_id,
+            status="COMPLETED",
+            final_messages=messages,
+            finish_reason="remove_sample" if removed else "success",
+            reward=None if reward is None else float(reward),
+            metrics=metrics,
+            extra_fields=extra,
+        )
+    if status in ("failure", "cancelled"):
+        category = result.get("err_category") or status
+        message = result.get("err_message") or ("cancelled by the agent server" if status == "cancelled" else "")
+        return RemoteCompletion(
+            rollout_id=rollout_id,
+            status="ERROR",
+            final_messages=messages,
+            finish_reason=str(category),
+            error_message=f"{category}: {message}" if message else str(category),
+            metrics=metrics,
+            extra_fields=extra,
+        )
+    return None
+
+
+class Controller:
+    """Admits, polls and records the rollouts of 0.3 agent servers (the module docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        session: Callable[[], aiohttp.ClientSession],
+        *,
+        retries: int,
+        retry_max_wait: float,
+        record: Callable[[str, str, dict[str, Any]], Awaitable[None]],
+    ) -> None:
+        self._store, self._session = store, session
+        self._retries, self._retry_max_wait = retries, retry_max_wait
+        self._record = record  # the dispatcher's record of dispatch facts in the attempt's metadata
+
+    async def run(
+        self, server: AgentServer, attempted: AttemptedRollout, messages: list[Any], chat_url: str, key: str
+    ) -> None:
+        """Admit the attempt, poll it to its end and record that (or cancel it at the server when it ends here
+        first); ``Refused`` when the server does not take it."""
+        rollout, attempt = attempted.rollout, attempted.attempt
+        rollout_id, attempt_id = rollout.rollout_id, attempt.attempt_id
+        metadata = rollout.metadata or {}
+        body: dict[str, Any] = {
+            "rollout_id": attempt_id,
+            "initial_messages": messages,
+            "chat_completions_url": chat_url,
+            "llm_api_key": key,
+            "metadata": metadata,
+        }
+        if (label := label_of(rollout.input, metadata)) is not None:
+            body["label"] = label
+        timeout = (rollout.config.timeout_seconds if rollout.config is not None else None) or None
+        if timeout is not None:
+            body["agent_timeout_sec"] = float(timeout)
+        admitted = await self._admit(server, rollout_id, attempt_id, body)
+        await self._record(
+            rollout_id, attempt_id, {"agent": server.name, "protocol": "osmosis-0.3", "osmosis_id": admitted.osmosis_id}
+        )
+        report = await self._poll(server, rollout_id, attempt_id, admitted)
+        if report is not None:
+            with contextlib.suppress(ConflictError, NotFoundError):  # the attempt ended otherwise meanwhile
+                await self._store.complete_remote(report, attempt_id)
+
+    async def _admit(self, server: AgentServer, rollout_id: str, attempt_id: str, body: dict[str, Any]) -> Admitted:
+        url = f"{server.url}/rollout"
+        data = orjson.dumps(body)
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                async with self._session().post(url, data=data, headers=headers_of(server)) as response:
+                    raw = await response.read()
+                    status = response.status
+                    retry_after = response.headers.get("Retry-After")
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                problem, status = f"no answer from {url}: {type(exc).__name__}", 0
+            else:
+                if status == 202:
+                    answer = orjson.loads(raw)
+                    return Admitted(
+                        osmosis_id=str(answer.get("rollout_id") or attempt_id),
+                        lease=str(answer["polling_lease_token"]),
+                        wait_seconds=float(answer.get("result_wait_timeout_sec") or 30.0),
+                        lease_seconds=float(answer.get("polling_lease_timeout_sec") or 120.0),
+                    )
+                said = raw.decode(errors="replace").replace(str(body["llm_api_key"]), "rk-***")[:300]
+                problem = f"{url} answered {status}: {said}"
+                if status == 429:  # no room now: wait as told, for as long as the attempt lives
+                    await self._still_live(rollout_id, attempt_id)
+                    await asyncio.sleep(_clamped(retry_after))
+                    tries -= 1
+                    continue
+                if status < 500:
+                    raise Refused(problem)
+            if tries > self._retries:
+                raise Refused(f"{problem} (after {tries} tries)")
+            await wait(max(backoff(tries, self._retry_max_wait), 0.05 * 2 ** (tries - 1)))
+
+    async def _still_live(self, rollout_id: str, attempt_id: str) -> bool:
+        """Whether the attempt has not ended in the store; raises ``Refused`` once it has."""
+        if await self._ended(rollout_id, attempt_id):
+            raise Refused("the attempt ended while the agent server had no room for it")
+        return True
+
+    async def _ended(self, rollout_id: str, attempt_id: str) -> bool:
+        """Whether the attempt has ended in the store (or its rollout: cancelled, say)."""
+        try:
+            rollout = await self._store.get_rollout(rollout_id)
+            attempt = await self._store.get_attempt(rollout_id, attempt_id)
+        except NotFoundError:
+            return True
+        return rollout.status in FINISHED or attempt.status in ATTEMPT_TERMINAL
+
+    async def _poll(
+        self, server: AgentServer, rollout_id: str, attempt_id: str, admitted: Admitted
+    ) -> RemoteCompletion | None:
+        url = f"{server.url}/rollout/{admitted.osmosis_id}/result"
+        headers = headers_of(server) | {LEASE_HEADER: admitted.lease}
+        timeout = aiohttp.ClientTimeout(total=admitted.wait_seconds + POLL_SLACK)
+        lease_until = time.monotonic() + admitted.lease_seconds
+        failures = 0
+        while True:
+            sent = time.monotonic()
+            ended = asyncio.ensure_future(self._ended_in_store(rollout_id, attempt_id, admitted.wait_seconds))
+            polled = asyncio.ensure_future(self._get(url, headers, timeout))
+            done, _ = await asyncio.wait({ended, polled}, return_when=asyncio.FIRST_COMPLETED)
+            if ended in done and ended.result():  # cancelled or timed out here: tell the server
+                polled.cancel()
+                await self._cancel(server, admitted.osmosis_id)
+                return None
+            answer = await polled
+            ended.cancel()
+            status, result = answer
+            if status == 200 and isinstance(result, dict):
+                lease_until = sent + admitted.lease_seconds  # the server renewed it when the poll arrived
+                failures = 0
+                report = result_report(rollout_id, result)
+                if report is not None:
+                    return report
+                continue
+            if status == 404:
+                return _lost(rollout_id, "the agent server no longer knows the rollout (restarted?)")
+            if status == 403:
+                return _lost(rollout_id, "the agent server refused the polling lease")
+            failures += 1
+            if (status != 0 and status not in RETRY_POLL) or time.monotonic() >= lease_until:
+                return _lost(rollout_id, f"result polls failed ({status or 'no answer'}) until the lease ran out")
+            await asyncio.sleep(min(0.25 * 2 ** (failures - 1), 8.0, max(lease_until - time.monotonic(), 0.0)))
+
+    async def _get(self, url: str, headers: dict[str, str], timeout: aiohttp.ClientTimeout) -> tuple[int, Any]:
+        try:
+            async with self._session().get(url, headers=headers, timeout=timeout) as response:
+                raw = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError):
+            return 0, None
+        try:
+            return status, orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            return status, None
+
+    async def _ended_in_store(self, rollout_id: str, attempt_id: str, within: float) -> bool:
+        """Whether the attempt ends in the store within ``within`` seconds (a cancel, a timeout)."""
+        deadline = time.monotonic() + within
+        while True:
+            if await self._ended(rollout_id, attempt_id):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await self._store.wait_for_rollouts([rollout_id], min(left, 5.0))  # woken by the rollout's end
+
+    async def _cancel(self, server: AgentServer, osmosis_id: str) -> None:
+        try:
+            async with self._session().post(
+                f"{server.url}/rollout/cancel",
+                data=orjson.dumps({"ids": [osmosis_id]}),
+                headers=headers_of(server),
+                timeout=aiohttp.ClientTimeout(total=5),
+            ) as response:
+                await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("cancel of %s at agent server '%s' failed: %s", osmosis_id, server.name, type(exc).__name__)
+
+
+def _lost(rollout_id: str, message: str) -> RemoteCompletion:
+    return RemoteCompletion(rollout_id=rollout_id, status="ERROR", finish_reason="lost", error_message=message)
+
+
+def _clamped(retry_after: str | None) -> float:
+    try:
+        seconds = float(retry_after) if retry_after is not None else 1.0
+    except ValueError:
+        seconds = 1.0
+    return min(max(seconds, 0.05), 60.0)

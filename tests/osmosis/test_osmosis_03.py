@@ -1,0 +1,162 @@
+"""Rollway as the controller of a real Osmosis 0.3.8 agent server: a RolloutServer made with the ``osmosis-ai`` SDK
+(``tests/support/osmosis_scripts/rollout_server.py``, in its own Python 3.12 environment), registered through the
+admin API like any agent server. Rollway tells it from a v1 server by its ``/health``, admits each attempt with
+``POST /rollout``, serves its chat calls on the attempt's own route in front of the mock backend, polls the
+result with the lease and records it: the grader's reward, a dropped sample, a failure (never a reward of 0), and
+a cancel that reaches the workflow."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from rollway.mock import MockBackendProcess
+from support.gateway_harness import RunningGateway, register, running_gateway
+from support.osmosis_env import SCRIPTS, osmosis_python, require_osmosis, script_env
+
+require_osmosis()
+
+pytestmark = [pytest.mark.real_component, pytest.mark.slow]
+
+KEY = "osmosis-server-key"
+MOCK_BACKEND = {"backend_id": "mock", "kind": "vllm", "model": "mock-model"}
+QUESTION = [{"role": "user", "content": "What is 17 + 25?"}]
+
+
+class RolloutServer:
+    """The SDK's RolloutServer as a process on a loopback port."""
+
+    def __init__(self, marks: Path) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.marks = marks
+        script = [osmosis_python(), str(SCRIPTS / "rollout_server.py"), str(self.port), KEY]
+        env = script_env(MARKS=str(marks), _OSMOSIS_ROLLOUT_ARTIFACT_ROOT=str(marks / "artifacts"))
+        self.process = subprocess.Popen(script, env=env, cwd=marks)
+
+    def wait_healthy(self, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=2) as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise AssertionError(f"the rollout server exited ({self.process.returncode})")
+                try:
+                    answer = client.get(f"{self.url}/health", headers={"Authorization": f"Bearer {KEY}"})
+                except httpx.TransportError:  # not listening yet: a process's start has no event to await
+                    time.sleep(0.1)
+                    continue
+                answer.raise_for_status()
+                health: dict[str, Any] = answer.json()
+                return health
+        raise AssertionError("the rollout server did not answer /health")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def rollout_server(tmp_path: Path) -> Iterator[RolloutServer]:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    server = RolloutServer(marks)
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()
+
+
+async def enqueue(admin: httpx.AsyncClient, *metadata: dict[str, Any]) -> list[str]:
+    tasks = [
+        {"input": {"messages": QUESTION}, "metadata": m, "agent": "osm", "config": {"timeout_seconds": 60}}
+        for m in metadata
+    ]
+    answer = await admin.post("/admin/v1/rollouts", json={"tasks": tasks})
+    assert answer.status_code == 201, answer.text
+    return [r["rollout_id"] for r in answer.json()["rollouts"]]
+
+
+async def finished(gw: RunningGateway, ids: list[str], timeout: float = 60) -> dict[str, Any]:
+    done, pending = await gw.store.wait_for_rollouts(ids, timeout)
+    assert not pending, pending
+    return {r.rollout_id: r for r in done}
+
+
+async def test_a_03_server_runs_rollouts_graded_dropped_and_failed(
+    tmp_path: Path, mock: MockBackendProcess, rollout_server: RolloutServer
+) -> None:
+    async with running_gateway(tmp_path) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as admin:
+        await register(gw.store, "policy", {**MOCK_BACKEND, "base_url": mock.base_url}, version="v1")
+        put = await admin.put("/admin/v1/agents/osm", json={"url": rollout_server.url, "api_key": KEY})
+        assert put.status_code == 200 and KEY not in put.text
+        graded, streamed, dropped, failed = await enqueue(
+            admin,
+            {"reward": 0.5},
+            {"reward": 0.25, "behaviour": "stream"},
+            {"behaviour": "remove"},
+            {"behaviour": "fail"},
+        )
+        rollouts = await finished(gw, [graded, streamed, dropped, failed])
+        assert {i: r.status for i, r in rollouts.items()} == {
+            graded: "succeeded",
+            streamed: "succeeded",
+            dropped: "succeeded",
+            failed: "failed",
+        }
+        for rollout_id, reward in ((graded, 0.5), (streamed, 0.25)):
+            [attempt] = await gw.store.list_attempts(rollout_id)
+            meta = attempt.metadata or {}
+            assert meta["dispatch"]["protocol"] == "osmosis-0.3"
+            assert meta["dispatch"]["osmosis_id"] == attempt.attempt_id  # a fresh id per attempt
+            assert meta["completion"]["reward"] == reward
+            spans = await gw.store.query_spans(rollout_id)
+            [call] = [s for s in spans if s.attributes.get("gen_ai.operation.name") == "chat"]
+            assert call.attributes["rollway.response_token_ids"]  # the engine's ids, recorded
+            assert call.attributes["rollway.request"]["messages"] == QUESTION
+            assert [s.attributes["rollway.reward.value"] for s in spans if s.name == "rollway.reward"] == [reward]
+        [kept] = await gw.store.list_attempts(dropped)
+        completion = (kept.metadata or {})["completion"]
+        assert completion["reward"] is None and completion["extra_fields"]["remove_sample"] is True
+        assert not [s for s in await gw.store.query_spans(dropped) if s.name == "rollway.reward"]
+        [lost] = await gw.store.list_attempts(failed)
+        assert lost.status == "failed"
+        assert (lost.metadata or {})["completion"]["error_message"] == "agent_error: the agent failed on purpose"
+        assert not [s for s in await gw.store.query_spans(failed) if s.name == "rollway.reward"]  # never 0
+        assert "polling_lease" not in str(await admin.get(f"/admin/v1/rollouts/{graded}/attempts"))
+
+
+async def test_a_cancel_in_rollway_cancels_the_workflow_at_the_03_server(
+    tmp_path: Path, mock: MockBackendProcess, rollout_server: RolloutServer
+) -> None:
+    async with running_gateway(tmp_path) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as admin:
+        await register(gw.store, "policy", {**MOCK_BACKEND, "base_url": mock.base_url}, version="v1")
+        (await admin.put("/admin/v1/agents/osm", json={"url": rollout_server.url, "api_key": KEY})).raise_for_status()
+        [rollout_id] = await enqueue(admin, {"behaviour": "hang"})
+        async with asyncio.timeout(30):
+            while not (started := sorted(rollout_server.marks.glob("started-*"))):  # another process: no event
+                assert rollout_server.process.poll() is None
+                await asyncio.sleep(0.05)
+        attempt = await gw.store.get_attempt(rollout_id)
+        assert started == [rollout_server.marks / f"started-{attempt.attempt_id}"]  # the attempt's own id
+        (await admin.post(f"/admin/v1/rollouts/{rollout_id}/cancel")).raise_for_status()
+        cancelled = rollout_server.marks / f"cancelled-{attempt.attempt_id}"
+        async with asyncio.timeout(10):
+            while not cancelled.exists():
+                assert rollout_server.process.poll() is None
+                await asyncio.sleep(0.05)
+        assert (await gw.store.get_rollout(rollout_id)).status == "cancelled"
