@@ -60,7 +60,14 @@ class Call:
         (an unknown alias, an unknown or stale rollout) is refused here with nothing recorded; a call that is
         begun gets exactly one span (``run``)."""
         alias = body["model"]
-        await gateway.registry.state(alias)  # unknown alias → UnknownAlias, before any sequence id is taken
+        try:
+            await gateway.registry.state(alias)  # unknown alias → UnknownAlias, before any sequence id is taken
+        except UnknownAlias:
+            chosen = await gateway.agent_models.model_of(who.rollout_id) if who.rollout_id else None
+            if chosen is None or chosen == alias:
+                raise
+            alias, body = chosen, body | {"model": chosen}  # the agent server's model (``agent_models``)
+            await gateway.registry.state(alias)
         arrival = gateway.registry.arrival(alias)  # in flight for a drain from before the catalog is read
         try:
             ticket = await gateway.store.begin_call(who.rollout_id, who.attempt_id)

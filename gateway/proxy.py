@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from rollway.gateway import capture
+from rollway.gateway.agent_models import AgentModels
 from rollway.gateway.bounds import Sweeper
 from rollway.gateway.capture import Injected, StreamOptionsRefusals
 from rollway.gateway.errors import CallError, UpstreamFailure
@@ -68,6 +69,7 @@ class Gateway:
         self.refusals = StreamOptionsRefusals()  # backends that refused the ``stream_options`` added for usage
         self.running = Running()  # the calls the data plane is running
         self.sweeper = Sweeper()  # bounds the data plane's waits on its clients
+        self.agent_models = AgentModels(store)  # the model of an agent server's rollout that names none we know
 
     async def start(self) -> None:
         await self.upstream.start()

@@ -427,29 +427,30 @@ async def test_a_completion_the_store_could_not_record_is_not_handed_over(
     async with gateway(tmp_path, vllm(mock)) as gw:
         rollout_id, _ = await claim_one(gw.store)
         client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
-        slow = {"mock": {"ttft_ms": 400} if stream else {"latency_ms": 400}}
         received: list[Any] = []
 
         async def call() -> None:
             if not stream:
-                await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=8, extra_body=slow)
+                await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=8)
                 return
             if api == "responses":
                 events: Any = await client.responses.create(
-                    model="policy", input="Tell me a story.", max_output_tokens=8, stream=True, extra_body=slow
+                    model="policy", input="Tell me a story.", max_output_tokens=8, stream=True
                 )
             else:
                 events = await client.chat.completions.create(
-                    model="policy", messages=MESSAGES, max_tokens=8, stream=True, extra_body=slow
+                    model="policy", messages=MESSAGES, max_tokens=8, stream=True
                 )
             async with events:
                 async for event in events:
                     received.append(event)
 
+        mock.configure(hold=True)  # the answer waits at the backend until the database is locked
         task = asyncio.create_task(call())
         await stats(mock, wait_requests=1)  # admitted (its sequence id is committed) and at the backend
         with contextlib.closing(sqlite3.connect(tmp_path / "gateway.db", isolation_level=None)) as other:
             other.execute("BEGIN IMMEDIATE")  # another process writing, for longer than the store waits
+            await asyncio.to_thread(mock.configure, hold=False)
             with pytest.raises(openai.APIError) as info:
                 await task
             other.execute("ROLLBACK")

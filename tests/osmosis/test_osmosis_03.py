@@ -3,7 +3,8 @@
 admin API like any agent server. Rollway tells it from a v1 server by its ``/health``, admits each attempt with
 ``POST /rollout``, serves its chat calls on the attempt's own route in front of the mock backend, polls the
 result with the lease and records it: the grader's reward, a dropped sample, a failure (never a reward of 0), and
-a cancel that reaches the workflow."""
+a cancel that reaches the workflow. A workflow calling ``model: "osmosis-rollout"`` (as the SDK's integrations
+do) is served by the model the server was registered with."""
 
 from __future__ import annotations
 
@@ -102,11 +103,12 @@ async def test_a_03_server_runs_rollouts_graded_dropped_and_failed(
 ) -> None:
     async with running_gateway(tmp_path) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as admin:
         await register(gw.store, "policy", {**MOCK_BACKEND, "base_url": mock.base_url}, version="v1")
-        put = await admin.put("/admin/v1/agents/osm", json={"url": rollout_server.url, "api_key": KEY})
+        agent = {"url": rollout_server.url, "api_key": KEY, "completion_params": {"model": "policy"}}
+        put = await admin.put("/admin/v1/agents/osm", json=agent)
         assert put.status_code == 200 and KEY not in put.text
         graded, streamed, dropped, failed = await enqueue(
             admin,
-            {"reward": 0.5},
+            {"reward": 0.5, "model": "osmosis-rollout"},  # as the SDK's integrations call: the server's model
             {"reward": 0.25, "behaviour": "stream"},
             {"behaviour": "remove"},
             {"behaviour": "fail"},
@@ -128,6 +130,7 @@ async def test_a_03_server_runs_rollouts_graded_dropped_and_failed(
             [call] = [s for s in spans if s.attributes.get("gen_ai.operation.name") == "chat"]
             assert call.attributes["rollway.response_token_ids"]  # the engine's ids, recorded
             assert call.attributes["rollway.request"]["messages"] == QUESTION
+            assert call.attributes["rollway.request"]["model"] == "policy"  # "osmosis-rollout" served as the server's
             assert [s.attributes["rollway.reward.value"] for s in spans if s.name == "rollway.reward"] == [reward]
         [kept] = await gw.store.list_attempts(dropped)
         completion = (kept.metadata or {})["completion"]
