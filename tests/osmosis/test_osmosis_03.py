@@ -35,10 +35,12 @@ QUESTION = [{"role": "user", "content": "What is 17 + 25?"}]
 class RolloutServer:
     """The SDK's RolloutServer as a process on a loopback port."""
 
-    def __init__(self, marks: Path) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
+    def __init__(self, marks: Path, port: int | None = None) -> None:
+        if port is None:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+        self.port = port
         self.url = f"http://127.0.0.1:{self.port}"
         self.marks = marks
         script = [osmosis_python(), str(SCRIPTS / "rollout_server.py"), str(self.port), KEY]
@@ -163,3 +165,31 @@ async def test_a_cancel_in_rollway_cancels_the_workflow_at_the_03_server(
                 assert rollout_server.process.poll() is None
                 await asyncio.sleep(0.05)
         assert (await gw.store.get_rollout(rollout_id)).status == "cancelled"
+
+
+async def test_a_restarted_03_server_fails_its_live_attempts_at_once(
+    tmp_path: Path, mock: MockBackendProcess, rollout_server: RolloutServer
+) -> None:
+    """The server restarts with a rollout running: the next poll gets 404 for the id (the new process does not know
+    it), and the attempt fails then, with the reason, not at the rollout's deadline (60 s)."""
+    async with running_gateway(tmp_path) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as admin:
+        await register(gw.store, "policy", {**MOCK_BACKEND, "base_url": mock.base_url}, version="v1")
+        (await admin.put("/admin/v1/agents/osm", json={"url": rollout_server.url, "api_key": KEY})).raise_for_status()
+        [rollout_id] = await enqueue(admin, {"behaviour": "hang"})
+        async with asyncio.timeout(30):
+            while not sorted(rollout_server.marks.glob("started-*")):  # another process: no event to await
+                assert rollout_server.process.poll() is None
+                await asyncio.sleep(0.05)
+        before = rollout_server.wait_healthy()["process_id"]
+        rollout_server.stop()
+        restarted = RolloutServer(rollout_server.marks, port=rollout_server.port)
+        try:
+            assert restarted.wait_healthy()["process_id"] != before
+            done = await finished(gw, [rollout_id], timeout=30)
+            assert done[rollout_id].status == "failed"
+            [attempt] = await gw.store.list_attempts(rollout_id)
+            message = (attempt.metadata or {})["completion"]["error_message"]
+            assert "no longer knows the rollout" in message, message
+            assert attempt.end_time is not None and attempt.end_time - attempt.start_time < 30
+        finally:
+            restarted.stop()
