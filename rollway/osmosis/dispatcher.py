@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 import aiohttp
@@ -42,6 +43,8 @@ from rollway.store.signals import Signal
 
 log = logging.getLogger("rollway.dispatcher")
 
+#: Seconds between looks for 0.3 attempts whose poller is gone.
+LEASE_CHECK_INTERVAL = 5.0
 #: Tasks claimed for one server per look when it sets no concurrency limit.
 CLAIM_BATCH = 64
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -84,6 +87,7 @@ class Dispatcher:
         self._inits: set[asyncio.Task[None]] = set()
         self._sending: set[str] = set()  # attempt ids whose init this process is sending
         self._next_resend = 0.0  # monotonic time of the next look for lost inits
+        self._next_resume = 0.0  # monotonic time of the next look for 0.3 polls to resume
         #: The protocol of each server, by name, with the (url, updated_time) it was asked under.
         self._protocols: dict[str, tuple[tuple[str, float], Protocol]] = {}
         self._controller = v03.Controller(
@@ -166,7 +170,19 @@ class Dispatcher:
         if servers and time.monotonic() >= self._next_resend:
             self._next_resend = time.monotonic() + self.settings.agent_init_timeout
             await self.resend_lost(servers)
+        if servers and time.monotonic() >= self._next_resume:
+            self._next_resume = time.monotonic() + LEASE_CHECK_INTERVAL
+            await self.resume_polls(servers)
         return full, len(servers)
+
+    async def resume_polls(self, servers: list[AgentServer]) -> None:
+        """Resume the result polls of 0.3 attempts whose poller is gone (``v03.stale``)."""
+        now = self.store.clock()
+        for server in servers:  # (only 0.3 attempts keep a lease)
+            for attempted, lease in await self.store.agent_leases(server.name):
+                attempt_id = attempted.attempt.attempt_id
+                if attempt_id not in self._sending and v03.stale(lease, now):
+                    self._begin(attempt_id, self._resume(server, attempted, lease), "rollway-agent-poll")
 
     @property
     def init_window(self) -> float:
@@ -190,11 +206,21 @@ class Dispatcher:
                     self._start(server, attempted)
 
     def _start(self, server: AgentServer, attempted: AttemptedRollout) -> None:
-        self._sending.add(attempted.attempt.attempt_id)
-        task = asyncio.create_task(self._dispatch(server, attempted), name="rollway-agent-init")
+        self._begin(attempted.attempt.attempt_id, self._dispatch(server, attempted), "rollway-agent-init")
+
+    def _begin(self, attempt_id: str, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``work`` for the attempt, which this process then sends or polls (no second task for it)."""
+        self._sending.add(attempt_id)
+        task = asyncio.create_task(work, name=name)
         self._inits.add(task)
         task.add_done_callback(self._inits.discard)
-        task.add_done_callback(lambda _: self._sending.discard(attempted.attempt.attempt_id))
+        task.add_done_callback(lambda _: self._sending.discard(attempt_id))
+
+    async def _resume(self, server: AgentServer, attempted: AttemptedRollout, lease: dict[str, Any]) -> None:
+        try:
+            await self._controller.resume(server, attempted, lease)
+        except StoreError as exc:
+            self.store.failures.log(log, "dispatch", "result polls of '%s' failed: %s", server.name, exc.message)
 
     async def protocol(self, server: AgentServer) -> Protocol:
         """The protocol ``server`` speaks, asked once per registration (``v03.probe``)."""

@@ -23,7 +23,10 @@ attempt the dispatcher has claimed, ``Controller.run``:
 4. when the attempt ends in the store before the server says so (cancelled through the admin API, timed out),
    cancels it at the server: ``POST {url}/rollout/cancel {"ids": [id]}``.
 
-The lease token lives in this process's memory only: it is never stored, so it is in no admin answer.
+The lease is kept in the store beside the attempt (``Store.record_lease``, encrypted with the secret key when one
+is set, in no admin answer), with when it was last polled: a process that finds a live attempt's lease not polled
+for longer than one poll takes (its poller died, or this process restarted) resumes the polls (``resume``), within
+the lease as long as that happens within its ``polling_lease_timeout_sec``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,15 @@ import aiohttp
 import orjson
 
 from rollway.gateway.upstream import backoff, wait
-from rollway.store import AgentServer, AttemptedRollout, ConflictError, NotFoundError, RemoteCompletion, Store
+from rollway.store import (
+    AgentServer,
+    AttemptedRollout,
+    ConflictError,
+    NotFoundError,
+    RemoteCompletion,
+    Store,
+    StoreError,
+)
 from rollway.store.states import ATTEMPT_TERMINAL, FINISHED
 
 log = logging.getLogger("rollway.dispatcher")
@@ -50,6 +61,13 @@ LEASE_HEADER = "X-Osmosis-Rollout-Lease"
 RETRY_POLL = frozenset({502, 503, 504})
 #: How long a poll may take beyond the server's own wait before it counts as lost.
 POLL_SLACK = 10.0
+
+
+def stale(lease: dict[str, Any], now: float) -> bool:
+    """Whether nobody has polled for ``lease`` for longer than one poll takes: its poller is gone."""
+    return float(lease.get("polled_at") or 0.0) < now - float(lease.get("wait") or 30.0) - POLL_SLACK
+
+
 Protocol = Literal["v1", "0.3"]
 
 
@@ -174,13 +192,46 @@ class Controller:
         if timeout is not None:
             body["agent_timeout_sec"] = float(timeout)
         admitted = await self._admit(server, rollout_id, attempt_id, body)
+        await self._keep(rollout_id, attempt_id, admitted)
         await self._record(
             rollout_id, attempt_id, {"agent": server.name, "protocol": "osmosis-0.3", "osmosis_id": admitted.osmosis_id}
         )
-        report = await self._poll(server, rollout_id, attempt_id, admitted)
-        if report is not None:
-            with contextlib.suppress(ConflictError, NotFoundError):  # the attempt ended otherwise meanwhile
-                await self._store.complete_remote(report, attempt_id)
+        await self._finish(server, rollout_id, attempt_id, admitted)
+
+    async def resume(self, server: AgentServer, attempted: AttemptedRollout, lease: dict[str, Any]) -> None:
+        """Poll an attempt another process admitted (or this one, before a restart) from its kept lease."""
+        admitted = Admitted(
+            osmosis_id=str(lease["osmosis_id"]),
+            lease=str(lease["lease"]),
+            wait_seconds=float(lease["wait"]),
+            lease_seconds=float(lease["lease_timeout"]),
+        )
+        log.info("resuming the result polls of %s at agent server '%s'", admitted.osmosis_id, server.name)
+        await self._finish(server, attempted.rollout.rollout_id, attempted.attempt.attempt_id, admitted)
+
+    async def _finish(self, server: AgentServer, rollout_id: str, attempt_id: str, admitted: Admitted) -> None:
+        try:
+            report = await self._poll(server, rollout_id, attempt_id, admitted)
+            if report is not None:
+                with contextlib.suppress(ConflictError, NotFoundError):  # the attempt ended otherwise meanwhile
+                    await self._store.complete_remote(report, attempt_id)
+        finally:
+            with contextlib.suppress(StoreError):  # ended: nothing left to poll (a live lease is never dropped)
+                if await self._ended(rollout_id, attempt_id):
+                    await self._store.record_lease(rollout_id, attempt_id, None)
+
+    async def _keep(self, rollout_id: str, attempt_id: str, admitted: Admitted) -> None:
+        """Keep the lease in the store, with when it was last polled: a process that finds it not polled for
+        longer than a poll takes (this one gone) resumes the polls (``stale``)."""
+        lease = {
+            "osmosis_id": admitted.osmosis_id,
+            "lease": admitted.lease,
+            "wait": admitted.wait_seconds,
+            "lease_timeout": admitted.lease_seconds,
+            "polled_at": self._store.clock(),
+        }
+        with contextlib.suppress(StoreError):  # the database is down: the polls go on, only a resume needs it
+            await self._store.record_lease(rollout_id, attempt_id, lease)
 
     async def _admit(self, server: AgentServer, rollout_id: str, attempt_id: str, body: dict[str, Any]) -> Admitted:
         url = f"{server.url}/rollout"
@@ -258,6 +309,7 @@ class Controller:
                 report = result_report(rollout_id, result)
                 if report is not None:
                     return report
+                await self._keep(rollout_id, attempt_id, admitted)
                 continue
             if status == 404:
                 return _lost(rollout_id, "the agent server no longer knows the rollout (restarted?)")

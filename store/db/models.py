@@ -86,6 +86,8 @@ class AttemptRow(SQLModel, table=True):
     last_heartbeat_time: float | None = None
     meta: Any = Field(default=None, sa_column=Column("metadata", JSON, nullable=True))
     request_digest: str | None = Field(default=None, max_length=32)  # as the rollout's
+    #: An Osmosis 0.3 agent server's polling lease (migration 0008; ``store.sql.agents.record_lease``).
+    agent_lease: str | None = Field(default=None, sa_column=Column("agent_lease", Text, nullable=True))
 
 
 class SpanRow(SQLModel, table=True):

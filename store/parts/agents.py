@@ -44,3 +44,11 @@ class AgentsMixin(StorePlumbing):
         if not result[1]:
             self._notify_all()
         return result
+
+    async def record_lease(self, rollout_id: str, attempt_id: str, lease: dict[str, Any] | None) -> bool:
+        """Keep (None: drop) an Osmosis 0.3 polling lease on the attempt (``agents.record_lease``)."""
+        return await self._write(lambda conn: agents.record_lease(conn, rollout_id, attempt_id, lease, self.cipher))
+
+    async def agent_leases(self, name: str) -> list[tuple[AttemptedRollout, dict[str, Any]]]:
+        """The live attempts of agent server ``name`` with their polling leases (``agents.leases``)."""
+        return await self._read(lambda conn: agents.leases(conn, name, self.cipher))

@@ -13,11 +13,12 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+import orjson
 from sqlalchemy import Connection, RowMapping, delete, func, select, update
 
 from rollway.store.db import models
 from rollway.store.db.dialect import lock_rows, serialize_key
-from rollway.store.errors import ConflictError, NotFoundError, StoreValidationError
+from rollway.store.errors import ConflictError, NotFoundError, StoreValidationError, UnavailableError
 from rollway.store.exports import REWARD_SPAN
 from rollway.store.schemas import AgentServer, Attempt, AttemptedRollout, RemoteCompletion, Span
 from rollway.store.sql import convert, queue, spans
@@ -130,6 +131,47 @@ def undispatched(conn: Connection, name: str, started_before: float) -> list[Att
             and "dispatch" not in metadata
         ):
             found.append(AttemptedRollout(rollout=convert.rollout(rollout), attempt=convert.attempt(attempt)))
+    return found
+
+
+def record_lease(
+    conn: Connection, rollout_id: str, attempt_id: str, lease: dict[str, Any] | None, cipher: Cipher | None
+) -> bool:
+    """Keep (or, with None, drop) an Osmosis 0.3 polling lease on the attempt: JSON, encrypted with ``cipher``
+    when there is one. False when the attempt is gone."""
+    rollout = load_rollout(conn, rollout_id)
+    try:
+        attempt = load_attempt(conn, rollout, attempt_id)
+    except NotFoundError:
+        return False
+    stored = None
+    if lease is not None:
+        plain = orjson.dumps(lease).decode()
+        stored = cipher.seal(plain) if cipher is not None else plain
+    A = models.attempts
+    conn.execute(update(A).where(A.c.pk == attempt["pk"]).values(agent_lease=stored))
+    return True
+
+
+def leases(conn: Connection, name: str, cipher: Cipher | None) -> list[tuple[AttemptedRollout, dict[str, Any]]]:
+    """The live attempts of agent server ``name`` that keep a polling lease, each with it: the latest attempt of
+    a live rollout, not ended. A lease this process cannot decrypt (another secret key) is left out."""
+    stmt = select(R).where(R.c.agent == name, R.c.status.in_([s.value for s in ACTIVE]))
+    found = []
+    for rollout in conn.execute(stmt).mappings().all():
+        try:
+            attempt = load_attempt(conn, rollout, "latest", lock=False)
+        except NotFoundError:
+            continue
+        stored = attempt["agent_lease"]
+        if stored is None or AttemptStatus(attempt["status"]) in ATTEMPT_TERMINAL:
+            continue
+        try:
+            plain = stored if stored.startswith("{") or cipher is None else cipher.open(stored, "a polling lease")
+            lease = orjson.loads(plain)
+        except (UnavailableError, orjson.JSONDecodeError):
+            continue
+        found.append((AttemptedRollout(rollout=convert.rollout(rollout), attempt=convert.attempt(attempt)), lease))
     return found
 
 

@@ -9,6 +9,8 @@ do) is served by the model the server was registered with."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -20,6 +22,7 @@ import httpx
 import pytest
 
 from rollway.mock import MockBackendProcess
+from rollway.process import GatewayProcess
 from support.gateway_harness import RunningGateway, register, running_gateway
 from support.osmosis_env import SCRIPTS, osmosis_python, require_osmosis, script_env
 
@@ -35,7 +38,7 @@ QUESTION = [{"role": "user", "content": "What is 17 + 25?"}]
 class RolloutServer:
     """The SDK's RolloutServer as a process on a loopback port."""
 
-    def __init__(self, marks: Path, port: int | None = None) -> None:
+    def __init__(self, marks: Path, port: int | None = None, **env: str) -> None:
         if port is None:
             with socket.socket() as sock:
                 sock.bind(("127.0.0.1", 0))
@@ -44,7 +47,7 @@ class RolloutServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.marks = marks
         script = [osmosis_python(), str(SCRIPTS / "rollout_server.py"), str(self.port), KEY]
-        env = script_env(MARKS=str(marks), _OSMOSIS_ROLLOUT_ARTIFACT_ROOT=str(marks / "artifacts"))
+        env = script_env(MARKS=str(marks), _OSMOSIS_ROLLOUT_ARTIFACT_ROOT=str(marks / "artifacts"), **env)
         self.process = subprocess.Popen(script, env=env, cwd=marks)
 
     def wait_healthy(self, timeout: float = 60) -> dict[str, Any]:
@@ -193,3 +196,55 @@ async def test_a_restarted_03_server_fails_its_live_attempts_at_once(
             assert attempt.end_time is not None and attempt.end_time - attempt.start_time < 30
         finally:
             restarted.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+async def test_rollway_killed_mid_rollout_resumes_its_polls_within_the_lease(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """``rollway serve`` is killed (SIGKILL) while the server runs a rollout, and started again on the same database
+    and port. The lease it kept in the store lets the new process resume the polls (the server's long poll is 2 s
+    here, so the lease counts as unpolled after 12 s), within the server's 120 s lease: the workflow then makes its
+    call through the new process and the attempt succeeds with the grader's reward."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    server = RolloutServer(marks, RESULT_WAIT="2")
+    database, port = f"sqlite:///{tmp_path / 'gateway.db'}", free_port()
+    try:
+        server.wait_healthy()
+        first = GatewayProcess(database, port=port).start()
+        try:
+            async with httpx.AsyncClient(base_url=first.url, timeout=30) as admin:
+                backend = {**MOCK_BACKEND, "base_url": mock.base_url}
+                (await admin.put("/admin/v1/models/policy", json={"backends": [backend]})).raise_for_status()
+                agent = {"url": server.url, "api_key": KEY}
+                (await admin.put("/admin/v1/agents/osm", json=agent)).raise_for_status()
+                [rollout_id] = await enqueue(admin, {"behaviour": "go", "reward": 0.75})
+            async with asyncio.timeout(30):
+                while not (started := sorted(marks.glob("started-*"))):  # another process: no event to await
+                    assert server.process.poll() is None
+                    await asyncio.sleep(0.05)
+            assert first.pid is not None
+            os.kill(first.pid, signal.SIGKILL)
+        finally:
+            first.stop()
+        with GatewayProcess(database, port=port) as second:
+            (marks / started[0].name.replace("started-", "go-")).write_text("")
+            async with httpx.AsyncClient(base_url=second.url, timeout=90) as admin:
+                waited = await admin.post(
+                    "/admin/v1/rollouts/wait", json={"rollout_ids": [rollout_id], "timeout_seconds": 60}
+                )
+                [rollout] = waited.json()["finished"]
+                assert rollout["status"] == "succeeded", rollout
+                [attempt] = (await admin.get(f"/admin/v1/rollouts/{rollout_id}")).json()["attempts"]
+                assert attempt["metadata"]["completion"]["reward"] == 0.75
+                assert started[0].name == f"started-{attempt['attempt_id']}"
+                assert "lease" not in str(attempt)
+    finally:
+        server.stop()

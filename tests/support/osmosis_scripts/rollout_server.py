@@ -8,7 +8,10 @@ What a task asks for, in its metadata (the workflow and the grader read it):
 
 - ``reward``: the grader's reward (else 1.0 when the answer is not empty);
 - ``behaviour``: ``fail`` (the workflow raises), ``remove`` (the grader drops the sample), ``stream`` (the call
-  streams), ``hang`` (the workflow waits for a cancel, writing ``started-<id>`` into ``$MARKS`` first).
+  streams), ``hang`` (the workflow waits for a cancel, writing ``started-<id>`` into ``$MARKS`` first), ``go``
+  (it writes ``started-<id>``, then makes its call once the test writes ``go-<id>``).
+
+``$RESULT_WAIT`` sets the server's long-poll wait (``result_wait_timeout_sec``, 30 s by default).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,12 @@ from osmosis_ai.rollout.context import AgentWorkflowContext, GraderContext
 from osmosis_ai.rollout.server.app import create_rollout_server
 
 MARKS = Path(os.environ.get("MARKS", "."))
+
+
+def wait_for_file(path: Path) -> None:
+    """Until the test writes ``path`` (from another process: there is no event to await)."""
+    while not path.exists():
+        time.sleep(0.05)
 
 
 class OneCall(AgentWorkflow):  # type: ignore[misc]  # the SDK is untyped here (not installed beside mypy)
@@ -42,6 +52,10 @@ class OneCall(AgentWorkflow):  # type: ignore[misc]  # the SDK is untyped here (
             except asyncio.CancelledError:
                 (MARKS / f"cancelled-{rollout.rollout_id}").write_text("")
                 raise
+        if behaviour == "go":
+            (MARKS / f"started-{rollout.rollout_id}").write_text("")
+            go = MARKS / f"go-{rollout.rollout_id}"
+            await asyncio.to_thread(wait_for_file, go)
         llm = AsyncOpenAI(base_url=rollout.chat_completions_url, api_key=rollout.api_key, max_retries=0)
         model = (ctx.metadata or {}).get("model", "policy")
         if behaviour == "stream":
@@ -72,5 +86,7 @@ class FromMetadata(Grader):  # type: ignore[misc]  # as above
 
 if __name__ == "__main__":
     port, key = int(sys.argv[1]), sys.argv[2]
-    app = create_rollout_server(backend=LocalBackend(workflow=OneCall, grader=FromMetadata), api_key=key)
+    wait = float(os.environ.get("RESULT_WAIT", "30"))
+    backend = LocalBackend(workflow=OneCall, grader=FromMetadata)
+    app = create_rollout_server(backend=backend, api_key=key, result_wait_timeout_sec=wait)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
