@@ -23,7 +23,7 @@ import pytest
 
 from rollway.mock import MockBackendProcess
 from rollway.process import GatewayProcess
-from support.gateway_harness import RunningGateway, register, running_gateway
+from support.gateway_harness import RunningGateway, register, replay, running_gateway
 from support.osmosis_env import SCRIPTS, osmosis_python, require_osmosis, script_env
 
 require_osmosis()
@@ -133,7 +133,9 @@ async def test_a_03_server_runs_rollouts_graded_dropped_and_failed(
             assert meta["completion"]["reward"] == reward
             spans = await gw.store.query_spans(rollout_id)
             [call] = [s for s in spans if s.attributes.get("gen_ai.operation.name") == "chat"]
-            assert call.attributes["rollway.response_token_ids"]  # the engine's ids, recorded
+            truth = await replay(mock, {**call.attributes["rollway.request"], "stream": False})
+            assert call.attributes["rollway.prompt_token_ids"] == truth["prompt_token_ids"]  # the engine's, exactly
+            assert call.attributes["rollway.response_token_ids"] == truth["choices"][0]["token_ids"]
             assert call.attributes["rollway.request"]["messages"] == QUESTION
             assert call.attributes["rollway.request"]["model"] == "policy"  # "osmosis-rollout" served as the server's
             assert [s.attributes["rollway.reward.value"] for s in spans if s.name == "rollway.reward"] == [reward]

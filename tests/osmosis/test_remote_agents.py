@@ -17,7 +17,7 @@ import pytest
 from rollway.mock import MockBackendProcess
 from rollway.store import AgentServer, Rollout, Span
 from support.agent_server import AgentServerProcess
-from support.gateway_harness import RunningGateway, register, running_gateway
+from support.gateway_harness import RunningGateway, register, replay, running_gateway
 
 pytestmark = pytest.mark.slow
 
@@ -53,16 +53,6 @@ async def finish(gw: RunningGateway, ids: list[str], timeout: float = 90) -> lis
 
 def llm_spans(spans: list[Span]) -> list[Span]:
     return [s for s in spans if s.attributes.get("gen_ai.operation.name") == "chat"]
-
-
-async def replay(mock: MockBackendProcess, request: dict[str, Any]) -> dict[str, Any]:
-    """What the backend answers, with token ids, to a call's request sent to it directly."""
-    body = {**request, "model": "mock-model", "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
-    async with httpx.AsyncClient(timeout=30) as client:
-        answer = await client.post(f"{mock.base_url}/chat/completions", json=body)
-    answer.raise_for_status()
-    result: dict[str, Any] = answer.json()
-    return result
 
 
 def max_overlap(intervals: list[tuple[float, float]]) -> int:

@@ -213,3 +213,13 @@ def closed_port() -> int:
 def vllm(mock: MockBackendProcess, backend_id: str = "mock-a", **extra: Any) -> dict[str, Any]:
     """A ``vllm``-kind backend entry for the mock backend process."""
     return {"backend_id": backend_id, "base_url": mock.base_url, "kind": "vllm", "model": "mock-model", **extra}
+
+
+async def replay(mock: MockBackendProcess, request: dict[str, Any]) -> dict[str, Any]:
+    """What the backend answers, with token ids, to a call's request sent to it directly."""
+    body = {**request, "model": "mock-model", "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
+    async with httpx.AsyncClient(timeout=30) as client:
+        answer = await client.post(f"{mock.base_url}/chat/completions", json=body)
+    answer.raise_for_status()
+    result: dict[str, Any] = answer.json()
+    return result
