@@ -11,6 +11,7 @@ the attempt's status; a second report for the same attempt changes nothing.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -109,6 +110,18 @@ def claim(conn: Connection, name: str, limit: int, now: float) -> list[Attempted
     return queue.claim(conn, worker_id(name), limit, now, agent=name)
 
 
+def _latest_attempts(
+    conn: Connection, name: str, statuses: Iterable[RolloutStatus]
+) -> Iterator[tuple[RowMapping, RowMapping]]:
+    """(rollout, its latest attempt) of each rollout of agent server ``name`` in one of ``statuses``."""
+    stmt = select(R).where(R.c.agent == name, R.c.status.in_([s.value for s in statuses]))
+    for rollout in conn.execute(stmt).mappings().all():
+        try:
+            yield rollout, load_attempt(conn, rollout, "latest", lock=False)
+        except NotFoundError:
+            continue
+
+
 def undispatched(conn: Connection, name: str, started_before: float) -> list[AttemptedRollout]:
     """The attempts dispatched to server ``name`` whose init left no trace: still ``preparing``, the latest of
     their rollout, no ``dispatch`` in their metadata (the dispatcher records every init's outcome there), begun
@@ -116,13 +129,8 @@ def undispatched(conn: Connection, name: str, started_before: float) -> list[Att
     anything, and nothing else would send it again: the rollout would wait for ever (or for its timeout) and
     hold a slot of the server's ``max_concurrent``. Sending the init again is safe: its idempotency key is the
     attempt id, so a server that got the first one starts nothing new."""
-    stmt = select(R).where(R.c.agent == name, R.c.status == RolloutStatus.PREPARING.value)
     found = []
-    for rollout in conn.execute(stmt).mappings().all():
-        try:
-            attempt = load_attempt(conn, rollout, "latest", lock=False)
-        except NotFoundError:
-            continue
+    for rollout, attempt in _latest_attempts(conn, name, [RolloutStatus.PREPARING]):
         metadata = attempt["metadata"] if isinstance(attempt["metadata"], dict) else {}
         if (
             attempt["status"] == AttemptStatus.PREPARING.value
@@ -156,13 +164,8 @@ def record_lease(
 def leases(conn: Connection, name: str, cipher: Cipher | None) -> list[tuple[AttemptedRollout, dict[str, Any]]]:
     """The live attempts of agent server ``name`` that keep a polling lease, each with it: the latest attempt of
     a live rollout, not ended. A lease this process cannot decrypt (another secret key) is left out."""
-    stmt = select(R).where(R.c.agent == name, R.c.status.in_([s.value for s in ACTIVE]))
     found = []
-    for rollout in conn.execute(stmt).mappings().all():
-        try:
-            attempt = load_attempt(conn, rollout, "latest", lock=False)
-        except NotFoundError:
-            continue
+    for rollout, attempt in _latest_attempts(conn, name, ACTIVE):
         stored = attempt["agent_lease"]
         if stored is None or AttemptStatus(attempt["status"]) in ATTEMPT_TERMINAL:
             continue

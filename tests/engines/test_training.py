@@ -26,7 +26,15 @@ import httpx
 import pytest
 
 from rollway.process import GatewayProcess
-from support.vllm_env import CHAT_MODEL, engine_env, python, require_vllm, tiny_model, training_engine
+from support.vllm_env import (
+    CHAT_MODEL,
+    client_install,
+    engine_env,
+    python,
+    require_vllm,
+    tiny_model,
+    training_engine,
+)
 
 require_vllm()
 
@@ -39,14 +47,6 @@ LOGPROB_MAX = 5e-3
 TRAIN_TIMEOUT = 900
 
 pytestmark = [pytest.mark.real_component, pytest.mark.timeout(TRAIN_TIMEOUT + 400)]
-
-
-def client_install(into: Path) -> Path:
-    """This checkout installed as a trainer's environment gets it: no dependencies (the trainer's own httpx and
-    pydantic serve), no build isolation (nothing is downloaded)."""
-    command = [str(python()), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target"]
-    subprocess.run([*command, str(into), str(ROOT)], check=True, env=engine_env(), timeout=300)
-    return into
 
 
 def test_grpo_through_rollway_trains_the_model_with_its_weights_updated_in_place(tmp_path: Path) -> None:

@@ -30,7 +30,15 @@ import pytest
 
 from rollway.process import GatewayProcess
 from support.trl_env import require_trl, trl_site
-from support.vllm_env import CHAT_MODEL, engine_env, python, require_vllm, tiny_model, training_engine
+from support.vllm_env import (
+    CHAT_MODEL,
+    client_install,
+    engine_env,
+    python,
+    require_vllm,
+    tiny_model,
+    training_engine,
+)
 
 require_vllm()
 require_trl()
@@ -51,9 +59,7 @@ def test_trl_grpo_trains_on_agents_run_through_rollway_with_weights_updated_in_p
     site = trl_site()
     model = tmp_path / "model"
     shutil.copytree(tiny_model(), model)  # the trainer overwrites these weights at every step
-    client = tmp_path / "client"
-    command = [str(python()), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target"]
-    subprocess.run([*command, str(client), str(ROOT)], check=True, env=engine_env(), timeout=300)
+    client = client_install(tmp_path / "client")
     out = tmp_path / "run"
     with (
         training_engine(model, tmp_path) as engine,

@@ -19,7 +19,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from support.components import missing
+from support.components import marked_ready, missing
 
 AGL_VERSION = "0.3.0"
 INSTALL_TIMEOUT = float(os.environ.get("ROLLWAY_AGL_INSTALL_TIMEOUT", "1500"))
@@ -86,10 +86,7 @@ def _build() -> str | None:
 
 
 def _ready() -> bool:
-    try:
-        return bool(json.loads(READY.read_text()).get("spec") == SPEC)
-    except (OSError, ValueError, AttributeError):
-        return False
+    return marked_ready(READY, SPEC)
 
 
 def require_agl() -> None:

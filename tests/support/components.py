@@ -5,7 +5,9 @@ component is missing is skipped whole, with one line saying why, unless CI says 
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
@@ -16,3 +18,11 @@ def missing(suite: str, variable: str, reason: str) -> NoReturn:
     if os.environ.get(variable) == "1":
         pytest.fail(f"{suite} required ({variable}=1) but {reason}", pytrace=False)
     pytest.skip(f"{suite} skipped: {reason}", allow_module_level=True)
+
+
+def marked_ready(marker: Path, spec: str) -> bool:
+    """Whether a cached environment's ready marker (JSON with its ``spec``) says it holds ``spec``."""
+    try:
+        return bool(json.loads(marker.read_text()).get("spec") == spec)
+    except (OSError, ValueError, AttributeError):
+        return False

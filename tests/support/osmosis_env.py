@@ -16,7 +16,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from support.components import missing
+from support.components import marked_ready, missing
 
 OSMOSIS_VERSION = "0.3.8"
 REQUIREMENTS = (f"osmosis-ai[server]=={OSMOSIS_VERSION}", "openai>=2")
@@ -49,10 +49,7 @@ def script_env(**extra: str) -> dict[str, str]:
 
 
 def _ready() -> bool:
-    try:
-        return bool(json.loads(READY.read_text()).get("spec") == SPEC)
-    except (OSError, ValueError, AttributeError):
-        return False
+    return marked_ready(READY, SPEC)
 
 
 def _build() -> str | None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from support.components import missing
+from support.components import marked_ready, missing
 from support.vllm_env import CACHE, engine_env, python
 
 TRL_VERSION = "1.16.0"
@@ -50,10 +50,7 @@ CHECK = "import trl, datasets; from trl import GRPOTrainer; datasets.Dataset.fro
 
 
 def _ready() -> bool:
-    try:
-        return bool(json.loads(READY.read_text()).get("spec") == SPEC)
-    except (OSError, ValueError, AttributeError):
-        return False
+    return marked_ready(READY, SPEC)
 
 
 def _build() -> str | None:

@@ -234,3 +234,13 @@ def running_engines(log_dir: Path) -> Iterator[Engines]:
         stack.callback(embed.stop)
         _wait_healthy([chat, embed], START_TIMEOUT)
         yield Engines(chat=chat, embed=embed)
+
+
+def client_install(into: Path) -> Path:
+    """This checkout installed into ``into`` as a trainer's environment gets it: no dependencies (the trainer's own
+    httpx and pydantic serve), no build isolation (nothing is downloaded). Put ``into`` on the trainer's
+    ``PYTHONPATH``."""
+    checkout = Path(__file__).resolve().parents[2]
+    command = [str(python()), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target"]
+    subprocess.run([*command, str(into), str(checkout)], check=True, env=engine_env(), timeout=300)
+    return into
