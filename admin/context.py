@@ -113,6 +113,8 @@ class AdminContext:
     backend_up: Callable[[str], bool] | None = None
     #: What each engine behind an alias last reported as its weight version (``gateway.versions``), by backend.
     engine_versions: Callable[[str], Mapping[str, EngineVersion]] | None = None
+    #: Tells the data plane's controlled proxy that its pause or its models changed (``gateway.controlled``).
+    proxy_changed: Callable[[], None] = lambda: None
 
 
 def context_of(request: Request) -> AdminContext:

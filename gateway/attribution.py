@@ -32,6 +32,8 @@ class Attribution:
     attempt_id: str | None
     via: Via
     osmosis: bool = False
+    #: Span attributes the route adds (a controller's attempt id on ``/proxy/...``).
+    tags: tuple[tuple[str, str], ...] = ()
 
 
 def bearer(headers: dict[str, str]) -> str | None:

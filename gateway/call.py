@@ -86,6 +86,7 @@ class Call:
             sequence_id=ticket.sequence_id,
             deadline=ticket.deadline,
             osmosis=who.osmosis,
+            tags=dict(who.tags),
         )
         if trace is not None:
             record.trace_id, record.parent_id = trace.trace_id, trace.parent_id

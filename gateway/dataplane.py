@@ -2,7 +2,8 @@
 overhead, full control of streaming and of client disconnects). Paths it does not own go to ``fallback``.
 
 Routes: ``POST /v1/{chat/completions,completions,responses,embeddings}`` and ``GET /v1/models``, also under
-``/rollout/{rollout_id}/v1/...`` and ``/rollout/{rollout_id}/attempt/{attempt_id}/v1/...``.
+``/rollout/{rollout_id}/v1/...`` and ``/rollout/{rollout_id}/attempt/{attempt_id}/v1/...``; and Agent-lightning
+1.0's ``POST /proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai/v1/...`` (``gateway.controlled``).
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from urllib.parse import unquote
 import orjson
 
 from rollway import logs
-from rollway.gateway import capture
-from rollway.gateway.attribution import KeyCache, attribute, check_key
+from rollway.gateway import capture, controlled
+from rollway.gateway.attribution import Attribution, KeyCache, attribute, check_key
 from rollway.gateway.bounds import Bound
 from rollway.gateway.call import Call, call_error
+from rollway.gateway.controlled import ControlledProxy
 from rollway.gateway.errors import AuthError, CallError, ClientStalled, UnknownAlias
 from rollway.gateway.proxy import Gateway
 from rollway.gateway.record import parse_traceparent
 from rollway.gateway.reply import Reply
 from rollway.store import ModelAlias, NotFoundError, StoreError
+from rollway.store.controlled import ATTEMPT_ATTR
 
 log = logging.getLogger("rollway.gateway")
 
@@ -47,6 +50,7 @@ class Serving:
 
     gateway: Gateway
     keys: KeyCache
+    controlled: ControlledProxy | None = None  # Agent-lightning 1.0's ``/proxy/...`` (``gateway.controlled``)
 
 
 class DataPlane:
@@ -68,7 +72,7 @@ class DataPlane:
         token = logs.REQUEST_ID.set(rid)
         rid_header = (logs.HEADER, rid.encode())
         try:
-            match = PATH.match(scope["path"])
+            match = PATH.match(scope["path"]) or controlled.PATH.match(scope["path"])
             if match is None:
                 await self.fallback(scope, receive, _with_header(send, rid_header))
                 return
@@ -105,6 +109,9 @@ class DataPlane:
         op_path = match["op"]
         method = scope["method"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if match.re is controlled.PATH:
+            await self._serve_controlled(serving, scope, receive, reply, match, headers, rid_header)
+            return
         try:  # before the body is read: a caller without a valid key costs no more than its headers
             key = await check_key(headers, keys, gateway.settings.gateway_auth == "keys")
         except AuthError as exc:
@@ -144,24 +151,59 @@ class DataPlane:
         attempt = unquote(match["attempt"]) if match["attempt"] else None
         try:
             who = attribute(rollout, attempt, headers, parsed, key)
-            call = await Call.begin(
-                gateway,
-                capture.OPERATIONS[op_path],
-                op_path,
-                parsed,
-                who,
-                parse_traceparent(headers.get("traceparent"), headers.get("tracestate")),
-            )
-        except (AuthError, UnknownAlias) as exc:
+        except AuthError as exc:
             raise exc.refusal() from None
+        call = await _begin(gateway, op_path, parsed, who, headers)
+        await call.run(reply, receive, _call_headers(call, rid_header))
+
+    async def _serve_controlled(
+        self,
+        serving: Serving,
+        scope: Scope,
+        receive: Receive,
+        reply: Reply,
+        match: re.Match[str],
+        headers: dict[str, str],
+        rid_header: tuple[bytes, bytes],
+    ) -> None:
+        """A call through ``/proxy/...`` (``gateway.controlled``): checked in the order Agent-lightning's server
+        checks it, then served as any call."""
+        gateway, proxy = serving.gateway, serving.controlled
+        if proxy is None:
+            raise CallError.of(404, "the controlled proxy is not served here", "not_found_error")
+        if scope["method"] != "POST":
+            raise CallError.of(405, "use POST for /proxy/...", "invalid_request_error")
+        proxy.check_auth(headers)
+        mode, op_path = match["mode"], match["op"]
+        if mode not in controlled.MODES:
+            raise CallError.of(404, f"Unsupported proxy mode: {mode}", "not_found_error")
+        if op_path not in controlled.OPERATIONS:
+            raise CallError.of(404, f"Unsupported upstream path: {op_path}", "not_found_error")
+        rollout = unquote(match["rollout"])
+        try:
+            if not await gateway.store.controlled_live(rollout):
+                raise CallError.of(404, f"Rollout not found: {rollout}", "not_found_error")
         except StoreError as exc:
             raise CallError.of_store(exc) from None
-        record = call.record
-        out_headers = [rid_header, (b"x-rollway-sequence-id", str(record.sequence_id).encode())]
-        if record.rollout_id:
-            out_headers.append((b"x-rollway-rollout-id", record.rollout_id.encode()))
-            out_headers.append((b"x-rollway-attempt-id", (record.attempt_id or "").encode()))
-        await call.run(reply, receive, out_headers)
+        body = await _read_body(
+            receive, headers, gateway.settings.max_body_bytes, gateway.settings.body_timeout, reply.bound
+        )
+        try:
+            parsed = orjson.loads(body) if body else {}
+        except orjson.JSONDecodeError:
+            raise CallError.of(400, "Invalid JSON in request body", "invalid_request_error") from None
+        if not isinstance(parsed, dict):
+            raise CallError.of(400, "Request body must be a JSON object", "invalid_request_error")
+        try:
+            state = await proxy.pause()
+            if state.paused:
+                raise controlled.paused_error(state)
+            _, alias = await proxy.target()
+        except StoreError as exc:
+            raise CallError.of_store(exc) from None
+        who = Attribution(rollout, None, "path", tags=((ATTEMPT_ATTR, unquote(match["attempt"])),))
+        call = await _begin(gateway, op_path, proxy.prepare(parsed, mode, op_path, alias), who, headers)
+        await call.run(reply, receive, _call_headers(call, rid_header))
 
     async def _models(self, gateway: Gateway, reply: Reply, rid_header: tuple[bytes, bytes]) -> None:
         data = [_model_object(m) for m in await gateway.store.list_models()]
@@ -178,6 +220,35 @@ class DataPlane:
                 404, f"the model '{alias}' does not exist", "not_found_error", code="model_not_found"
             ) from None
         await reply.whole(200, [(b"content-type", b"application/json"), rid_header], orjson.dumps(_model_object(model)))
+
+
+async def _begin(
+    gateway: Gateway, op_path: str, body: dict[str, Any], who: Attribution, headers: dict[str, str]
+) -> Call:
+    """The call begun (``Call.begin``); what refuses it before that becomes its ``CallError``."""
+    try:
+        return await Call.begin(
+            gateway,
+            capture.OPERATIONS[op_path],
+            op_path,
+            body,
+            who,
+            parse_traceparent(headers.get("traceparent"), headers.get("tracestate")),
+        )
+    except (AuthError, UnknownAlias) as exc:
+        raise exc.refusal() from None
+    except StoreError as exc:
+        raise CallError.of_store(exc) from None
+
+
+def _call_headers(call: Call, rid_header: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
+    """The headers every answer of a begun call carries: its request id, sequence id, rollout and attempt."""
+    record = call.record
+    out = [rid_header, (b"x-rollway-sequence-id", str(record.sequence_id).encode())]
+    if record.rollout_id:
+        out.append((b"x-rollway-rollout-id", record.rollout_id.encode()))
+        out.append((b"x-rollway-attempt-id", (record.attempt_id or "").encode()))
+    return out
 
 
 async def _not_serving(send: Send, rid_header: tuple[bytes, bytes]) -> None:

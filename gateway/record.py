@@ -79,6 +79,7 @@ class CallRecord:
     cancelled: bool = False
     deadline: float | None = None
     osmosis: bool = False  # the body named its rollout (Osmosis): answer with TrainGate's token fields
+    tags: dict[str, str] = field(default_factory=dict)  # span attributes its route adds
     accumulator: Any = None  # the stream accumulator while streaming (partial response on abort)
     trainable: bool = False  # set by ``span``: its response carries the prompt's and the output's token ids
 
@@ -109,6 +110,8 @@ class CallRecord:
             "rollway.backend_id": self.backend.backend_id if self.backend else None,
             "rollway.model_version": self.model_version,
         }
+        if self.tags:
+            attributes.update(self.tags)
         if self.backend is not None:
             attributes["gen_ai.system"] = self.backend.kind
             attributes["server.address"] = _host(self.backend.base_url)

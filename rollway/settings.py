@@ -147,6 +147,17 @@ class Settings(BaseSettings):
     agent_poll_interval: float = Field(
         default=0.5, gt=0, description="longest wait before the dispatcher looks for remote-agent tasks again"
     )
+    agl_model: str | None = Field(
+        default=None,
+        description="the model every call through Agent-lightning 1.0's /proxy/... is sent to (its "
+        "default_proxy.model_name); unset: the one model registered through /api/models",
+    )
+    agl_train_temperature: float = Field(
+        default=1.0, ge=0, description="temperature of every train-mode call through /proxy/... (Agent-lightning 1.0)"
+    )
+    agl_val_temperature: float = Field(
+        default=0.7, ge=0, description="temperature of every val-mode call through /proxy/... (Agent-lightning 1.0)"
+    )
     models: dict[str, ModelSeed] = Field(
         default_factory=dict,
         description="model aliases created at start when the store lacks them (YAML: alias: {backends, version, "

@@ -23,6 +23,7 @@ from rollway.store.db.writer import BatchWriter, PgWriter, Writer
 from rollway.store.errors import ConflictError, UnavailableError
 from rollway.store.parts.agents import AgentsMixin
 from rollway.store.parts.catalog import CatalogMixin
+from rollway.store.parts.controlled import ControlledMixin
 from rollway.store.parts.edits import EditsMixin
 from rollway.store.parts.keepalive import INTERVAL, CallsInFlight
 from rollway.store.parts.lifecycle import LifecycleMixin
@@ -41,7 +42,16 @@ T = TypeVar("T")
 
 
 class Store(
-    QueueMixin, LifecycleMixin, CatalogMixin, UpdatesMixin, EditsMixin, AgentsMixin, SpansMixin, ReadsMixin, WalMixin
+    QueueMixin,
+    LifecycleMixin,
+    CatalogMixin,
+    UpdatesMixin,
+    EditsMixin,
+    AgentsMixin,
+    ControlledMixin,
+    SpansMixin,
+    ReadsMixin,
+    WalMixin,
 ):
     """The embedded store over SQLite or PostgreSQL (see the package docstring)."""
 

@@ -24,11 +24,14 @@ from rollway.admin.context import AdminContext
 from rollway.agl.access import PathToken
 from rollway.agl.routes import build_router as agl_router
 from rollway.agl.routes import build_traces_router
+from rollway.agl.server import DetailError, detail_error
+from rollway.agl.server import build_router as agl_server_router
 from rollway.app import errors, probes
 from rollway.app.guards import BodyLimit, LoopbackOnly
 from rollway.app.replicas import ReplicaReporter, new_replica
 from rollway.app.state import AppState
 from rollway.gateway.attribution import KeyCache
+from rollway.gateway.controlled import ControlledProxy
 from rollway.gateway.dataplane import DataPlane, Serving
 from rollway.gateway.metrics import Metrics
 from rollway.gateway.proxy import Gateway
@@ -137,6 +140,10 @@ def create_app(settings: Settings) -> RollwayApp:
         metrics.engine_versions = updates.versions.mismatches
         reporter = ReplicaReporter(store, registry, replica, follow=updates.follow)
         await reporter.start()
+        temperatures = {"train": settings.agl_train_temperature, "val": settings.agl_val_temperature}
+        token = settings.admin_token.get_secret_value() if settings.admin_token else None
+        proxy = ControlledProxy(store, token, settings.agl_model, temperatures)
+        registry.listen(proxy.forget)  # a pause or models changed through another replica
         api.state.rollway = AppState(
             settings=settings,
             store=store,
@@ -157,8 +164,9 @@ def create_app(settings: Settings) -> RollwayApp:
             public_url=settings.public_url,
             backend_up=router.is_up,
             engine_versions=updates.versions.of,
+            proxy_changed=proxy.forget,
         )
-        dataplane.serve_with(Serving(gateway, keys))
+        dataplane.serve_with(Serving(gateway, keys, proxy))
         try:
             yield
         finally:
@@ -181,6 +189,8 @@ def create_app(settings: Settings) -> RollwayApp:
     api.include_router(admin_router(extra=[osmosis_agents.router]))
     api.include_router(probes.build_router())
     api.include_router(agl_router())
+    api.include_router(agl_server_router())  # Agent-lightning 1.0's server API, at the root
+    api.add_exception_handler(DetailError, detail_error)
     api.include_router(build_traces_router())
     api.include_router(osmosis.router)
     api.include_router(ui_router())  # the dashboard's pages (/ui); their data comes through /admin/v1

@@ -257,6 +257,51 @@ class GatewayReplicaRow(SQLModel, table=True):
     in_flight: Any = _json(nullable=False)  # {alias: {configuration key: calls}}
 
 
+class ControlledRolloutRow(SQLModel, table=True):
+    """What an outside controller set on a rollout it drives (``store.sql.controlled``, migration 0009)."""
+
+    __tablename__ = "controlled_rollouts"
+
+    rollout_id: str = Field(primary_key=True, max_length=128, foreign_key="rollouts.rollout_id")
+    is_train: bool = True
+    config: Any = _json(nullable=False)
+    version: int = 1
+    k8s_job_name: str | None = Field(default=None, sa_type=Text)
+    last_attempt_id: str | None = Field(default=None, max_length=128)
+    error_message: str | None = Field(default=None, sa_type=Text)
+    early_events: Any = _json()
+    created_time: float
+    updated_time: float
+    #: Its place in the log of the order controlled rollouts ended (1, 2, ...), given by its first terminal transition.
+    terminal_seq: int | None = Field(default=None, index=True)
+    #: Deleted through the controller's API: hidden from it, kept for the admin API and exports.
+    deleted_time: float | None = None
+
+
+class EngineModelRow(SQLModel, table=True):
+    """An endpoint a trainer registered under a model name for the controlled proxy (migration 0009)."""
+
+    __tablename__ = "engine_models"
+
+    model: str = Field(primary_key=True, max_length=256)
+    endpoint: str = Field(primary_key=True, max_length=2048)
+    version: int = 0
+    created_time: float
+
+
+class ProxyPauseRow(SQLModel, table=True):
+    """The controlled proxy's pause: one row, ``name = 'proxy'`` (migration 0009)."""
+
+    __tablename__ = "proxy_pause"
+
+    name: str = Field(primary_key=True, max_length=32)
+    paused: bool = False
+    retry_after_seconds: int = 5
+    reason: str | None = Field(default=None, sa_type=Text)
+    aliases: Any = _json()
+    updated_time: float
+
+
 rollouts = RolloutRow.__table__  # type: ignore[attr-defined]
 attempts = AttemptRow.__table__  # type: ignore[attr-defined]
 spans = SpanRow.__table__  # type: ignore[attr-defined]
@@ -269,3 +314,6 @@ workers = WorkerRow.__table__  # type: ignore[attr-defined]
 agent_servers = AgentServerRow.__table__  # type: ignore[attr-defined]
 gateway_replicas = GatewayReplicaRow.__table__  # type: ignore[attr-defined]
 weight_updates = WeightUpdateRow.__table__  # type: ignore[attr-defined]
+controlled_rollouts = ControlledRolloutRow.__table__  # type: ignore[attr-defined]
+engine_models = EngineModelRow.__table__  # type: ignore[attr-defined]
+proxy_pause = ProxyPauseRow.__table__  # type: ignore[attr-defined]

@@ -16,7 +16,7 @@ from rollway.store.errors import StoreValidationError, UnavailableError
 from rollway.store.exports import REWARD_STAMPED
 from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.schemas import Attempt, Rollout, Span
-from rollway.store.sql import convert, spans, watchdog
+from rollway.store.sql import controlled, convert, spans, watchdog
 from rollway.store.sql.lifecycle import (
     apply_attempt_status,
     load_attempt,
@@ -120,6 +120,7 @@ class LifecycleMixin(StorePlumbing):
         def op(conn: Connection) -> Rollout:
             rollout = load_rollout(conn, rollout_id)
             set_rollout_status(conn, rollout, RolloutStatus.CANCELLED, now)
+            controlled.ended(conn, rollout_id)  # a controlled rollout's place in its terminal log
             return convert.rollout(load_rollout(conn, rollout_id, lock=False))
 
         result = await self._write(op)

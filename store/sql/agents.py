@@ -10,13 +10,13 @@ the attempt's status; a second report for the same attempt changes nothing.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
 from sqlalchemy import Connection, RowMapping, delete, func, select, update
 
+from rollway.store.controlled import RESERVED_AGENT_PREFIX
 from rollway.store.db import models
 from rollway.store.db.dialect import lock_rows, serialize_key
 from rollway.store.errors import ConflictError, NotFoundError, StoreValidationError, UnavailableError
@@ -59,6 +59,8 @@ def put(conn: Connection, server: AgentServer, now: float, cipher: Cipher | None
         )
     if not server.url.startswith(("http://", "https://")):
         raise StoreValidationError(f"agent server url must start with http:// or https://, got '{server.url}'")
+    if server.name.startswith(RESERVED_AGENT_PREFIX):  # the controlled rollouts' queue (``store.controlled``)
+        raise StoreValidationError(f"agent server names starting with '{RESERVED_AGENT_PREFIX}' are reserved")
     values = {
         "url": server.url.rstrip("/"),
         **stored_key(server.api_key.get_secret_value() if server.api_key else None, cipher),
@@ -178,16 +180,14 @@ def leases(conn: Connection, name: str, cipher: Cipher | None) -> list[tuple[Att
     return found
 
 
-def reward_span(rollout_id: str, attempt_id: str, value: float, now: float) -> Span:
-    return Span(
-        rollout_id=rollout_id,
-        attempt_id=attempt_id,
-        trace_id=secrets.token_hex(16),
-        span_id=secrets.token_hex(8),
-        name=REWARD_SPAN,
-        start_time=now,
-        end_time=now,
-        attributes={"rollway.reward.name": "primary", "rollway.reward.value": value},
+def reward_span(rollout_id: str, attempt_id: str | None, value: float, now: float, **extra: Any) -> Span:
+    """A primary reward of ``value`` as a span of the attempt (the latest when None), with ``extra`` attributes."""
+    return spans.point_span(
+        rollout_id,
+        attempt_id,
+        REWARD_SPAN,
+        {"rollway.reward.name": "primary", "rollway.reward.value": value} | extra,
+        now,
     )
 
 

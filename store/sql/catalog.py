@@ -19,6 +19,7 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from sqlalchemy import Connection, delete, select, update
 
 from rollway.store import ids
+from rollway.store.controlled import ALIAS_ACTIONS
 from rollway.store.db import models
 from rollway.store.db.dialect import serialize_key
 from rollway.store.errors import ConflictError, NotFoundError, StoreValidationError, UnavailableError
@@ -33,7 +34,7 @@ C = models.counters
 REVISION = "catalog"
 #: An alias's control routes (``POST /admin/v1/models/{alias}/pause`` ...). Aliases may contain '/'
 #: ("Qwen/Qwen2.5-7B"), so one whose last segment is one of these could not be told apart from its action.
-ACTIONS = frozenset({"pause", "resume", "swap", "drain", "updates"})
+ACTIONS = ALIAS_ACTIONS
 
 
 def action_path(alias: str) -> tuple[str, str] | None:

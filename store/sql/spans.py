@@ -9,6 +9,7 @@ a finished rollout gives it a new finish position (``store.sql.exports``): it is
 
 from __future__ import annotations
 
+import secrets
 from collections import defaultdict
 from collections.abc import Collection
 from typing import Any, Literal
@@ -34,6 +35,20 @@ _SQLITE_INSERT = (
     f"INSERT INTO spans ({', '.join(convert.SPAN_COLUMNS)}) VALUES ({', '.join('?' for _ in convert.SPAN_COLUMNS)}) "
     f"ON CONFLICT ({', '.join(_SEQUENCE_KEY)}) DO NOTHING"
 )
+
+
+def point_span(rollout_id: str, attempt_id: str | None, name: str, attributes: dict[str, Any], now: float) -> Span:
+    """A span of no duration made by the store itself (a reward reported, an event posted), at ``now``."""
+    return Span(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        trace_id=secrets.token_hex(16),
+        span_id=secrets.token_hex(8),
+        name=name,
+        start_time=now,
+        end_time=now,
+        attributes=attributes,
+    )
 
 
 def json_text(value: Any) -> str | None:
