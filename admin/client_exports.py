@@ -70,6 +70,7 @@ class ExportFilters(TypedDict, total=False):
     model_version: str | Sequence[str] | None  # only rollouts whose every LLM call one of these versions answered
     since: str | None  # the cursor to continue from (``next_cursor``; ``"now"``: from now on)
     partial: bool  # each rollout as it finishes, not whole complete groups
+    dedupe: bool  # False: keep the calls a later call repeats with the same prompt (default: drop them, and count)
 
 
 def _filter_params(filters: ExportFilters) -> dict[str, Any]:
@@ -78,6 +79,7 @@ def _filter_params(filters: ExportFilters) -> dict[str, Any]:
         group_id=filters.get("group_id"),
         mode=filters.get("mode"),
         partial=filters.get("partial"),
+        dedupe=filters.get("dedupe"),
         metadata=[f"{k}={json.dumps(v)}" for k, v in metadata.items()] if metadata is not None else None,
         model_version=[versions] if isinstance(versions, str) else None if versions is None else list(versions),
     )

@@ -126,6 +126,7 @@ class Triplet(BaseModel):
     model_version: str | None = None
     sampling: dict[str, Any] = {}
     finish_reason: str | None = None
+    deduped_calls: int = 0  # calls of the rollout the export's de-duplication removed
 
 
 class MergedTriplet(BaseModel):
@@ -145,6 +146,7 @@ class MergedTriplet(BaseModel):
     model_version: str | None = None
     model_versions: list[str] = []
     sampling: dict[str, Any] = {}
+    deduped_calls: int = 0  # calls of the rollout the export's de-duplication removed
 
 
 class Unset:

@@ -23,13 +23,13 @@ from rollway.store.exports import ExportQuery, ExportRollout
 
 router = APIRouter(tags=["exports"], route_class=AdminRoute)
 
-Builder = Callable[[ExportRollout], list[dict[str, Any]]]
+Builder = Callable[[ExportRollout, bool], list[dict[str, Any]]]
 FORMATS = {"slime": slime_samples, "verl": verl_rows}
 
 
-def renderer(build: Builder) -> Callable[[list[ExportRollout]], list[bytes]]:
+def renderer(build: Builder, dedupe: bool) -> Callable[[list[ExportRollout]], list[bytes]]:
     def render(rollouts: list[ExportRollout]) -> list[bytes]:
-        return [orjson.dumps(record) for rollout in rollouts for record in build(rollout)]
+        return [orjson.dumps(record) for rollout in rollouts for record in build(rollout, dedupe)]
 
     return render
 
@@ -44,4 +44,4 @@ async def export(
     """Finished rollouts as SLIME `Sample` records (`slime`) or verl-style rows (`verl`), one per rollout
     segment; groups come whole and only once complete unless `partial=true`; `since` continues from a
     previous `next_cursor`; `format=jsonl` streams one record per line."""
-    return await respond(context.store, query, renderer(FORMATS[kind]), format_)
+    return await respond(context.store, query, renderer(FORMATS[kind], query.dedupe), format_)

@@ -25,7 +25,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from rollway.admin.adapters.merged import merged_rows
-from rollway.admin.adapters.triplets import dumps, llm_calls, triplets
+from rollway.admin.adapters.triplets import deduped, dumps, llm_calls, triplets
 from rollway.admin.context import Context
 from rollway.admin.route import AdminRoute
 from rollway.envelope import envelope
@@ -57,20 +57,27 @@ def known_parameters(*own: str) -> Any:
 
 
 CURSOR_HEADER = "x-rollway-next-cursor"
+#: The calls the page's de-duplication removed, when it is known before the body (a page of at most ``CHUNK``).
+DEDUPED_HEADER = "x-rollway-deduped-calls"
 #: Turns a chunk of exported rollouts into JSON documents (triplets here; trainer records in ``admin.exports``).
 Renderer = Callable[[list[ExportRollout]], list[bytes]]
 JSON = "application/json"
 JSONL = "application/x-ndjson"
 
 
-def render(rollouts: list[ExportRollout], merge: bool) -> list[bytes]:
+def render(rollouts: list[ExportRollout], merge: bool, dedupe: bool = True) -> list[bytes]:
     """One JSON document per triplet (or merged row) of each rollout, in order."""
     out: list[bytes] = []
     for r in rollouts:
         build = merged_rows if merge else triplets
-        rows: list[Any] = build(r.rollout_id, r.latest_attempt_id, r.spans, group_id=r.group_id)
+        rows: list[Any] = build(r.rollout_id, r.latest_attempt_id, r.spans, group_id=r.group_id, dedupe=dedupe)
         out.extend(dumps(row) for row in rows)
     return out
+
+
+def removed(rollouts: list[ExportRollout], dedupe: bool) -> int:
+    """The calls of ``rollouts`` the de-duplication removes (0 when it is off)."""
+    return sum(deduped(r.spans, r.latest_attempt_id) for r in rollouts) if dedupe else 0
 
 
 def made_by(versions: frozenset[str], render: Renderer) -> Renderer:
@@ -92,13 +99,19 @@ def made_by(versions: frozenset[str], render: Renderer) -> Renderer:
     return kept
 
 
-async def _rendered(store: Store, page: ExportPage, render: Renderer, loaded: bool) -> AsyncIterator[list[bytes]]:
-    """The page's rows, ``CHUNK`` rollouts at a time (reading their spans first unless ``loaded``)."""
+async def _rendered(
+    store: Store, page: ExportPage, render: Renderer, loaded: bool, tally: tuple[bool, list[int]] | None = None
+) -> AsyncIterator[list[bytes]]:
+    """The page's rows, ``CHUNK`` rollouts at a time (reading their spans first unless ``loaded``); ``tally``
+    (whether the page is de-duplicated, and a list) collects, per chunk, the calls de-duplication removed."""
     for start in range(0, len(page.rollouts), CHUNK):
         chunk = page.rollouts[start : start + CHUNK]
         if not loaded:
             await store.export_spans(chunk)  # of the attempts the page read
-        yield await asyncio.to_thread(render, chunk)
+        docs = await asyncio.to_thread(render, chunk)
+        if tally is not None:
+            tally[1].append(removed(chunk, tally[0]))
+        yield docs
 
 
 def _failure(exc: Exception) -> bytes:
@@ -117,20 +130,23 @@ async def _lines(store: Store, page: ExportPage, render: Renderer, loaded: bool)
         yield b'{"error":' + _failure(exc) + b"}\n"
 
 
-async def _document(store: Store, page: ExportPage, render: Renderer, loaded: bool) -> AsyncIterator[bytes]:
-    """``{"items": [...], "next_cursor": …}`` in pieces; a failure once the stream has begun closes the items
-    and ends the document with ``"next_cursor": null`` and an ``"error"`` member."""
+async def _document(
+    store: Store, page: ExportPage, render: Renderer, loaded: bool, dedupe: bool
+) -> AsyncIterator[bytes]:
+    """``{"items": [...], "next_cursor": …, "deduped_calls": …}`` in pieces; a failure once the stream has begun
+    closes the items and ends the document with ``"next_cursor": null`` and an ``"error"`` member."""
     yield b'{"items":['
     separator = b""
+    tally: list[int] = []
     try:
-        async for docs in _rendered(store, page, render, loaded):
+        async for docs in _rendered(store, page, render, loaded, (dedupe, tally)):
             if docs:
                 yield separator + b",".join(docs)
                 separator = b","
     except Exception as exc:
         yield b'],"next_cursor":null,"error":' + _failure(exc) + b"}"
         return
-    yield b'],"next_cursor":' + orjson.dumps(page.next_cursor) + b"}"
+    yield b'],"next_cursor":' + orjson.dumps(page.next_cursor) + b',"deduped_calls":' + str(sum(tally)).encode() + b"}"
 
 
 @router.get("/triplets", response_model=None, dependencies=[known_parameters("merge", "format")])
@@ -145,7 +161,7 @@ async def export_triplets(
     `partial=true`; `since` continues from a previous `next_cursor` (also in the `x-rollway-next-cursor`
     header). `format=jsonl` streams one row per line. Pages of more than 500 rollouts are streamed in either
     format; a failure mid-stream ends the body with an error (see the module docstring)."""
-    return await respond(context.store, query, functools.partial(render, merge=merge), format_)
+    return await respond(context.store, query, functools.partial(render, merge=merge, dedupe=query.dedupe), format_)
 
 
 async def respond(store: Store, query: ExportQuery, render: Renderer, format_: Literal["json", "jsonl"]) -> Response:
@@ -156,10 +172,15 @@ async def respond(store: Store, query: ExportQuery, render: Renderer, format_: L
         render = made_by(frozenset(query.model_versions), render)
     page = await store.export_rollouts(query, with_spans=loaded)
     headers = {CURSOR_HEADER: page.next_cursor} if page.next_cursor else {}
+    if loaded:
+        headers[DEDUPED_HEADER] = str(removed(page.rollouts, query.dedupe))
     if format_ == "jsonl":
         return StreamingResponse(_lines(store, page, render, loaded), media_type=JSONL, headers=headers)
     if len(page.rollouts) > CHUNK:
-        return StreamingResponse(_document(store, page, render, loaded), media_type=JSON, headers=headers)
-    docs = [doc async for chunk in _rendered(store, page, render, loaded) for doc in chunk]
-    body = b'{"items":[' + b",".join(docs) + b'],"next_cursor":' + orjson.dumps(page.next_cursor) + b"}"
+        return StreamingResponse(_document(store, page, render, loaded, query.dedupe), media_type=JSON, headers=headers)
+    tally: list[int] = []
+    docs = [doc async for chunk in _rendered(store, page, render, loaded, (query.dedupe, tally)) for doc in chunk]
+    headers[DEDUPED_HEADER] = str(sum(tally))
+    body = b'{"items":[' + b",".join(docs) + b'],"next_cursor":' + orjson.dumps(page.next_cursor)
+    body += b',"deduped_calls":' + headers[DEDUPED_HEADER].encode() + b"}"
     return Response(content=body, media_type=JSON, headers=headers)

@@ -61,6 +61,12 @@ class ExportQuery(BaseModel):
     )
     limit: int = Field(100, ge=1, le=MAX_EXPORT_LIMIT, description="rollouts in the page (a group comes whole)")
     partial: bool = Field(False, description="each finished rollout as it finishes, not whole complete groups")
+    dedupe: bool = Field(
+        True,
+        description="drop the calls a later call of the same rollout repeats with the same prompt (the agent's "
+        "retries); every row says how many of its rollout's calls that removed (`deduped_calls`), and the page "
+        "how many in all; false keeps every call",
+    )
 
     @field_validator("metadata")
     @classmethod

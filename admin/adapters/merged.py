@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from rollway.admin.adapters.triplets import LlmCall, SpanLike, llm_calls, match_rewards, sampling
+from rollway.admin.adapters.triplets import LlmCall, SpanLike, deduped, llm_calls, match_rewards, sampling
 from rollway.store.exports import RawJson
 
 
@@ -44,6 +44,7 @@ class MergedRow(TypedDict):
     model_version: str | None  # of the segment's last call
     model_versions: list[str]  # of its calls, each once, in call order (more than one: weights changed mid-way)
     sampling: dict[str, Any]  # the last call's sampling parameters
+    deduped_calls: int  # calls of the rollout's latest attempt the de-duplication removed (``triplets``, rule 3)
 
 
 def _count(array: str) -> int:
@@ -115,12 +116,12 @@ def _continuing(choices: list[LlmCall], context: str, following: str | None) -> 
     return choices[0]
 
 
-def segments(spans: Sequence[SpanLike], attempt_id: str | None) -> tuple[list[Segment], int]:
+def segments(spans: Sequence[SpanLike], attempt_id: str | None, *, dedupe: bool = True) -> tuple[list[Segment], int]:
     """The rows of attempt ``attempt_id`` in order (rules: module doc), and the number of prefix breaks."""
     if attempt_id is None:
         return [], 0
     by_call: list[list[LlmCall]] = []
-    for call in match_rewards(llm_calls(spans, attempt_id), spans, attempt_id):
+    for call in match_rewards(llm_calls(spans, attempt_id, dedupe=dedupe), spans, attempt_id):
         if by_call and by_call[-1][0].sequence_id == call.sequence_id:
             by_call[-1].append(call)
         else:
@@ -153,7 +154,9 @@ def _joined(items: list[str]) -> RawJson:
     return RawJson(f"[{','.join(items)}]")
 
 
-def row(segment: Segment, rollout_id: str, attempt_id: str, group_id: str | None, breaks: int) -> MergedRow:
+def row(
+    segment: Segment, rollout_id: str, attempt_id: str, group_id: str | None, breaks: int, removed: int = 0
+) -> MergedRow:
     versions: list[str] = []
     for call in segment.calls:
         version = call.span.attributes.get("rollway.model_version")
@@ -172,14 +175,21 @@ def row(segment: Segment, rollout_id: str, attempt_id: str, group_id: str | None
         model_version=versions[-1] if versions else None,
         model_versions=versions,
         sampling=sampling(segment.calls[-1].span.attributes) if segment.calls else {},
+        deduped_calls=removed,
     )
 
 
 def merged_rows(
-    rollout_id: str, attempt_id: str | None, spans: Sequence[SpanLike], *, group_id: str | None = None
+    rollout_id: str,
+    attempt_id: str | None,
+    spans: Sequence[SpanLike],
+    *,
+    group_id: str | None = None,
+    dedupe: bool = True,
 ) -> list[MergedRow]:
     """The calls of the latest attempt chained by token prefix: one row per segment (rules: module doc)."""
     if attempt_id is None:
         return []
-    found, breaks = segments(spans, attempt_id)
-    return [row(s, rollout_id, attempt_id, group_id, breaks) for s in found]
+    found, breaks = segments(spans, attempt_id, dedupe=dedupe)
+    removed = deduped(spans, attempt_id) if dedupe else 0
+    return [row(s, rollout_id, attempt_id, group_id, breaks, removed) for s in found]

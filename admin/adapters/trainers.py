@@ -46,7 +46,14 @@ import orjson
 
 from rollway.admin.adapters import merged
 from rollway.admin.adapters.merged import MergedRow
-from rollway.admin.adapters.triplets import LlmCall, finish_reason, request_prompt, response_choice, reward_value
+from rollway.admin.adapters.triplets import (
+    LlmCall,
+    deduped,
+    finish_reason,
+    request_prompt,
+    response_choice,
+    reward_value,
+)
 from rollway.store.exports import ExportRollout, RawJson
 
 
@@ -141,6 +148,7 @@ class Segment:
             "model_version": self.row["model_version"],
             "model_versions": self.row["model_versions"],
             "sampling": self.row["sampling"],
+            "deduped_calls": self.row["deduped_calls"],
         }
 
 
@@ -159,18 +167,19 @@ def rollout_reward(rollout: ExportRollout) -> float | None:
     return None if last is None else last[1]
 
 
-def segments(rollout: ExportRollout) -> list[Segment]:
+def segments(rollout: ExportRollout, dedupe: bool = True) -> list[Segment]:
     """The rollout's merged rows with the calls each one chains (in order)."""
     attempt = rollout.latest_attempt_id
     if attempt is None:
         return []
-    found, breaks = merged.segments(rollout.spans, attempt)
+    found, breaks = merged.segments(rollout.spans, attempt, dedupe=dedupe)
+    removed = deduped(rollout.spans, attempt) if dedupe else 0
     last_call = max((s.calls[-1].sequence_id for s in found), default=0)
     reward = rollout_reward(rollout)
     return [
         Segment(
             rollout,
-            merged.row(s, rollout.rollout_id, attempt, rollout.group_id, breaks),
+            merged.row(s, rollout.rollout_id, attempt, rollout.group_id, breaks, removed),
             s.calls,
             n,
             len(found),
@@ -182,10 +191,10 @@ def segments(rollout: ExportRollout) -> list[Segment]:
     ]
 
 
-def slime_samples(rollout: ExportRollout) -> list[dict[str, Any]]:
+def slime_samples(rollout: ExportRollout, dedupe: bool = True) -> list[dict[str, Any]]:
     """SLIME ``Sample`` fields for each segment of ``rollout`` (see the module docstring)."""
     index = rollout.group_index or 0
-    found = segments(rollout)
+    found = segments(rollout, dedupe)
     if not found:
         return [
             {
@@ -214,6 +223,7 @@ def slime_samples(rollout: ExportRollout) -> list[dict[str, Any]]:
                     "model_version": None,
                     "model_versions": [],
                     "sampling": {},
+                    "deduped_calls": 0,
                 },
             }
         ]
@@ -235,10 +245,10 @@ def slime_samples(rollout: ExportRollout) -> list[dict[str, Any]]:
     ]
 
 
-def verl_rows(rollout: ExportRollout) -> list[dict[str, Any]]:
+def verl_rows(rollout: ExportRollout, dedupe: bool = True) -> list[dict[str, Any]]:
     """verl-style rows for each segment of ``rollout`` (see the module docstring)."""
     rows = []
-    for s in segments(rollout):
+    for s in segments(rollout, dedupe):
         reward = s.reward
         scores: list[float] | None = None
         if reward is not None:
@@ -263,6 +273,7 @@ def verl_rows(rollout: ExportRollout) -> list[dict[str, Any]]:
                 "status": s.status(),
                 "model_version": s.row["model_version"],
                 "sampling": s.row["sampling"],
+                "deduped_calls": s.row["deduped_calls"],
             }
         )
     return rows

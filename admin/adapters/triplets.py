@@ -15,7 +15,9 @@ The rules, in the order they apply:
 3. Calls the agent retried with an identical prompt (equal prompt token ids) are de-duplicated: the last one
    is kept (so a complete call is never dropped for a later retry that did not complete: that one is not a
    call). (Agent-lightning de-duplicates by response id; a retry has a new response id, so Rollway compares
-   prompts.) De-duplication comes before reward matching, as in Agent-lightning.
+   prompts.) De-duplication comes before reward matching, as in Agent-lightning. Every row says how many of its
+   rollout's calls this removed (``deduped_calls``); ``dedupe=False`` keeps them all (a framework that asks the
+   same prompt again on purpose, a best-of-n loop say, is not retrying).
 4. A reward is a ``rollway.reward`` span named ``primary`` (the API's default name) with a numeric
    ``rollway.reward.value``; or a span with Agent-lightning's ``agentlightning.reward.0.value`` (its primary
    reward); or, older, an ``agentlightning.annotation`` span with a numeric ``reward`` attribute. Rewards with
@@ -96,6 +98,7 @@ class Triplet(TypedDict):
     model_version: str | None
     sampling: dict[str, Any]
     finish_reason: str | None
+    deduped_calls: int  # calls of the rollout's latest attempt the de-duplication removed (rule 3)
 
 
 #: The request fields a trainer needs to know how a sample was drawn (importance ratios under a temperature, a
@@ -217,13 +220,26 @@ def _without_retries(calls: list[LlmCall]) -> list[LlmCall]:
     return [call for call, kept in zip(calls, keep, strict=True) if kept]
 
 
-def llm_calls(spans: Sequence[SpanLike], attempt_id: str | None) -> list[LlmCall]:
-    """The trainable LLM calls of attempt ``attempt_id`` in sequence order, retried prompts de-duplicated."""
+def all_calls(spans: Sequence[SpanLike], attempt_id: str | None) -> list[LlmCall]:
+    """The trainable LLM calls of attempt ``attempt_id`` in sequence order, retries included."""
     if attempt_id is None:
         return []
     calls = [call for span in spans if span.attempt_id == attempt_id for call in _as_calls(span)]
     calls.sort(key=lambda c: (c.sequence_id, c.choice_index))
-    return _without_retries(calls)
+    return calls
+
+
+def llm_calls(spans: Sequence[SpanLike], attempt_id: str | None, *, dedupe: bool = True) -> list[LlmCall]:
+    """The trainable LLM calls of attempt ``attempt_id`` in sequence order, retried prompts de-duplicated (unless
+    ``dedupe`` is False)."""
+    calls = all_calls(spans, attempt_id)
+    return _without_retries(calls) if dedupe else calls
+
+
+def deduped(spans: Sequence[SpanLike], attempt_id: str | None) -> int:
+    """How many of attempt ``attempt_id``'s calls (choices counted one by one) the de-duplication removes."""
+    calls = all_calls(spans, attempt_id)
+    return len(calls) - len(_without_retries(calls))
 
 
 def match_rewards(calls: list[LlmCall], spans: Sequence[SpanLike], attempt_id: str | None) -> list[LlmCall]:
@@ -302,7 +318,7 @@ def _response_messages(request: Mapping[str, Any]) -> list[Any] | None:
     return system + items
 
 
-def _triplet(call: LlmCall, rollout_id: str, attempt_id: str, group_id: str | None) -> Triplet:
+def _triplet(call: LlmCall, rollout_id: str, attempt_id: str, group_id: str | None, removed: int) -> Triplet:
     attributes = call.span.attributes
     messages, prompt = request_prompt(call)
     choice = response_choice(call)
@@ -326,18 +342,27 @@ def _triplet(call: LlmCall, rollout_id: str, attempt_id: str, group_id: str | No
         model_version=attributes.get("rollway.model_version"),
         sampling=sampling(attributes),
         finish_reason=finish_reason(call),
+        deduped_calls=removed,
     )
 
 
 def triplets(
-    rollout_id: str, attempt_id: str | None, spans: Sequence[SpanLike], *, group_id: str | None = None
+    rollout_id: str,
+    attempt_id: str | None,
+    spans: Sequence[SpanLike],
+    *,
+    group_id: str | None = None,
+    dedupe: bool = True,
 ) -> list[Triplet]:
     """One triplet per choice of each LLM call of the latest attempt ``attempt_id``, in sequence order, then
     choice order (rules: module doc)."""
     if attempt_id is None:
         return []
-    calls = match_rewards(llm_calls(spans, attempt_id), spans, attempt_id)
-    return [_triplet(call, rollout_id, attempt_id, group_id) for call in calls]
+    every = all_calls(spans, attempt_id)
+    kept = _without_retries(every) if dedupe else every
+    calls = match_rewards(kept, spans, attempt_id)
+    removed = len(every) - len(kept)
+    return [_triplet(call, rollout_id, attempt_id, group_id, removed) for call in calls]
 
 
 def _fragment(value: Any) -> orjson.Fragment:

@@ -75,6 +75,8 @@ def filters(query: dict[str, Any]) -> dict[str, Any]:
     """The command's filter options as the client takes them: ``--metadata KEY=VALUE`` (the value read as JSON
     when it parses) into a mapping, repeated ``--model-version`` into a list."""
     pairs, versions = query.pop("metadata", ()), query.pop("model_version", ())
+    if query.pop("keep_retries", False):
+        query["dedupe"] = False
     if pairs:
         metadata: dict[str, Any] = {}
         for pair in pairs:

@@ -291,6 +291,9 @@ def _export_filters(command: Callable[..., None]) -> Callable[..., None]:
         click.option(
             "--model-version", "model_version", multiple=True, help="Only rollouts this version made (repeatable)."
         ),
+        click.option(
+            "--keep-retries/--dedupe", "keep_retries", default=False, help="Keep calls a later one repeats exactly."
+        ),
     ]
     for option in reversed(options):
         command = option(command)

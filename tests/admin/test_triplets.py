@@ -140,6 +140,7 @@ def test_a_triplet_carries_the_call_and_its_context() -> None:
         "model_version": "v7",
         "sampling": {"temperature": 0.7, "top_p": 0.9, "seed": 3},  # how it was drawn, nothing else of the request
         "finish_reason": "stop",
+        "deduped_calls": 0,
     }
     assert second["response"] == text.attributes["rollway.response"]["choices"][0]["text"]
     assert (second["messages"], second["prompt"]) == (None, "hi")
@@ -287,7 +288,7 @@ async def test_incremental_pulls_return_each_finished_rollout_once(app_store: St
     assert rollouts_in(first["items"]) == [solo_1]
     assert first["next_cursor"]
     nothing_new = await export(client, since=first["next_cursor"])
-    assert nothing_new == {"items": [], "next_cursor": first["next_cursor"]}  # a poller keeps its place
+    assert nothing_new == {"items": [], "next_cursor": first["next_cursor"], "deduped_calls": 0}  # keeps its place
 
     await run(app_store, client, solo_2)
     await run(app_store, client, pair[1])
