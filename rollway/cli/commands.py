@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
+import click
 from rich.console import Console
 from rich.markup import escape
 
@@ -355,7 +356,21 @@ def drain_model(connection: Connection, alias: str, timeout: float, as_json: boo
 
 
 def put_model(connection: Connection, alias: str, backend: dict[str, Any], version: str | None, as_json: bool) -> None:
-    show_models([run(connection, lambda c: c.put_model(alias, [backend], version=version))], as_json)
+    model = run(connection, lambda c: c.put_model(alias, [backend], version=version))
+    show_models([model], as_json)
+    warn_unanswered(model)
+
+
+def warn_unanswered(model: ModelView) -> None:
+    """A warning on stderr for each ``auto`` backend the server could not ask what engine it is: it is stored all
+    the same (an engine still starting is usual), but its calls fail until it answers."""
+    for backend in model.backends:
+        if backend.kind == "auto" and backend.detected_kind is None:
+            click.echo(
+                f"warning: the backend {backend.base_url} did not answer the server: '{model.alias}' is stored, and "
+                "its calls fail (502) until the engine answers",
+                err=True,
+            )
 
 
 def swap_model(
@@ -371,6 +386,7 @@ def swap_model(
         connection, lambda c: c.swap_model(alias, backends, version=version, drain_timeout_seconds=drain_timeout)
     )
     show_models([model], as_json)
+    warn_unanswered(model)
 
 
 # -- keys ----------------------------------------------------------------------------------------------------
