@@ -194,12 +194,23 @@ class WaitResponse(BaseModel):
     pending: list[str]
 
 
+class GroupHealth(BaseModel):
+    """Whether a group can teach anything: GRPO compares its members' answers, so members whose agent made no LLM
+    call (a client-side cache answered them: dspy's is on by default) or that all gave the same answers leave it
+    without a signal. Only finished members count."""
+
+    without_calls: list[str] = []  # finished members whose latest attempt made no LLM call
+    identical_answers: bool = False  # two or more members answered, every one of them with the same token ids
+    degenerate: bool = False  # either of the two
+
+
 class GroupView(BaseModel):
     group_id: str
     size: int
     finished: int
     complete: bool
     rollouts: list[Rollout]
+    health: GroupHealth = GroupHealth()
 
 
 class ResourcesBody(Body):

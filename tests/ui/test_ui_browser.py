@@ -170,6 +170,12 @@ def test_a_group_page_shows_its_members_and_their_rewards(demo: Filled, page: Wa
     assert [r for r, _ in shown] == [m["rollout_id"] for m in group["rollouts"]]  # group order
     expect(page.page.locator("h1 .badge")).to_have_text("complete" if group["complete"] else "incomplete")
     expect(page.page.locator("#reward-spread")).to_contain_text(f"over {len(expected)} members")
+    # The group's health as the API gives it: the mock answers a question alike every time, so a group whose
+    # members asked the same questions is flagged as giving every member the same answers.
+    if group["health"]["degenerate"]:
+        expect(page.page.locator("#group-health")).to_contain_text("Degenerate group.")
+    else:
+        expect(page.page.locator("#group-health")).to_have_count(0)
     shot(page.page, "group")
     assert page.problems() == []
 

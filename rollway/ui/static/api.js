@@ -81,6 +81,12 @@
  * @property {number} finished
  * @property {boolean} complete
  * @property {Rollout[]} rollouts  in group order
+ * @property {GroupHealth} health
+ *
+ * @typedef {object} GroupHealth  whether the group's finished members can teach anything
+ * @property {string[]} without_calls  finished members whose latest attempt made no LLM call
+ * @property {boolean} identical_answers  two or more members answered, all with the same token ids
+ * @property {boolean} degenerate  either
  *
  * @typedef {object} BackendView
  * @property {string} backend_id

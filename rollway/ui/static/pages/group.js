@@ -42,6 +42,25 @@ function spread(values) {
 }
 
 /**
+ * Why the group gives GRPO no signal, when it does not: members without a call, or every answer the same.
+ * @param {GroupView} group
+ * @returns {HTMLElement | string}
+ */
+function health(group) {
+  const { without_calls: without, identical_answers: identical } = group.health;
+  if (!group.health.degenerate) return "";
+  const reasons = [];
+  if (without.length) {
+    reasons.push(
+      `${without.length} finished member${without.length === 1 ? "" : "s"} made no LLM call (${without.join(", ")}): ` +
+        "a client-side cache may have answered them (dspy's cache is on by default: turn it off for rollouts).",
+    );
+  }
+  if (identical) reasons.push("Every member that answered gave the same token ids: their advantages are all zero.");
+  return h("p", { id: "group-health", class: "error" }, "Degenerate group. ", reasons.join(" "));
+}
+
+/**
  * @param {HTMLElement} main
  * @param {string[]} params  [the group id]
  * @param {AbortSignal} signal
@@ -53,6 +72,7 @@ export async function render(main, [groupId], signal) {
   main.append(
     h("h1", {}, "Group ", h("code", {}, group.group_id), " ", badge(group.complete ? "complete" : "incomplete")),
     h("p", { id: "group-progress" }, `${group.finished} of ${group.size} members finished.`),
+    health(group),
     rewardsBox,
   );
   let rewards;

@@ -1,0 +1,58 @@
+"""A group that cannot teach anything is flagged (``GET /admin/v1/groups/{id}``, ``health``): four members of a
+GRPO group each ask the same question through dspy's ``LM`` (the real library, through LiteLLM, on a real uvicorn
+in front of the mock backend), each with its own rollout key. With dspy's cache on (its default), its cache key
+ignores the address and the key, so only the first member's call reaches Rollway: the other three finish with a
+reward and no call. With the cache off, every member calls, and the deterministic mock gives them all the same
+answer, which is flagged too."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import dspy
+
+from rollway.mock import MockBackendProcess
+from support.gateway_harness import RunningGateway, serving_policy, vllm
+
+QUESTION = "What is 2 + 2?"
+
+
+def ask_all(url: str, keys: list[str], cache: bool) -> list[str]:
+    """Each member's call through dspy, in turn, as a runner of dspy agents makes them."""
+    dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=True)  # a fresh cache, in memory only
+    answers = []
+    for key in keys:
+        lm = dspy.LM("openai/policy", api_base=url, api_key=key, cache=cache, max_tokens=8, num_retries=0)
+        answers.append(lm(QUESTION)[0])  # a plain prompt: the user message
+    return answers
+
+
+async def run_group(gw: RunningGateway, group_id: str, cache: bool) -> dict[str, Any]:
+    await gw.store.enqueue([{"input": {"q": "2+2"}, "group_id": group_id, "group_size": 4}])
+    claimed = await gw.store.claim_with_keys("dspy-runner", limit=4)
+    answers = await asyncio.to_thread(ask_all, f"{gw.url}/v1", [key for _, key in claimed], cache)
+    assert len(set(answers)) == 1  # the same answer for every member, cached or not
+    for attempted, _ in claimed:
+        reward = {"rollout_id": attempted.rollout.rollout_id, "trace_id": "0" * 32, "span_id": "1" * 16}
+        await gw.store.add_span(reward | {"name": "rollway.reward", "attributes": {"rollway.reward.value": 1.0}})
+        await gw.store.update_attempt(attempted.rollout.rollout_id, attempted.attempt.attempt_id, status="succeeded")
+    async with gw.http("/admin/v1", timeout=30) as admin:
+        view: dict[str, Any] = (await admin.get(f"/groups/{group_id}")).json()
+    assert view["complete"] is True
+    return view
+
+
+async def test_a_dspy_group_with_its_cache_on_is_flagged(tmp_path: Path, mock: MockBackendProcess) -> None:
+    async with serving_policy(tmp_path, vllm(mock)) as gw:
+        cached = await run_group(gw, "g-cached", cache=True)
+        members = [r["rollout_id"] for r in cached["rollouts"]]
+        calls = {rid: len([s for s in await gw.store.query_spans(rid) if s.name.startswith("chat")]) for rid in members}
+        assert sorted(calls.values()) == [0, 0, 0, 1]
+        health = cached["health"]
+        assert sorted(health["without_calls"]) == sorted(rid for rid, n in calls.items() if n == 0)
+        assert health["degenerate"] is True and health["identical_answers"] is False  # one member answered
+
+        uncached = (await run_group(gw, "g-uncached", cache=False))["health"]
+        assert uncached == {"without_calls": [], "identical_answers": True, "degenerate": True}
