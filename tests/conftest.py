@@ -63,6 +63,28 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     for folder in sorted(set(setuptools["package-dir"].values())):
         compileall.compile_dir(ROOT / folder, quiet=1)
+    build_required_environments()
+
+
+def build_required_environments() -> None:
+    """Build the cached environments the run is required to use (``ROLLWAY_REQUIRE_*=1``) before any test starts:
+    on a fresh machine each takes minutes, which would otherwise count against the first test's timeout (and
+    against every test waiting on its lock). A build that fails here is left to the tests that need it, which try
+    again and fail with its reason; a cached environment costs a check."""
+    from support import agl1_env, agl_env, osmosis_env, trl_env
+
+    builders = {
+        "ROLLWAY_REQUIRE_AGL": agl_env.agl_python,
+        "ROLLWAY_REQUIRE_AGL1": agl1_env.agl1_python,
+        "ROLLWAY_REQUIRE_OSMOSIS": osmosis_env.osmosis_python,
+        "ROLLWAY_REQUIRE_TRL": trl_env.trl_site,
+    }
+    for variable, build in builders.items():
+        if os.environ.get(variable) == "1":
+            try:
+                build()
+            except (Exception, pytest.skip.Exception, pytest.fail.Exception):  # the tests that need it report it
+                continue
 
 
 @pytest.hookimpl(optionalhook=True)

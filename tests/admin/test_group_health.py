@@ -11,7 +11,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import dspy
+import dspy  # type: ignore[import-untyped]  # dspy ships no type information
 
 from rollway.mock import MockBackendProcess
 from support.gateway_harness import RunningGateway, serving_policy, vllm

@@ -104,6 +104,9 @@ def test_a_rollout_page_shows_its_calls_in_order_with_text_token_ids_and_reward(
         card.locator(".show-ids").check()  # every token as its id, visible
         expect(tokens.nth(0).locator(".i")).to_be_visible()
         expect(tokens.nth(0).locator(".i")).to_have_text(str(ids[0]))
+        # Each id on one line, however the view wraps; the colours explained beside them.
+        assert tokens.evaluate_all("ts => ts.filter(t => t.getClientRects().length !== 1).length") == 0
+        expect(card.locator(".token-legend .swatch.p9")).to_have_text("≥ 0.9")
     value = rewards[0]["attributes"]["rollway.reward.value"]
     expect(page.page.locator("#rewards-table .reward-value")).to_have_text([f"{value:g}"])
     last_call = calls[-1]["sequence_id"]
@@ -111,6 +114,7 @@ def test_a_rollout_page_shows_its_calls_in_order_with_text_token_ids_and_reward(
     expect(page.page.locator("#triplets-table tbody tr")).to_have_count(len(calls))
     page.page.locator(".show-sequence").first.click()
     expect(page.page.locator(".merged-row .tok.trained").first).to_be_visible()
+    expect(page.page.locator(".merged-row .token-legend").first).to_contain_text("loss mask 1")
     shot(page.page, "rollout")
     assert page.problems() == []
 

@@ -8,9 +8,9 @@ import { h } from "./dom.js";
 
 const CHUNK = 1000;
 
-/** @param {number | null | undefined} logprob */
+/** @param {unknown} logprob */
 function shade(logprob) {
-  if (logprob === null || logprob === undefined) return "";
+  if (typeof logprob !== "number") return "";
   const p = Math.exp(logprob);
   return `p${Math.min(9, Math.floor(p * 10))}`; // ten classes: p0 (< 0.1) … p9 (≥ 0.9)
 }
@@ -52,8 +52,9 @@ export function tokenView(ids, logprobs, texts) {
   const idsToggle = h("input", { type: "checkbox", class: "show-ids" });
   idsToggle.addEventListener("change", () => box.classList.toggle("ids", idsToggle.checked));
   chunked(view, ids.length, (i) => {
-    const lp = logprobs ? logprobs[i] : null;
-    const label = `#${i} id ${ids[i]}` + (lp === null || lp === undefined ? "" : ` · logprob ${lp.toFixed(4)} · p ${Math.exp(lp).toFixed(3)}`);
+    const given = logprobs ? logprobs[i] : null;
+    const lp = typeof given === "number" ? given : null; // a span's types are not trusted
+    const label = `#${i} id ${ids[i]}` + (lp === null ? "" : ` · logprob ${lp.toFixed(4)} · p ${Math.exp(lp).toFixed(3)}`);
     const text = texts ? texts[i] : null;
     return h(
       "span",
@@ -66,8 +67,24 @@ export function tokenView(ids, logprobs, texts) {
     const tok = /** @type {HTMLElement | null} */ (/** @type {Element} */ (event.target).closest(".tok"));
     if (tok) detail.textContent = tok.title;
   });
-  box.append(h("label", { class: "muted" }, idsToggle, " ids"), view, detail);
+  box.append(h("label", { class: "muted" }, idsToggle, " ids"), legend(logprobs), view, detail);
   return box;
+}
+
+// What the colours mean: the probability of each token (exp(logprob)), in tenths; or that there is none.
+/** @param {unknown[] | null | undefined} logprobs */
+function legend(logprobs) {
+  const key = h("div", { class: "token-legend muted" }, "p = exp(logprob): ");
+  if (!logprobs) {
+    key.append("no logprobs were recorded for this call (its tokens are uncoloured).");
+    return key;
+  }
+  for (let k = 0; k < 10; k++) {
+    const range = k === 0 ? "< 0.1" : k === 9 ? "≥ 0.9" : `${(k / 10).toFixed(1)}–${((k + 1) / 10).toFixed(1)}`;
+    key.append(h("span", { class: `swatch p${k}`, title: `p ${range}` }, range), " ");
+  }
+  key.append(h("span", { class: "swatch" }, "none"), " (no logprob)");
+  return key;
 }
 
 // A merged row: every token, those with loss mask 1 (sampled, trained on) marked, the others context.
@@ -81,5 +98,13 @@ export function maskView(ids, mask) {
   chunked(view, ids.length, (i) =>
     h("span", { class: mask[i] ? "tok trained" : "tok context", title: `#${i} id ${ids[i]} · loss mask ${mask[i]}` }, String(ids[i])),
   );
-  return h("div", { class: "token-view ids" }, view);
+  const key = h(
+    "div",
+    { class: "token-legend muted" },
+    h("span", { class: "swatch trained" }, "trained"),
+    " loss mask 1 (sampled, trained on) · ",
+    h("span", { class: "swatch context" }, "context"),
+    " loss mask 0 (prompt, tool output)",
+  );
+  return h("div", { class: "token-view ids" }, key, view);
 }
