@@ -60,6 +60,10 @@ class ModelControl(Protocol):
         """Backend id → the kind detected for it, for the ``auto`` backends this process has asked."""
         ...
 
+    async def reachable(self, backends: list[Backend]) -> dict[str, bool]:
+        """Backend id → whether it answers HTTP now (asked at most every few seconds)."""
+        ...
+
     def capture(self, alias: str) -> CaptureCounts:
         """The alias's completions in this process, and how many of them had no token ids."""
         ...

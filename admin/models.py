@@ -33,16 +33,28 @@ router = APIRouter(tags=["models"], route_class=AdminRoute)
 
 async def view(context: AdminContext, model: ModelAlias, drained: bool | None = None) -> ModelView:
     counts = await context.models.in_flight_everywhere([model])
-    return _view(context, model, counts[model.alias], drained)
+    answering = await context.models.reachable(model.backends)
+    return _view(context, model, counts[model.alias], answering, drained)
 
 
 def _view(
-    context: AdminContext, model: ModelAlias, in_flight: tuple[int, int], drained: bool | None = None
+    context: AdminContext,
+    model: ModelAlias,
+    in_flight: tuple[int, int],
+    answering: dict[str, bool],
+    drained: bool | None = None,
 ) -> ModelView:
+    """``answering``: whether each backend answers HTTP now; a backend is up when it does and the gateway routes
+    to it (not ejected after failures), down when either is not so."""
     capture = context.models.capture(model.alias)
     seen = CaptureView(completions=capture.completions, untrainable=capture.untrainable)
     detected = context.models.detected_kinds()
-    view = ModelView.of(model, in_flight, drained, detected=detected, capture=seen, up=context.backend_up)
+    routed = context.backend_up
+
+    def up(backend_id: str) -> bool:
+        return answering.get(backend_id, True) and (routed is None or routed(backend_id))
+
+    view = ModelView.of(model, in_flight, drained, detected=detected, capture=seen, up=up)
     if context.engine_versions is not None:
         found = context.engine_versions(model.alias)
         view.engine_versions = {
@@ -56,7 +68,8 @@ def _view(
 async def list_models(context: Context) -> ModelPage:
     models = await context.store.list_models()
     counts = await context.models.in_flight_everywhere(models)
-    return ModelPage(items=[_view(context, m, counts[m.alias]) for m in models])
+    answering = await context.models.reachable([b for m in models for b in m.backends])
+    return ModelPage(items=[_view(context, m, counts[m.alias], answering) for m in models])
 
 
 @router.post("/models/{alias:path}/pause", response_model=ModelView)

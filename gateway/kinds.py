@@ -38,6 +38,9 @@ SGLANG_ROUTES = ("get_model_info", "model_info")
 DETECT_TIMEOUT = 5.0
 #: How long a backend whose routes answered an error that says nothing of its engine is served as ``openai``.
 RETRY_AFTER = 30.0
+#: How long a reachability probe (``BackendKinds.reachable``) may take, and how long its answer is kept.
+PROBE_TIMEOUT = 2.0
+PROBE_KEPT = 5.0
 #: Answers to a probe that tell nothing of the server (it is busy, starting, or wants other credentials).
 UNDECIDED = frozenset({401, 403, 407, 408, 425, 429})
 
@@ -56,6 +59,7 @@ class BackendKinds:
         self._known: dict[tuple[str, str], str] = {}  # (backend id, base URL) → its kind
         self._until: dict[tuple[str, str], float] = {}  # undecided ones: served as openai until then
         self._asking: dict[tuple[str, str], asyncio.Future[str | None]] = {}
+        self._probed: dict[tuple[str, str], tuple[float, bool]] = {}  # (backend id, base URL) → (when, answered)
         self._session: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
@@ -141,6 +145,26 @@ class BackendKinds:
         kind = kind or "openai"
         log.info("backend '%s' at %s is %s", backend.backend_id, root, kind)
         return kind
+
+    async def reachable(self, backend: Backend) -> bool:
+        """Whether ``backend`` answers HTTP at all (``GET {base_url}/models``; any status counts), asked at most
+        once per ``PROBE_KEPT`` seconds: what the admin API shows as a backend that no call has tried yet."""
+        key = (backend.backend_id, backend.base_url)
+        now = time.monotonic()
+        kept = self._probed.get(key)
+        if kept is not None and now - kept[0] < PROBE_KEPT:
+            return kept[1]
+        headers = {}
+        if backend.api_key is not None:
+            headers["Authorization"] = f"Bearer {backend.api_key.get_secret_value()}"
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                await self._get(backend.base_url.rstrip("/") + "/models", headers)
+            answered = True
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            answered = False
+        self._probed[key] = (time.monotonic(), answered)
+        return answered
 
     async def _get(self, url: str, headers: dict[str, str]) -> tuple[int, object]:
         """A GET's status and its JSON body (None when it is not JSON); a connection failure raises."""

@@ -286,6 +286,11 @@ class ModelRegistry:
     def detected_kinds(self) -> dict[str, str]:
         return dict(self.kinds.detected())
 
+    async def reachable(self, backends: list[Backend]) -> dict[str, bool]:
+        """By backend id: whether each answers HTTP now (``BackendKinds.reachable``), asked all at once."""
+        answers = await asyncio.gather(*(self.kinds.reachable(b) for b in backends))
+        return {b.backend_id: up for b, up in zip(backends, answers, strict=True)}
+
     def capture(self, alias: str) -> Capture:
         return self.watch.counts(alias)
 

@@ -16,7 +16,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from rollway.admin import series
 from rollway.mock import MockBackendProcess
-from support.gateway_harness import Alias, RunningGateway
+from support.gateway_harness import Alias, RunningGateway, closed_port
 
 pytestmark = pytest.mark.in_process
 
@@ -254,3 +254,13 @@ async def test_models_show_each_backend_up_or_down_as_the_server_sees_it(
     assert listed["backends"][0]["up"] is False
     ejected.clear()
     assert (await admin.get("/admin/v1/models/policy")).json()["backends"][0]["up"] is True
+
+
+async def test_a_backend_that_does_not_answer_is_down_before_any_call(
+    gw: RunningGateway, admin: httpx.AsyncClient
+) -> None:
+    dead = {"backend_id": "dead", "base_url": f"http://127.0.0.1:{closed_port()}/v1", "kind": "vllm", "model": "m"}
+    put = await admin.put("/admin/v1/models/nowhere", json={"backends": [dead]})
+    assert put.json()["backends"][0]["up"] is False  # no call has tried it: the server asked it itself
+    listed = {m["alias"]: m for m in (await admin.get("/admin/v1/models")).json()["items"]}
+    assert listed["nowhere"]["backends"][0]["up"] is False and listed["policy"]["backends"][0]["up"] is True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,6 +200,7 @@ def test_the_overview_counts_rollouts_by_status_as_the_store_does(demo: Filled, 
     calls = page.page.locator("figure[data-chart='calls/s']")
     expect(calls.locator("path.line, circle")).not_to_have_count(0)  # the demo's calls are drawn
     expect(page.page.locator("#models-table tr[data-alias='policy']")).to_contain_text("active")
+    expect(page.page.locator("#models-table tr[data-alias='policy'] [data-health]").first).to_have_text("up")
     shot(page.page, "overview")
     assert page.problems() == []
 
@@ -317,6 +319,23 @@ def test_a_swap_from_the_model_page_installs_the_new_version(demo: Filled, page:
         assert admin.get("/admin/v1/models/policy").json()["version"] == "demo-v2"
         admin.post("/admin/v1/models/policy/swap", json={"version": before}).raise_for_status()
     assert page.problems() == []
+
+
+def test_a_dead_backend_shows_as_down(demo: Filled, page: Watched) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # released: nothing listens there
+    dead = {"backend_id": "dead", "base_url": f"http://127.0.0.1:{port}/v1", "kind": "vllm", "model": "m"}
+    with demo.admin() as admin:
+        admin.put("/admin/v1/models/ui-dead", json={"backends": [dead]}).raise_for_status()
+    try:
+        page.page.goto(f"{demo.url}/ui/models/ui-dead")
+        loaded(page.page)
+        expect(page.page.locator("tr[data-backend-id='dead'] [data-health]")).to_have_text("down")
+        assert page.problems() == []
+    finally:
+        with demo.admin() as admin:
+            admin.delete("/admin/v1/models/ui-dead").raise_for_status()
 
 
 def test_the_model_page_lists_its_weight_updates(demo: Filled, page: Watched) -> None:
