@@ -29,6 +29,7 @@ from rollway.admin.schemas import (
     GroupView,
     RewardRequest,
     RolloutPage,
+    RolloutRow,
     RolloutsResponse,
     SpanPage,
     SpansRequest,
@@ -142,7 +143,9 @@ async def list_rollouts(
     filters |= {"started_after": started_after, "started_before": started_before, "called_model": model}
     filters["descending"] = order == "desc"
     page = await context.store.list_rollouts(**filters)
-    return RolloutPage(items=page.items, next_cursor=page.next_cursor)
+    rewards = await context.store.primary_rewards([r.rollout_id for r in page.items])
+    items = [RolloutRow(**r.model_dump(), reward=rewards.get(r.rollout_id)) for r in page.items]
+    return RolloutPage(items=items, next_cursor=page.next_cursor)
 
 
 @router.post("/rollouts/wait", response_model=WaitResponse)

@@ -104,8 +104,14 @@ class ClaimsResponse(BaseModel):
     claims: list[Claim]
 
 
+class RolloutRow(Rollout):
+    """A rollout as the list shows it: with its primary reward (its latest attempt's last; null: none yet)."""
+
+    reward: float | None = None
+
+
 class RolloutPage(BaseModel):
-    items: list[Rollout]
+    items: list[RolloutRow]
     next_cursor: str | None
 
 
@@ -410,6 +416,8 @@ class SeriesPoint(BaseModel):
     ttft_mean_seconds: float | None  # streamed calls only: arrival to the first token
     input_tokens: int
     output_tokens: int
+    rewards: int = 0  # primary rewards recorded in the bucket (auxiliary reward names are not counted)
+    reward_mean: float | None = None
 
 
 class SeriesView(BaseModel):

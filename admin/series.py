@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Integer, case, cast, func, select
+from sqlalchemy import Connection, Integer, case, cast, func, or_, select
 
 from rollway.store.db import models
+from rollway.store.exports import REWARD_SPAN
 
 S = models.spans
 #: Seconds before the window's start at which the primary-key search aims (rows committed out of order).
@@ -64,6 +65,24 @@ def first_pk_since(conn: Connection, since: float) -> int | None:
         else:
             low = row.pk + 1
     return int(low)
+
+
+def reward_buckets(conn: Connection, since: float, step: float) -> dict[int, tuple[int, float]]:
+    """The primary rewards recorded at or after ``since`` (``rollway.reward`` spans with a numeric value), per
+    ``step`` seconds: bucket index → (rewards, their sum)."""
+    first = first_pk_since(conn, since - SLACK)
+    if first is None:
+        return {}
+    value = _number(conn, "rollway.reward.value")
+    named = S.c.attributes["rollway.reward.name"].as_string()
+    primary = or_(named.is_(None), named == "primary")
+    index = cast(func.floor((S.c.start_time - since) / step), Integer).label("bucket")
+    stmt = (
+        select(index, func.count(value), func.coalesce(func.sum(value), 0.0))
+        .where(S.c.pk >= first, S.c.start_time >= since, S.c.name == REWARD_SPAN, value.is_not(None), primary)
+        .group_by(index)
+    )
+    return {int(row[0]): (int(row[1]), float(row[2])) for row in conn.execute(stmt)}
 
 
 def call_buckets(conn: Connection, since: float, step: float) -> list[Bucket]:

@@ -61,27 +61,32 @@ async def call_series(
         raise HTTPException(400, f"window_seconds / step_seconds must be at most {MAX_POINTS}, got {count}")
     since = time.time() - count * step_seconds
     found = await context.store.read(lambda conn: series.call_buckets(conn, since, step_seconds))
+    rewarded = await context.store.read(lambda conn: series.reward_buckets(conn, since, step_seconds))
     buckets = {b.index: b for b in found}
     points = []
     for i in range(count):
         b = buckets.get(i)
         if b is None:
             points.append(_empty(since + i * step_seconds))
-            continue
-        points.append(
-            SeriesPoint(
-                start=since + i * step_seconds,
-                calls=b.calls,
-                calls_per_second=b.calls / step_seconds,
-                errors=b.errors,
-                latency_mean_seconds=b.latency_sum / b.calls,
-                latency_max_seconds=b.latency_max,
-                ttft_mean_seconds=b.ttft_sum / b.ttft_count if b.ttft_count else None,
-                input_tokens=b.input_tokens,
-                output_tokens=b.output_tokens,
-            )
-        )
+        else:
+            points.append(_point(b, since + i * step_seconds, step_seconds))
+        n, total = rewarded.get(i, (0, 0.0))
+        points[-1].rewards, points[-1].reward_mean = n, (total / n if n else None)
     return SeriesView(since=since, step_seconds=step_seconds, points=points)
+
+
+def _point(b: series.Bucket, start: float, step_seconds: float) -> SeriesPoint:
+    return SeriesPoint(
+        start=start,
+        calls=b.calls,
+        calls_per_second=b.calls / step_seconds,
+        errors=b.errors,
+        latency_mean_seconds=b.latency_sum / b.calls,
+        latency_max_seconds=b.latency_max,
+        ttft_mean_seconds=b.ttft_sum / b.ttft_count if b.ttft_count else None,
+        input_tokens=b.input_tokens,
+        output_tokens=b.output_tokens,
+    )
 
 
 def _empty(start: float) -> SeriesPoint:

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rollway.admin.client import AsyncRollwayClient, RollwayAPIError, RollwayError
-from rollway.admin.schemas import AgentView, BackendView, ModelView
+from rollway.admin.schemas import AgentView, BackendView, ModelView, RolloutRow
 from rollway.cli.tables import FitTable, Kind, render
 from rollway.store import Rollout
 
@@ -210,10 +210,11 @@ def progress_bar(counted: bool) -> Progress:
 # -- rollouts ------------------------------------------------------------------------------------------------
 
 
-def rollouts_table(rollouts: list[Rollout]) -> FitTable:
+def rollouts_table(rollouts: list[RolloutRow]) -> FitTable:
     table = FitTable(
         ("rollout", "id"),
         ("status", "name"),
+        ("reward", "name"),
         ("mode", "name"),
         ("group", "id"),
         ("#", "name"),
@@ -225,6 +226,7 @@ def rollouts_table(rollouts: list[Rollout]) -> FitTable:
         table.add_row(
             escape(r.rollout_id),
             f"[{style}]{r.status}[/]" if style else str(r.status),
+            "" if r.reward is None else f"{r.reward:g}",
             escape(r.mode or ""),
             escape(r.group_id or ""),
             "" if r.group_index is None else str(r.group_index),

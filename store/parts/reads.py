@@ -36,6 +36,10 @@ class ReadsMixin(StorePlumbing):
         """A page of rollouts in a chosen order, and the number matching (see ``store.sql.reads.sorted_rollouts``)."""
         return await self._read(lambda conn: reads.sorted_rollouts(conn, **query))
 
+    async def primary_rewards(self, rollout_ids: Sequence[str]) -> dict[str, float]:
+        """The primary reward of each of ``rollout_ids`` that has one (its latest attempt's last)."""
+        return await self._read(lambda conn: reads.primary_rewards(conn, rollout_ids))
+
     async def list_attempts(self, rollout_id: str) -> list[Attempt]:
         def op(conn: Connection) -> list[Attempt]:
             load_rollout(conn, rollout_id, lock=False)

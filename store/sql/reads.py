@@ -10,6 +10,7 @@ from sqlalchemy import ColumnElement, Connection, exists, func, select
 from rollway.store.db import models
 from rollway.store.db.dialect import check_limit, decode_cursor, encode_cursor
 from rollway.store.errors import NotFoundError, StoreValidationError
+from rollway.store.exports import AGL_ANNOTATION, REWARD_SPAN, reward_value
 from rollway.store.schemas import Attempt, Page, Rollout, StoreStats, Worker
 from rollway.store.sql import convert
 from rollway.store.sql.lifecycle import load_attempt, load_rollout
@@ -19,6 +20,25 @@ R = models.rollouts
 A = models.attempts
 S = models.spans
 W = models.workers
+
+
+def primary_rewards(conn: Connection, rollout_ids: Sequence[str]) -> dict[str, float]:
+    """The primary reward of each rollout that has one: the last one (by sequence id) of its latest attempt."""
+    if not rollout_ids:
+        return {}
+    latest = (R.c.rollout_id == S.c.rollout_id) & (R.c.latest_attempt_id == S.c.attempt_id)
+    stmt = (
+        select(S.c.rollout_id, S.c.name, S.c.attributes)
+        .join(R, latest)
+        .where(S.c.rollout_id.in_(list(rollout_ids)), S.c.name.in_([REWARD_SPAN, AGL_ANNOTATION]))
+        .order_by(S.c.sequence_id)
+    )
+    found: dict[str, float] = {}
+    for rollout_id, name, attributes in conn.execute(stmt):
+        value = reward_value(name, attributes or {})
+        if value is not None:
+            found[rollout_id] = value
+    return found
 
 
 def list_rollouts(

@@ -104,6 +104,14 @@ async def test_the_series_counts_every_call_of_the_window_with_its_tokens_and_la
     assert max(p["latency_max_seconds"] for p in busy) == pytest.approx(max(latencies))
     assert any(p["ttft_mean_seconds"] is not None for p in busy)  # the streamed calls
     assert all(p["latency_mean_seconds"] is None and p["calls_per_second"] == 0 for p in points if not p["calls"])
+    # The reward, and one named otherwise (an auxiliary dimension), which the series leaves out.
+    rewarded = [p for p in points if p["rewards"]]
+    assert [(p["rewards"], p["reward_mean"]) for p in rewarded] == [(1, 1.0)]
+    await admin.post(
+        f"/admin/v1/rollouts/{claim['rollout']['rollout_id']}/rewards", json={"value": 0.5, "name": "format"}
+    )
+    again = (await admin.get("/admin/v1/stats/series", params={"window_seconds": 600, "step_seconds": 60})).json()
+    assert sum(p["rewards"] for p in again["points"]) == 1
 
 
 async def test_the_series_leaves_out_calls_before_the_window(gw: RunningGateway, admin: httpx.AsyncClient) -> None:

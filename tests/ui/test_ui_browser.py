@@ -196,9 +196,11 @@ def test_the_overview_counts_rollouts_by_status_as_the_store_does(demo: Filled, 
     assert dict(shown) == stats["rollouts_by_status"]
     assert sum(stats["rollouts_by_status"].values()) >= len(demo.rollout_ids) > 0
     expect(page.page.locator("#queue-depth .count")).to_have_text(str(stats["queue_depth"]))
-    expect(page.page.locator("figure.chart-box")).to_have_count(4)
+    expect(page.page.locator("figure.chart-box")).to_have_count(5)
     calls = page.page.locator("figure[data-chart='calls/s']")
     expect(calls.locator("path.line, circle")).not_to_have_count(0)  # the demo's calls are drawn
+    rewards = page.page.locator("figure[data-chart^='reward']")
+    expect(rewards.locator("path.line, circle")).not_to_have_count(0)  # and its rewards
     expect(page.page.locator("#models-table tr[data-alias='policy']")).to_contain_text("active")
     expect(page.page.locator("#models-table tr[data-alias='policy'] [data-health]").first).to_have_text("up")
     shot(page.page, "overview")
@@ -221,6 +223,10 @@ def test_the_rollouts_page_filters_pages_by_cursor_and_finds_an_id(demo: Filled,
 
     expect(rows).to_have_count(5)
     assert shown() == ids[:5]
+    # Each rollout's primary reward beside it, as the API lists it ("—": none yet).
+    assert any(r["reward"] is not None for r in everything)
+    cells = rows.locator("td.reward").evaluate_all("cells => cells.map(c => c.textContent)")
+    assert cells == ["—" if r["reward"] is None else f"{r['reward']:g}" for r in everything[:5]]
     shot(page.page, "rollouts")
     page.page.get_by_role("link", name="next →").click()
     loaded(page.page)

@@ -33,6 +33,7 @@
  * @property {number | null} end_time
  * @property {number} attempt_count
  * @property {Attempt[] | null} attempts  every attempt, oldest first (GET /rollouts/{id}; null in a listing)
+ * @property {number | null} [reward]  in a listing: its primary reward (its latest attempt's last); null: none yet
  *
  * @typedef {object} SpanStatus
  * @property {"UNSET" | "OK" | "ERROR"} status_code
@@ -154,6 +155,8 @@
  * @property {number | null} ttft_mean_seconds
  * @property {number} input_tokens
  * @property {number} output_tokens
+ * @property {number} rewards  primary rewards recorded in the bucket
+ * @property {number | null} reward_mean
  *
  * @typedef {object} SeriesView  GET /stats/series
  * @property {number} since

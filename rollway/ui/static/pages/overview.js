@@ -61,6 +61,7 @@ function charts(view) {
         { name: "output", values: pick("output_tokens"), cls: "second" },
       ],
     }),
+    lineChart({ title: "reward (mean of those recorded)", times, format: (v) => number(v, 3), series: [{ name: "mean", values: pick("reward_mean") }] }),
   );
 }
 

@@ -44,6 +44,7 @@ function row(r) {
     { dataset: { rolloutId: r.rollout_id } },
     h("td", {}, link(`/ui/rollouts/${seg(r.rollout_id)}`, r.rollout_id)),
     h("td", {}, badge(r.status)),
+    h("td", { class: "num reward" }, r.reward === null || r.reward === undefined ? "—" : number(r.reward, 4)),
     h("td", {}, r.mode ?? "—"),
     h("td", {}, r.group_id ? link(`/ui/groups/${seg(r.group_id)}`, r.group_id) : "—", r.group_id ? ` #${r.group_index ?? ""}` : ""),
     h("td", { class: "num" }, number(r.attempt_count)),
@@ -58,7 +59,7 @@ function table(items) {
   return h(
     "table",
     { class: "grid", id: "rollouts-table" },
-    h("thead", {}, h("tr", {}, ["rollout", "status", "mode", "group", "attempts", "started", "took"].map((c) => h("th", {}, c)))),
+    h("thead", {}, h("tr", {}, ["rollout", "status", "reward", "mode", "group", "attempts", "started", "took"].map((c) => h("th", {}, c)))),
     h("tbody", {}, items.map(row)),
   );
 }
