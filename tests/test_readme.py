@@ -95,3 +95,12 @@ def test_a_backend_that_does_not_answer_is_stored_with_a_warning(tmp_path: Path,
     assert httpx.get(f"{server.url}/admin/v1/models/later", timeout=30).status_code == 200
     fine = run([str(BIN / "rollway"), "models", "list"], tmp_path, server)
     assert "warning" not in fine.stderr
+
+
+def test_serve_says_where_the_dashboard_is(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with GatewayProcess(f"sqlite:///{tmp_path / 'ui.db'}", port=port) as server:
+        assert f"rollway: the dashboard is at {server.url}/ui" in list(server.output)
+        assert httpx.get(f"{server.url}/ui", timeout=30).status_code == 200

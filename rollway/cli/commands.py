@@ -270,6 +270,46 @@ def list_rollouts(connection: Connection, where: RolloutFilter, limit: int, curs
         err_console().print(f"more: --cursor {page.next_cursor}{again}", highlight=False)
 
 
+def show_rollout(connection: Connection, rollout_id: str, as_json: bool) -> None:
+    """The rollout, its attempts, and its latest attempt's spans: each call with its token counts and whether
+    its logprobs were recorded, and the reward."""
+
+    async def work(client: AsyncRollwayClient) -> tuple[Rollout, list[Any]]:
+        rollout = await client.get_rollout(rollout_id)
+        spans = await client.get_spans(rollout_id) if rollout.attempt_count else []
+        return rollout, spans
+
+    rollout, spans = run(connection, work)
+    if as_json:
+        print_json({"rollout": rollout.model_dump(mode="json"), "spans": [s.model_dump(mode="json") for s in spans]})
+        return
+    console = out_console()
+    group = f"{rollout.group_id} #{rollout.group_index}" if rollout.group_id else "—"
+    console.print(f"rollout  {escape(rollout.rollout_id)}", highlight=False)
+    console.print(f"status   {rollout.status}   mode {rollout.mode or '—'}   group {escape(group)}", highlight=False)
+    for attempt in rollout.attempts or []:
+        console.print(f"attempt  {attempt.sequence_id}  {attempt.attempt_id}  {attempt.status}", highlight=False)
+    table = FitTable(
+        ("seq", "name"), ("span", "text"), ("tokens in/out", "name"), ("logprobs", "name"), ("reward", "name")
+    )
+    for span in spans:
+        attributes = span.attributes or {}
+        reward = attributes.get("rollway.reward.value")
+        ids = attributes.get("rollway.response_token_ids")
+        logprobs = attributes.get("rollway.response_logprobs")
+        counted = (
+            f"{attributes.get('gen_ai.usage.input_tokens', '')}/{attributes.get('gen_ai.usage.output_tokens', '')}"
+        )
+        table.add_row(
+            str(span.sequence_id),
+            escape(span.name),
+            counted if ids is not None else "",
+            ("yes" if logprobs is not None else "[red]none[/]") if ids is not None else "",
+            "" if reward is None else f"{reward:g}",
+        )
+    console.print(render(console, table))
+
+
 # -- models --------------------------------------------------------------------------------------------------
 
 

@@ -95,6 +95,9 @@ def serve(
 
     from rollway.app.serving import serve as run_server
 
+    if settings.port:  # (port 0: the address is only known once bound; uvicorn's own line gives it)
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        click.echo(f"rollway: the dashboard is at http://{host}:{settings.port}/ui", err=True)
     sys.exit(run_server(settings))
 
 
@@ -251,6 +254,16 @@ def tasks_enqueue(
 @main.group()
 def rollouts() -> None:
     """Inspect rollouts."""
+
+
+@admin_command(rollouts, "show")
+@click.argument("rollout_id")
+@JSON_OPTION
+def rollouts_show(connection: Connection, rollout_id: str, as_json: bool) -> None:
+    """Show one rollout: its attempts, its calls (tokens, logprobs) and its reward."""
+    from rollway.cli.commands import show_rollout
+
+    show_rollout(connection, rollout_id, as_json)
 
 
 @admin_command(rollouts, "list")

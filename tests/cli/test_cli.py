@@ -126,6 +126,22 @@ def test_rollouts_list_filters_by_status(gateway: GatewayProcess, admin: Rollway
     assert table.exit_code == 0 and "status" in table.stdout and "more: --cursor" in table.stderr
 
 
+def test_rollouts_show_gives_one_rollout_its_attempts_and_its_reward(
+    gateway: GatewayProcess, admin: RollwayClient
+) -> None:
+    claim = admin.start_rollout({"input": "shown"}, worker_id="cli-show")  # another test's tasks may be queued
+    admin.update_attempt(claim.rollout.rollout_id, claim.attempt.attempt_id, status="succeeded", reward=0.75)
+    shown = rollway(gateway, "rollouts", "show", claim.rollout.rollout_id)
+    assert shown.exit_code == 0, shown.output
+    assert f"rollout  {claim.rollout.rollout_id}" in shown.stdout and "status   succeeded" in shown.stdout
+    assert f"attempt  1  {claim.attempt.attempt_id}  succeeded" in shown.stdout
+    assert "0.75" in shown.stdout and "rollway.reward" in shown.stdout
+    document = as_json(rollway(gateway, "rollouts", "show", claim.rollout.rollout_id, "--json"))
+    assert document["rollout"]["rollout_id"] == claim.rollout.rollout_id
+    assert [s["attributes"]["rollway.reward.value"] for s in document["spans"]] == [0.75]
+    assert rollway(gateway, "rollouts", "show", "no-such-rollout").exit_code != 0
+
+
 def test_rollouts_list_newest_first_pages_on_in_that_order(gateway: GatewayProcess, admin: RollwayClient) -> None:
     made = [r.rollout_id for r in admin.enqueue([{"input": i} for i in range(3)])]
     first = as_json(rollway(gateway, "rollouts", "list", "--newest-first", "--limit", "2", "--json"))
