@@ -243,7 +243,8 @@ def run_demo(options: DemoOptions) -> int:
             console.print(f"[red]rollway demo:[/] {escape(str(exc))}", highlight=False)
             return 1
         console.print(f" [green]✓[/] mock backend (vLLM-like) at {mock.base_url}")
-        console.print(f" [green]✓[/] gateway at {gateway.url} (SQLite {db})")
+        kept = "a temporary file, deleted at the end: --db FILE keeps it" if options.db is None else str(db)
+        console.print(f" [green]✓[/] gateway at {gateway.url} (SQLite: {kept})")
         try:
             status = asyncio.run(run_loop(options, console, mock, gateway))
         except RollwayError as exc:
@@ -251,4 +252,6 @@ def run_demo(options: DemoOptions) -> int:
             console.print("\n".join(list(gateway.output)[-20:]), highlight=False, markup=False)
             return 1
     console.print(f" done in {time.monotonic() - started:.1f} s")
+    if options.db is not None:
+        console.print(f" browse it: rollway serve --db {db}, then http://127.0.0.1:8080/ui")
     return status
