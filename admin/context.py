@@ -97,6 +97,7 @@ class EngineVersion(Protocol):
 class CaptureCounts(Protocol):
     completions: int
     untrainable: int
+    without_logprobs: int
 
 
 class KeyCacheControl(Protocol):

@@ -47,7 +47,9 @@ def _view(
     """``answering``: whether each backend answers HTTP now; a backend is up when it does and the gateway routes
     to it (not ejected after failures), down when either is not so."""
     capture = context.models.capture(model.alias)
-    seen = CaptureView(completions=capture.completions, untrainable=capture.untrainable)
+    seen = CaptureView(
+        completions=capture.completions, untrainable=capture.untrainable, without_logprobs=capture.without_logprobs
+    )
     detected = context.models.detected_kinds()
     routed = context.backend_up
 

@@ -275,6 +275,7 @@ class CaptureView(BaseModel):
 
     completions: int = 0
     untrainable: int = 0
+    without_logprobs: int = 0  # with token ids, but logprobs missing or not covering every output token
 
 
 class EngineVersionView(BaseModel):

@@ -184,6 +184,7 @@ class Capture:
 
     completions: int = 0
     untrainable: int = 0
+    without_logprobs: int = 0  # trainable ones whose logprobs do not cover every output token
 
 
 class TrainableWatch:
@@ -192,12 +193,13 @@ class TrainableWatch:
     def __init__(self) -> None:
         self.by_alias: dict[str, Capture] = {}
 
-    def observe(self, alias: str, backend: Backend | None, trainable: bool) -> None:
+    def observe(self, alias: str, backend: Backend | None, trainable: bool, logprobs_complete: bool = True) -> None:
         capture = self.by_alias.get(alias)
         if capture is None:
             capture = self.by_alias[alias] = Capture()
         capture.completions += 1
         if trainable:
+            capture.without_logprobs += not logprobs_complete
             return
         capture.untrainable += 1
         if capture.untrainable == 1:

@@ -56,6 +56,7 @@ class _ModelSeries:
     retries: Any
     failovers: Any
     untrainable: Any
+    without_logprobs: Any
 
 
 @dataclass
@@ -103,6 +104,13 @@ class Metrics:
             "rollway_untrainable_calls",
             "Completions whose answer had no token ids (not trainable): an openai-kind backend, or an engine that "
             "did not return them.",
+            model,
+            registry=r,
+        )
+        self.without_logprobs = Counter(
+            "rollway_calls_without_logprobs",
+            "Trainable completions (token ids recorded) whose logprobs are missing or do not cover every output "
+            "token: PPO/GRPO importance ratios need them all.",
             model,
             registry=r,
         )
@@ -222,7 +230,8 @@ class Metrics:
         # error, an embedding) has none, though its span tells when that body came.
         streamed = record.accumulator is not None and record.ttft_seconds is not None
         untrainable = record.completed and not record.trainable
-        if not (usage or record.retry_count or streamed or untrainable):
+        incomplete = record.trainable and not record.logprobs_complete
+        if not (usage or record.retry_count or streamed or untrainable or incomplete):
             return
         model_key = (record.alias, backend, record.operation)
         model = self._models.get(model_key)
@@ -239,6 +248,8 @@ class Metrics:
                 model.output_tokens.inc(tokens_out)
         if untrainable:
             model.untrainable.inc()
+        if incomplete:
+            model.without_logprobs.inc()
         if record.retry_count:
             model.retries.inc(record.retry_count)
             if record.failovers:
@@ -269,6 +280,7 @@ class Metrics:
             retries=self.retries.labels(*labels),
             failovers=self.failovers.labels(*labels),
             untrainable=self.untrainable.labels(*labels),
+            without_logprobs=self.without_logprobs.labels(*labels),
         )
         return series
 

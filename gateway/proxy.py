@@ -84,7 +84,7 @@ class Gateway:
         """Count a call whose span is written (or could not be), and offer the span to the exporter."""
         self.metrics.observe_call(record, written)
         if record.completed and record.alias is not None:
-            self.registry.watch.observe(record.alias, record.backend, record.trainable)
+            self.registry.watch.observe(record.alias, record.backend, record.trainable, record.logprobs_complete)
         if self.exporter is not None and int(record.trace_flags, 16) & 1:  # not when the caller did not sample it
             self.exporter.offer(span)
 

@@ -82,6 +82,7 @@ class CallRecord:
     tags: dict[str, str] = field(default_factory=dict)  # span attributes its route adds
     accumulator: Any = None  # the stream accumulator while streaming (partial response on abort)
     trainable: bool = False  # set by ``span``: its response carries the prompt's and the output's token ids
+    logprobs_complete: bool = False  # set by ``span``: trainable, with one logprob for every output token
 
     @property
     def completed(self) -> bool:
@@ -121,6 +122,10 @@ class CallRecord:
             attributes["rollway.response"] = response
             trainable = self._response_attributes(attributes, response)
         attributes["rollway.trainable"] = self.trainable = trainable
+        if trainable:  # whether an importance ratio can be had for every output token, said apart from the ids
+            logprobs, output = attributes.get("rollway.response_logprobs"), attributes.get("rollway.response_token_ids")
+            complete = isinstance(logprobs, list) and isinstance(output, list) and len(logprobs) == len(output)
+            attributes["rollway.logprobs_complete"] = self.logprobs_complete = complete
         if self.cancelled:
             attributes["rollway.cancelled"] = True
         if self.error is not None or self.error_type is not None:  # a cancelled call has a type, no message

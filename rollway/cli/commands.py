@@ -324,6 +324,8 @@ def models_table(models: list[ModelView], stacked: bool = False) -> FitTable:
         state = "[yellow]paused[/]" if m.state.paused else "[green]serving[/]"
         if m.capture.untrainable:  # completions that came back without token ids
             state += f"\n[red]{m.capture.untrainable} untrainable[/]"
+        if m.capture.without_logprobs:  # token ids, but not a logprob for every output token
+            state += f"\n[red]{m.capture.without_logprobs} without logprobs[/]"
         for i, b in enumerate(m.backends):
             first = [escape(m.alias), escape(m.version), state, str(m.state.in_flight)] if i == 0 else ["", "", "", ""]
             model, url = escape(b.model), escape(b.base_url)

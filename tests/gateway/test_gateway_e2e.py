@@ -206,6 +206,13 @@ async def test_responses_api_is_passed_through_and_recorded_trainable(
         assert attrs["rollway.response_logprobs"] is None
     else:
         assert logprobs and attrs["rollway.response_logprobs"] == [entry.logprob for entry in logprobs]
+    # Said apart from the ids, counted for the alias, and in the metrics.
+    assert attrs["rollway.logprobs_complete"] is (not stream)
+    assert gw.state.registry.watch.counts("policy").without_logprobs == int(stream)
+    async with gw.http() as http:
+        metrics = (await http.get("/metrics")).text
+    counted = [line for line in metrics.splitlines() if line.startswith("rollway_calls_without_logprobs_total{")]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in counted) == int(stream)
 
 
 async def test_a_responses_answer_cut_at_max_output_tokens_says_length(gw: RunningGateway) -> None:

@@ -58,6 +58,8 @@
  *   "rollway.response"?: LlmResponse | null,
  *   "rollway.response_token_ids"?: number[] | null,
  *   "rollway.response_logprobs"?: (number | null)[] | null,
+ *   "rollway.trainable"?: boolean,
+ *   "rollway.logprobs_complete"?: boolean,
  *   "rollway.model_version"?: string | null,
  *   "rollway.latency_seconds"?: number | null,
  *   "rollway.ttft_seconds"?: number | null,
@@ -107,7 +109,7 @@
  * @property {string} version
  * @property {Record<string, unknown> | null} sampling
  * @property {{ paused: boolean, in_flight: number, in_flight_old: number, updating: string | null }} state
- * @property {{ completions: number, untrainable: number }} capture
+ * @property {{ completions: number, untrainable: number, without_logprobs: number }} capture
  * @property {Record<string, EngineVersion>} engine_versions  by backend id: what its engine reports, as last checked
  *
  * @typedef {object} EngineVersion  the weight version an engine reports beside the one its calls are recorded under

@@ -171,7 +171,7 @@ export async function render(main, [alias], signal) {
         h("dt", {}, "calls in flight"),
         h("dd", { id: "in-flight" }, `${number(view.state.in_flight)} (${number(view.state.in_flight_old)} on an earlier configuration)`),
         h("dt", {}, "completions here"),
-        h("dd", {}, `${number(view.capture.completions)}, ${number(view.capture.untrainable)} without token ids`),
+        h("dd", { id: "capture" }, `${number(view.capture.completions)}, ${number(view.capture.untrainable)} without token ids, ${number(view.capture.without_logprobs)} with ids but not a logprob for every token`),
         h("dt", {}, "sampling"),
         h("dd", {}, view.sampling ? JSON.stringify(view.sampling) : "—"),
       ),

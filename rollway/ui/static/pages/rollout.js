@@ -202,6 +202,10 @@ function callCard(span, observer) {
       a["rollway.ttft_seconds"] !== null && a["rollway.ttft_seconds"] !== undefined ? h("span", { title: "time to first token" }, `TTFT ${duration(a["rollway.ttft_seconds"])}`) : null,
       h("span", {}, tokens),
       badge(ok ? "ok" : "error"),
+      // Token ids but not a logprob for every output token: no importance ratio for it.
+      a["rollway.trainable"] === true && a["rollway.logprobs_complete"] === false
+        ? h("span", { class: "badge no-logprobs status-error", title: "the engine returned token ids without a logprob for every output token" }, "no logprobs")
+        : null,
       h("span", { class: "reward-slot" }),
     ),
     h("div", { class: "call-body placeholder" }, "…"),
