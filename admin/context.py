@@ -61,7 +61,7 @@ class ModelControl(Protocol):
         ...
 
     async def reachable(self, backends: list[Backend]) -> dict[str, bool]:
-        """Backend id → whether it answers HTTP now (asked at most every few seconds)."""
+        """Backend id → whether its address accepts a connection now (tried at most every few seconds)."""
         ...
 
     def capture(self, alias: str) -> CaptureCounts:

@@ -44,8 +44,8 @@ def _view(
     answering: dict[str, bool],
     drained: bool | None = None,
 ) -> ModelView:
-    """``answering``: whether each backend answers HTTP now; a backend is up when it does and the gateway routes
-    to it (not ejected after failures), down when either is not so."""
+    """``answering``: whether each backend's address accepts a connection now; a backend is up when it does and
+    the gateway routes to it (not ejected after failures), down when either is not so."""
     capture = context.models.capture(model.alias)
     seen = CaptureView(
         completions=capture.completions, untrainable=capture.untrainable, without_logprobs=capture.without_logprobs

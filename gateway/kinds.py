@@ -21,10 +21,12 @@ of each alias once, and keeps the counts for ``GET /admin/v1/models``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -38,7 +40,7 @@ SGLANG_ROUTES = ("get_model_info", "model_info")
 DETECT_TIMEOUT = 5.0
 #: How long a backend whose routes answered an error that says nothing of its engine is served as ``openai``.
 RETRY_AFTER = 30.0
-#: How long a reachability probe (``BackendKinds.reachable``) may take, and how long its answer is kept.
+#: How long a reachability probe (``BackendKinds.reachable``: a TCP connect) may take, and how long it is kept.
 PROBE_TIMEOUT = 2.0
 PROBE_KEPT = 5.0
 #: Answers to a probe that tell nothing of the server (it is busy, starting, or wants other credentials).
@@ -147,21 +149,24 @@ class BackendKinds:
         return kind
 
     async def reachable(self, backend: Backend) -> bool:
-        """Whether ``backend`` answers HTTP at all (``GET {base_url}/models``; any status counts), asked at most
-        once per ``PROBE_KEPT`` seconds: what the admin API shows as a backend that no call has tried yet."""
+        """Whether ``backend``'s server accepts a connection now (a TCP connect to its address, nothing sent, so
+        the engine sees no request), asked at most once per ``PROBE_KEPT`` seconds: what the admin API shows for
+        a backend that no call has tried yet."""
         key = (backend.backend_id, backend.base_url)
         now = time.monotonic()
         kept = self._probed.get(key)
         if kept is not None and now - kept[0] < PROBE_KEPT:
             return kept[1]
-        headers = {}
-        if backend.api_key is not None:
-            headers["Authorization"] = f"Bearer {backend.api_key.get_secret_value()}"
+        parts = urlsplit(backend.base_url)
         try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
             async with asyncio.timeout(PROBE_TIMEOUT):
-                await self._get(backend.base_url.rstrip("/") + "/models", headers)
+                _, writer = await asyncio.open_connection(parts.hostname, port)
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
             answered = True
-        except (aiohttp.ClientError, TimeoutError, OSError):
+        except (TimeoutError, OSError, ValueError):
             answered = False
         self._probed[key] = (time.monotonic(), answered)
         return answered

@@ -287,7 +287,8 @@ class ModelRegistry:
         return dict(self.kinds.detected())
 
     async def reachable(self, backends: list[Backend]) -> dict[str, bool]:
-        """By backend id: whether each answers HTTP now (``BackendKinds.reachable``), asked all at once."""
+        """By backend id: whether each one's address accepts a connection now (``BackendKinds.reachable``), all
+        tried at once."""
         answers = await asyncio.gather(*(self.kinds.reachable(b) for b in backends))
         return {b.backend_id: up for b, up in zip(backends, answers, strict=True)}
 
