@@ -83,7 +83,7 @@ async def test_an_alias_put_without_a_kind_in_front_of_the_mock_records_trainabl
         view = await model_view(gw, "policy")
     assert [s.attributes["rollway.trainable"] for s in spans] == [True, True]
     assert all(s.attributes["gen_ai.system"] == "vllm" for s in spans)
-    assert view["capture"] == {"completions": 2, "untrainable": 0}
+    assert view["capture"] == {"completions": 2, "untrainable": 0, "without_logprobs": 0}
 
 
 async def test_an_echo_is_not_counted_as_a_lost_training_sample(tmp_path: Path, mock: MockBackendProcess) -> None:
@@ -95,7 +95,7 @@ async def test_an_echo_is_not_counted_as_a_lost_training_sample(tmp_path: Path, 
         await client.completions.create(model="policy", prompt="Once upon a time", max_tokens=3, echo=True)
         await client.completions.create(model="policy", prompt="Once upon a time", max_tokens=3)
         view = await model_view(gw, "policy")
-    assert view["capture"] == {"completions": 1, "untrainable": 0}
+    assert view["capture"] == {"completions": 1, "untrainable": 0, "without_logprobs": 0}
 
 
 async def test_a_server_without_token_ids_is_shown_as_such_and_its_calls_counted(
@@ -113,7 +113,7 @@ async def test_a_server_without_token_ids_is_shown_as_such_and_its_calls_counted
         view = await model_view(gw, "plain")
         async with httpx.AsyncClient() as http:
             metrics = (await http.get(f"{gw.url}/metrics")).text
-    assert view["capture"] == {"completions": 3, "untrainable": 3}
+    assert view["capture"] == {"completions": 3, "untrainable": 3, "without_logprobs": 0}
     assert not any("return_token_ids" in body or "logprobs" in body for body in received)  # asked as OpenAI
     series = [line for line in metrics.splitlines() if line.startswith("rollway_untrainable_calls_total{")]
     assert series == [

@@ -301,23 +301,25 @@ async def test_each_process_keeps_its_own_calls_attempts_alive(
 
 
 async def test_the_loop_writes_only_while_a_call_has_been_in_flight_for_an_interval(store_url: str) -> None:
-    async with await Store.open(store_url, run_watchdog=False, keepalive_interval=0.1) as store:
+    # The interval is well above a short call's duration on a loaded machine (a call that outlived it would be
+    # written for, rightly), and the waits are a few intervals long.
+    async with await Store.open(store_url, run_watchdog=False, keepalive_interval=0.25) as store:
         rollout_id, attempt_id = await started(store, unresponsive_seconds=10)
         writes = store.writer.stats.transactions
         for _ in range(5):  # short calls
             await store.record_call(call_span(await store.begin_call(rollout_id, attempt_id)))
-        await asyncio.sleep(0.35)
+        await asyncio.sleep(0.6)
         # Each call's own two, nothing more; on PostgreSQL the first span's move of the attempt to running is a
         # transaction of its own (``Store._record_direct``).
         own = 10 + (1 if store.direct_calls else 0)
         assert store.writer.stats.transactions == writes + own
         ticket = await store.begin_call(rollout_id, attempt_id)
-        await asyncio.sleep(0.45)
-        assert store.writer.stats.transactions >= writes + own + 1 + 2  # rounds: the call is older than 0.1 s
+        await asyncio.sleep(1.1)
+        assert store.writer.stats.transactions >= writes + own + 1 + 2  # rounds: the call is older than 0.25 s
         assert (await store.get_attempt(rollout_id, attempt_id)).status == AttemptStatus.RUNNING
         await store.record_call(call_span(ticket))
         writes = store.writer.stats.transactions
-        await asyncio.sleep(0.35)
+        await asyncio.sleep(0.6)
         assert store.writer.stats.transactions == writes
 
 
