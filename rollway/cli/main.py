@@ -261,7 +261,7 @@ def rollouts() -> None:
 @JSON_OPTION
 def rollouts_show(connection: Connection, rollout_id: str, as_json: bool) -> None:
     """Show one rollout: its attempts, its calls (tokens, logprobs) and its reward."""
-    from rollway.cli.commands import show_rollout
+    from rollway.cli.rollouts import show_rollout
 
     show_rollout(connection, rollout_id, as_json)
 
@@ -287,7 +287,7 @@ def rollouts_list(
     as_json: bool,
 ) -> None:
     """List rollouts, oldest first (or newest first)."""
-    from rollway.cli.commands import RolloutFilter, list_rollouts
+    from rollway.cli.rollouts import RolloutFilter, list_rollouts
 
     where = RolloutFilter(statuses, mode, group_id, model, "desc" if newest_first else "asc")
     list_rollouts(connection, where, limit, cursor, as_json)
