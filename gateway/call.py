@@ -110,6 +110,9 @@ class Call:
             self._watch = watch
             try:
                 ending = await self._answer(body=record.request, reply=reply, headers=headers)
+                # Logprobs the engine left out, scored while the call holds its lease (the same weights), before
+                # the span is written; a client that leaves meanwhile ends the call as before its answer's end.
+                await gateway.scorer.fill(record)
             except (Exception, asyncio.CancelledError) as exc:
                 ending = self._ending(exc, watch, reply, headers)
             finally:

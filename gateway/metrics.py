@@ -57,6 +57,7 @@ class _ModelSeries:
     failovers: Any
     untrainable: Any
     without_logprobs: Any
+    scored_logprobs: Any
 
 
 @dataclass
@@ -111,6 +112,13 @@ class Metrics:
             "rollway_calls_without_logprobs",
             "Trainable completions (token ids recorded) whose logprobs are missing or do not cover every output "
             "token: PPO/GRPO importance ratios need them all.",
+            model,
+            registry=r,
+        )
+        self.scored_logprobs = Counter(
+            "rollway_calls_scored_logprobs",
+            "Trainable completions whose engine gave token ids without every logprob, and whose logprobs Rollway "
+            "then had the same engine score (prompt logprobs of prompt and answer): rollway.logprobs_source=scored.",
             model,
             registry=r,
         )
@@ -231,7 +239,8 @@ class Metrics:
         streamed = record.accumulator is not None and record.ttft_seconds is not None
         untrainable = record.completed and not record.trainable
         incomplete = record.trainable and not record.logprobs_complete
-        if not (usage or record.retry_count or streamed or untrainable or incomplete):
+        scored = record.scored_logprobs is not None
+        if not (usage or record.retry_count or streamed or untrainable or incomplete or scored):
             return
         model_key = (record.alias, backend, record.operation)
         model = self._models.get(model_key)
@@ -250,6 +259,8 @@ class Metrics:
             model.untrainable.inc()
         if incomplete:
             model.without_logprobs.inc()
+        if scored:
+            model.scored_logprobs.inc()
         if record.retry_count:
             model.retries.inc(record.retry_count)
             if record.failovers:
@@ -281,6 +292,7 @@ class Metrics:
             failovers=self.failovers.labels(*labels),
             untrainable=self.untrainable.labels(*labels),
             without_logprobs=self.without_logprobs.labels(*labels),
+            scored_logprobs=self.scored_logprobs.labels(*labels),
         )
         return series
 

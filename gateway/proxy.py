@@ -29,6 +29,7 @@ from rollway.gateway.metrics import Metrics
 from rollway.gateway.record import CallRecord, traceparent
 from rollway.gateway.registry import ModelRegistry
 from rollway.gateway.routing import Router
+from rollway.gateway.scoring import Scorer
 from rollway.gateway.streaming import json_answer
 from rollway.gateway.upstream import Answer, Upstream, passthrough_headers, retry_after
 from rollway.settings import Settings
@@ -70,6 +71,7 @@ class Gateway:
         self.running = Running()  # the calls the data plane is running
         self.sweeper = Sweeper()  # bounds the data plane's waits on its clients
         self.agent_models = AgentModels(store)  # the model of an agent server's rollout that names none we know
+        self.scorer = Scorer(self.upstream, enabled=settings.score_missing_logprobs)  # logprobs the engine left out
 
     async def start(self) -> None:
         await self.upstream.start()

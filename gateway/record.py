@@ -83,6 +83,9 @@ class CallRecord:
     accumulator: Any = None  # the stream accumulator while streaming (partial response on abort)
     trainable: bool = False  # set by ``span``: its response carries the prompt's and the output's token ids
     logprobs_complete: bool = False  # set by ``span``: trainable, with one logprob for every output token
+    #: The output's logprobs as the engine scored them after the call (``gateway.scoring``), when it gave ids
+    #: without every logprob.
+    scored_logprobs: list[float] | None = None
 
     @property
     def completed(self) -> bool:
@@ -125,7 +128,12 @@ class CallRecord:
         if trainable:  # whether an importance ratio can be had for every output token, said apart from the ids
             logprobs, output = attributes.get("rollway.response_logprobs"), attributes.get("rollway.response_token_ids")
             complete = isinstance(logprobs, list) and isinstance(output, list) and len(logprobs) == len(output)
+            source = "sampled" if complete else None
+            scored = self.scored_logprobs
+            if not complete and scored is not None and isinstance(output, list) and len(scored) == len(output):
+                attributes["rollway.response_logprobs"], complete, source = scored, True, "scored"
             attributes["rollway.logprobs_complete"] = self.logprobs_complete = complete
+            attributes["rollway.logprobs_source"] = source
         if self.cancelled:
             attributes["rollway.cancelled"] = True
         if self.error is not None or self.error_type is not None:  # a cancelled call has a type, no message
@@ -149,6 +157,21 @@ class CallRecord:
             resource={"attributes": {"service.name": "rollway"}, "schema_url": ""},
         )
 
+    def tokens(self) -> tuple[Any, Any, list[float] | None]:
+        """The recorded answer's prompt ids, output ids and output logprobs (aligned with the ids, else None), as
+        its span holds them (the first choice's, for several)."""
+        response = self.response or {}
+        if self.operation == "responses":
+            return _responses_tokens(response)
+        choices = response.get("choices") or []
+        if not choices:
+            return None, None, None
+        first = choices[0]
+        prompt_ids = response.get("prompt_token_ids")
+        if prompt_ids is None:  # vLLM's completions carry them per choice
+            prompt_ids = first.get("prompt_token_ids")
+        return prompt_ids, choice_token_ids(first), aligned_logprobs(self.operation, first)
+
     def _response_attributes(self, attributes: dict[str, Any], response: dict[str, Any]) -> bool:
         attributes["gen_ai.response.model"] = response.get("model")
         attributes["gen_ai.response.id"] = response.get("id")
@@ -164,11 +187,7 @@ class CallRecord:
             attributes["rollway.usage.cached_tokens"] = details["cached_tokens"]
         if self.operation == "responses":
             attributes["gen_ai.response.finish_reasons"] = [_responses_finish_reason(response)]
-            prompt_ids = _raw_tokens(response.get("input_messages"))
-            response_ids = _raw_tokens(response.get("output_messages"))
-            logprobs = _output_logprobs(response.get("output"))
-            if logprobs is not None and (response_ids is None or len(logprobs) != len(response_ids)):
-                logprobs = None  # (some output tokens, a function call's, have none: not aligned with the ids)
+            prompt_ids, response_ids, logprobs = _responses_tokens(response)
             attributes["rollway.prompt_token_ids"] = prompt_ids
             attributes["rollway.response_token_ids"] = response_ids
             attributes["rollway.response_logprobs"] = logprobs
@@ -177,17 +196,22 @@ class CallRecord:
         if not choices:
             return False
         attributes["gen_ai.response.finish_reasons"] = [c.get("finish_reason") for c in choices]
-        first = choices[0]
-        prompt_ids = response.get("prompt_token_ids")
-        if prompt_ids is None:  # vLLM's completions carry them per choice
-            prompt_ids = first.get("prompt_token_ids")
-        response_ids = choice_token_ids(first)
+        prompt_ids, response_ids, logprobs = self.tokens()
         attributes["rollway.prompt_token_ids"] = prompt_ids
         attributes["rollway.response_token_ids"] = response_ids
-        attributes["rollway.response_logprobs"] = aligned_logprobs(self.operation, first)
+        attributes["rollway.response_logprobs"] = logprobs
         if len(choices) > 1:
             attributes["rollway.choices"] = [_choice_record(self.operation, c, i) for i, c in enumerate(choices)]
         return prompt_ids is not None and response_ids is not None
+
+
+def _responses_tokens(response: dict[str, Any]) -> tuple[Any, Any, list[float] | None]:
+    prompt_ids = _raw_tokens(response.get("input_messages"))
+    response_ids = _raw_tokens(response.get("output_messages"))
+    logprobs = _output_logprobs(response.get("output"))
+    if logprobs is not None and (response_ids is None or len(logprobs) != len(response_ids)):
+        logprobs = None  # (some output tokens, a function call's, have none: not aligned with the ids)
+    return prompt_ids, response_ids, logprobs
 
 
 def by_design_untrainable(operation: str, request: Any) -> bool:

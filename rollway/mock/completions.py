@@ -111,18 +111,25 @@ def completion_stream_steps(answer: Answer[Options]) -> list[list[dict[str, Any]
 
 def _echo(answer: Answer[Options], number: int) -> tuple[str, list[dict[str, Any] | None] | None]:
     """What an ``echo`` puts before prompt ``number``'s completions (nothing with ``return_token_ids``), and the
-    choices' ``prompt_logprobs`` (set when it asked for logprobs too)."""
+    choices' ``prompt_logprobs``: set when asked for (``prompt_logprobs: k``, the prompt token and the ``k``
+    likeliest others), or by an echo with logprobs (with the ``logprobs`` count)."""
     opts = answer.opts
-    if not opts.echo:
-        return "", None
-    text = "" if opts.return_token_ids else answer.prompt_texts[number]
-    if not opts.logprobs:
+    text = "" if not opts.echo or opts.return_token_ids else answer.prompt_texts[number]
+    if opts.prompt_logprobs is not None:
+        return text, _scored_prompt(answer, number, opts.prompt_logprobs)
+    if not opts.echo or not opts.logprobs:
         return text, None
+    return text, _scored_prompt(answer, number, opts.top_logprobs)
+
+
+def _scored_prompt(answer: Answer[Options], number: int, top: int) -> list[dict[str, Any] | None]:
+    """Per prompt position, the prompt token's logprob and the likeliest others' (``top`` entries in all, at least
+    one; the first position: null)."""
     prompt_ids = answer.batches[number][0]
-    choice = prompt_choice(prompt_ids)
+    choice = prompt_choice(prompt_ids, answer.opts.weights)
     scored: list[dict[str, Any] | None] = [None]
     for position in range(1, len(prompt_ids)):
-        _, alternatives = choice.logprob(position, max(opts.top_logprobs, 1))
+        _, alternatives = choice.logprob(position, max(top, 1))
         ids = [prompt_ids[position], *(tok.piece_id(t) for t, _ in alternatives[1:])]
         scored.append(
             {
@@ -130,12 +137,12 @@ def _echo(answer: Answer[Options], number: int) -> tuple[str, list[dict[str, Any
                 for rank, (i, (t, lp)) in enumerate(zip(ids, alternatives, strict=True), start=1)
             }
         )
-    return text, scored
+    return scored
 
 
-def _prompt_logprobs(prompt_ids: list[int], top: int) -> dict[str, Any]:
+def _prompt_logprobs(prompt_ids: list[int], top: int, weights: str) -> dict[str, Any]:
     """The prompt's tokens as completion logprobs (the first token has no logprob: nothing came before it)."""
-    out = completion_logprobs(prompt_choice(prompt_ids), 0, len(prompt_ids), top, 0)
+    out = completion_logprobs(prompt_choice(prompt_ids, weights), 0, len(prompt_ids), top, 0)
     out["token_logprobs"][0] = out["top_logprobs"][0] = None
     return out
 
@@ -145,6 +152,6 @@ def _echoed_logprobs(answer: Answer[Options], number: int, choice: Choice, stop:
     top = answer.opts.top_logprobs
     if not answer.opts.echo:
         return completion_logprobs(choice, 0, stop, top, 0)
-    prompt = _prompt_logprobs(answer.batches[number][0], top)
+    prompt = _prompt_logprobs(answer.batches[number][0], top, answer.opts.weights)
     generated = completion_logprobs(choice, 0, stop, top, sum(len(t) for t in prompt["tokens"]))
     return {key: prompt[key] + generated[key] for key in prompt}

@@ -56,7 +56,10 @@ class Choice:
     finish_reason: str
     salt: str
     tool_call: ToolCall | None = None
-    _logprobs: list[tuple[float, list[tuple[str, float]]]] | None = field(default=None, repr=False)
+    #: What came before the first token (``context``): a token's logprob depends on it and the tokens before the
+    #: token only, as a language model's does, so scoring prompt and answer as one prompt gives the same values.
+    context: bytes = b""
+    _states: list[bytes] = field(default_factory=list, repr=False)
 
     @property
     def token_ids(self) -> list[int]:
@@ -97,10 +100,18 @@ class Choice:
         output is then the message's text."""
         return tok.TOOL_CALL_START_ID in self.token_ids and self.parsed_call is None
 
+    def _state(self, position: int) -> bytes:
+        """The context followed by the first ``position`` tokens (``extended``, kept as it grows)."""
+        states = self._states or [self.context]
+        while len(states) <= position:
+            states.append(extended(states[-1], [self.tokens[len(states) - 1].id]))
+        self._states = states
+        return states[position]
+
     def logprob(self, position: int, top: int) -> tuple[float, list[tuple[str, float]]]:
         """The sampled token's logprob and the ``top`` most likely tokens at ``position`` (best first)."""
         token = self.tokens[position]
-        key = f"{self.salt}:{position}:{token.id}".encode()
+        key = self._state(position) + struct.pack("<i", token.id)
         seed = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
         value = -round(0.0005 + 2.5 * (seed / 2**64) ** 3, 6)
         alternatives: list[tuple[str, float]] = [(token.text, value)]
@@ -144,10 +155,22 @@ def prompt_digest(prompt_ids: list[int]) -> str:
     return hashlib.blake2b(struct.pack(f"<{len(prompt_ids)}i", *prompt_ids), digest_size=12).hexdigest()
 
 
-def prompt_choice(prompt_ids: list[int]) -> Choice:
+def extended(state: bytes, ids: list[int]) -> bytes:
+    """A context followed by ``ids``: a chain of digests, so that a context is a function of its tokens alone."""
+    for token_id in ids:
+        state = hashlib.blake2b(state + struct.pack("<i", token_id), digest_size=16).digest()
+    return state
+
+
+def start_of(weights: str) -> bytes:
+    """The context before any token: the loaded weights (a reload changes every logprob)."""
+    return hashlib.blake2b(f"weights:{weights}".encode(), digest_size=16).digest()
+
+
+def prompt_choice(prompt_ids: list[int], weights: str = "") -> Choice:
     """The prompt's tokens as a choice, to score them like generated ones."""
     tokens = [Token(id=i, text=tok.decode([i])) for i in prompt_ids]
-    return Choice(0, tokens, "", prompt_digest(prompt_ids))
+    return Choice(0, tokens, "", prompt_digest(prompt_ids), context=start_of(weights))
 
 
 def math_problem(text: str) -> tuple[int, str] | None:
@@ -217,6 +240,7 @@ class FakeModel:
         tool: ToolSpec | None = None,
     ) -> list[Choice]:
         digest = prompt_digest(prompt_ids)
+        context = extended(start_of(self.weights), prompt_ids)
         choices: list[Choice] = []
         for index in range(sampling.n):
             salt = f"{digest}:{sampling.seed}:{sampling.temperature}:{index}"
@@ -224,9 +248,11 @@ class FakeModel:
                 salt += f":{self.weights}"
             rng = random.Random(_seed(salt))
             if tool is not None:
-                choices.append(self._tool_choice(index, salt, rng, sampling, tool, user_text))
+                choice = self._tool_choice(index, salt, rng, sampling, tool, user_text)
             else:
-                choices.append(self._text_choice(index, salt, rng, sampling, user_text))
+                choice = self._text_choice(index, salt, rng, sampling, user_text)
+            choice.context = context
+            choices.append(choice)
         return choices
 
     def _text_choice(self, index: int, salt: str, rng: random.Random, sampling: Sampling, user_text: str) -> Choice:

@@ -271,6 +271,7 @@ class Planner:
         prompts = self._prompts(body, "prompt")
         max_tokens = self._limit(body, ("max_tokens",), 16)
         top = check.integer(body, "logprobs")
+        prompt_top = check.integer(body, "prompt_logprobs")
         stream = check.boolean(body, "stream")
         stream_options = asks.stream_options(body, stream)
         opts = self._options(
@@ -280,6 +281,8 @@ class Planner:
             include_usage=stream_options.get("include_usage") is True,
             continuous_usage=stream_options.get("continuous_usage_stats") is True,
             echo=check.boolean(body, "echo"),
+            prompt_logprobs=check.logprobs_count(prompt_top) if prompt_top is not None else None,
+            weights=self.state.model.weights,
         )
         batches, cached, written = self._complete(model, body, prompts, max_tokens)
         texts = tuple(text for _, text in prompts)

@@ -38,6 +38,10 @@ class Options(Asked):
     fingerprint: str = ""
     #: The server reports ``usage.prompt_tokens_details`` (vLLM's ``--enable-prompt-tokens-details``).
     prompt_details: bool = False
+    #: Completions' ``prompt_logprobs``: the prompt's tokens scored, with this many likeliest others.
+    prompt_logprobs: int | None = None
+    #: The weights loaded (``FakeModel.weights``), which the prompt's scores depend on.
+    weights: str = ""
 
 
 # ---------------------------------------------------------------------------------------------------- usage

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from sqlalchemy import Engine
+
 from rollway.store.db.engine import Engines, WalKeeper
 from rollway.store.db.faults import FailureLog
 from rollway.store.db.writer import BatchWriter, Writer
@@ -20,6 +22,7 @@ class WalMixin:
     failures: FailureLog
     _checkpointed_at: int = 0  # the writer's transaction count at the last checkpoint
     _wal: WalKeeper | None = None
+    _checkpointing: asyncio.Lock | None = None  # one checkpoint at a time: the loop's, an explicit one
 
     async def checkpoint(self) -> None:
         """SQLite: copy the write-ahead log into the database file, in a worker thread (the writer's own
@@ -28,6 +31,14 @@ class WalMixin:
         reader = self.engines.reader
         if reader is None:
             return
+        if self._checkpointing is None:
+            self._checkpointing = asyncio.Lock()
+        # Two checkpoints side by side would make the one emptying the log wait for the other's copy, give up as
+        # if a reader stayed, and back off for a second while the log grows.
+        async with self._checkpointing:
+            await self._checkpoint(reader)
+
+    async def _checkpoint(self, reader: Engine) -> None:
         self._checkpointed_at = self.writer.stats.transactions
         if self._wal is None:
             self._wal = WalKeeper(reader)

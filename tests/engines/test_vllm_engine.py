@@ -489,6 +489,117 @@ async def test_a_response_is_a_triplet_with_the_engines_token_ids(gw: RunningGat
     assert rows[0]["messages"][-1] == {"role": "user", "content": whole["input"]}
 
 
+# -- logprobs the engine leaves out -----------------------------------------------------------------------------
+
+#: A short answer that ends, for a random-weight model that left to itself writes until ``max_tokens``.
+ANSWER_REGEX = r"The answer is [0-9]{1,2}\."
+#: The calculator as a Responses API function tool.
+RESPONSES_CALCULATOR = {
+    "type": "function",
+    "name": "calculator",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+}
+#: How far a logprob the engine scored (``prompt_logprobs``) may be from the one it sampled for the same token
+#: after the same tokens: both come from the same raw logits, computed in another batch shape.
+SCORE_TOLERANCE = 1e-3
+
+
+async def echoed_scores(direct: AsyncOpenAI, span: Span) -> Truth:
+    """The span's prompt and output ids sent back as one prompt, echoed with logprobs: the engine's logprob of
+    each output token after the ones before it, asked another way. The truth for a call sampled under a
+    constraint, whose sampled logprobs are those of the constrained distribution (0 for a forced token)."""
+    attrs = span.attributes
+    prompt, output = attrs["rollway.prompt_token_ids"], attrs["rollway.response_token_ids"]
+    echoed = await direct.completions.create(
+        model=CHAT_MODEL, prompt=[*prompt, *output], max_tokens=1, echo=True, logprobs=0
+    )
+    assert echoed.choices[0].logprobs is not None
+    values = echoed.choices[0].logprobs.token_logprobs or []
+    return Truth(prompt, [output], [values[len(prompt) : len(prompt) + len(output)]])
+
+
+def assert_scored_like_sampled(span: Span, truth: Truth) -> None:
+    attrs = span.attributes
+    assert attrs["rollway.logprobs_complete"] is True and attrs["rollway.logprobs_source"] == "scored"
+    assert attrs["rollway.response_token_ids"] == truth.token_ids[0]
+    scored, sampled = attrs["rollway.response_logprobs"], truth.logprobs[0]
+    assert len(scored) == len(sampled)
+    assert max(abs(a - b) for a, b in zip(scored, sampled, strict=True)) <= SCORE_TOLERANCE, (scored, sampled)
+
+
+@STREAMING
+async def test_a_responses_tool_call_gets_the_logprobs_the_engine_left_out(
+    gw: RunningGateway, direct: AsyncOpenAI, stream: bool
+) -> None:
+    """vLLM's Responses API gives no logprob for a function call's tokens (nor, streamed, for a token without
+    text): Rollway has the engine score the output. The call is forced (a regex: the weights are random), so the
+    engine's sampled logprobs are the constrained ones; the scores are the model's own, as an echo gives them."""
+    forced = {"seed": SEED, "structured_outputs": {"regex": CALL_REGEX}}
+    ask = responses_ask(tools=[RESPONSES_CALCULATOR], max_output_tokens=64, stream=stream, extra_body=forced)
+    client, rollout_id, attempt_id = await attempt_client(gw)
+    via = await answer(client, "responses", "policy", ask)
+    items = via[-1]["response"]["output"] if stream else via[0]["output"]
+    assert [item["type"] for item in items] == ["function_call"]
+    span = await only_span(gw, rollout_id, attempt_id)
+    assert_scored_like_sampled(span, await echoed_scores(direct, span))
+
+
+async def test_a_streamed_response_gets_its_logprobs_scored_as_sampled(gw: RunningGateway, direct: AsyncOpenAI) -> None:
+    """A streamed text answer: the one the engine gives whole, with its logprobs, is the truth."""
+    client, rollout_id, attempt_id = await attempt_client(gw)
+    await answer(client, "responses", "policy", responses_ask(stream=True))
+    whole = responses_ask(extra_body={"seed": SEED, "enable_response_messages": True}, **RESPONSE_LOGPROBS)
+    truth = (await direct.responses.create(model=CHAT_MODEL, **whole)).to_dict()
+    span = await only_span(gw, rollout_id, attempt_id)
+    sampled = [entry["logprob"] for entry in truth["output"][0]["content"][0]["logprobs"]]
+    assert_scored_like_sampled(span, Truth([], [truth["output_messages"][0]["tokens"]], [sampled]))
+
+
+@STREAMING
+async def test_an_openai_agents_run_on_its_default_responses_model_has_every_logprob(
+    gw: RunningGateway, direct: AsyncOpenAI, stream: bool
+) -> None:
+    """openai-agents 0.24 on its default model class (the Responses API), with a function tool: the first turn
+    is forced to call it, the second to answer in a short text that ends (the model's weights are random: left
+    to itself it never ends). Every turn's span holds a logprob for every output token: scored when the engine
+    left some out, as an echo gives them."""
+    import agents  # openai-agents, from the test extra
+
+    agents.set_tracing_disabled(True)  # its traces would go to api.openai.com, with the rollout's key
+    calls: list[str] = []
+    forced: dict[str, Any] = {"seed": SEED, "structured_outputs": {"regex": CALL_REGEX}}
+
+    # Not strict: vLLM would constrain a strict tool's call by its schema instead of by ``forced``'s regex.
+    @agents.function_tool(strict_mode=False)
+    def calculator(expression: str) -> str:
+        """Evaluate an addition."""
+        calls.append(expression)
+        forced["structured_outputs"] = {"regex": ANSWER_REGEX}  # the next turn answers in text, and ends
+        return str(sum(int(term) for term in expression.split("+")))
+
+    client, rollout_id, attempt_id = await attempt_client(gw)
+    model = agents.OpenAIResponsesModel(model="policy", openai_client=client)
+    settings = agents.ModelSettings(max_tokens=64, temperature=1.0, extra_body=forced)
+    agent = agents.Agent(name="adder", instructions="Add.", tools=[calculator], model=model, model_settings=settings)
+    if stream:
+        streamed = agents.Runner.run_streamed(agent, "What is 2+2?", max_turns=3)
+        async for _ in streamed.stream_events():
+            pass
+    else:
+        await agents.Runner.run(agent, "What is 2+2?", max_turns=3)
+    assert len(calls) == 1
+    spans = await gw.store.query_spans(rollout_id, attempt_id)
+    assert [s.attributes["rollway.stream"] for s in spans] == [stream, stream]
+    tool_turn, text_turn = spans
+    assert_scored_like_sampled(tool_turn, await echoed_scores(direct, tool_turn))
+    if stream:  # the stream leaves out the logprob of the end token
+        assert_scored_like_sampled(text_turn, await echoed_scores(direct, text_turn))
+    else:  # the engine gave them all (the constrained distribution's: see the tool call test)
+        attrs = text_turn.attributes
+        assert attrs["rollway.logprobs_complete"] is True and attrs["rollway.logprobs_source"] == "sampled"
+        assert len(attrs["rollway.response_logprobs"]) == len(attrs["rollway.response_token_ids"])
+
+
 # -- embeddings -------------------------------------------------------------------------------------------------
 
 

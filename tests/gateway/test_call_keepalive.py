@@ -318,9 +318,18 @@ async def test_the_loop_writes_only_while_a_call_has_been_in_flight_for_an_inter
         assert store.writer.stats.transactions >= writes + own + 1 + 2  # rounds: the call is older than 0.25 s
         assert (await store.get_attempt(rollout_id, attempt_id)).status == AttemptStatus.RUNNING
         await store.record_call(call_span(ticket))
-        writes = store.writer.stats.transactions
+        writes = await settled(store)
         await asyncio.sleep(0.6)
         assert store.writer.stats.transactions == writes
+
+
+async def settled(store: Store) -> int:
+    """How many transactions were committed, once no write is in flight: on PostgreSQL writes run side by side, so
+    a round that took the call before its span was written may still be committing after ``record_call``."""
+    async with asyncio.timeout(10):
+        while store.writer.waiting_since() is not None:  # noqa: ASYNC110 (another task's writes: no event of theirs)
+            await asyncio.sleep(0.01)
+    return store.writer.stats.transactions
 
 
 @pytest.mark.postgres

@@ -153,13 +153,16 @@ def first_text(response: Response) -> ResponseOutputText:
     return text
 
 
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("stream", "scoring"), [(False, True), (True, True), (True, False)])
 async def test_responses_api_is_passed_through_and_recorded_trainable(
-    gw: RunningGateway, direct: AsyncOpenAI, stream: bool
+    gw: RunningGateway, direct: AsyncOpenAI, stream: bool, scoring: bool
 ) -> None:
     """``/v1/responses`` to vLLM: the gateway asks for the token ids (``enable_response_messages``) and logprobs,
     the SDK sees what a direct call answers (its events, for a stream, which ends with ``response.completed`` and
-    no ``[DONE]``), and the span holds the whole response with the engine's token ids and logprobs."""
+    no ``[DONE]``), and the span holds the whole response with the engine's token ids and logprobs. vLLM's stream
+    leaves out the logprob of a token without text (its end): the engine then scores the output, which gives the
+    logprobs the engine sampled; with scoring off, the span says its logprobs are incomplete."""
+    gw.state.gateway.scorer.enabled = scoring
     client, rollout_id, attempt_id = await rollout_client(gw, "path")
     ask: dict[str, Any] = {"input": "What is 12 + 30?", "instructions": "Be brief.", "max_output_tokens": 12}
     # ``**ask`` may hold any key as far as mypy knows ("stream" too), so it types these calls' answers as Any:
@@ -202,17 +205,24 @@ async def test_responses_api_is_passed_through_and_recorded_trainable(
     assert attrs["rollway.prompt_token_ids"] == truth.model_extra["input_messages"][0]["tokens"]
     assert attrs["rollway.response_token_ids"] == truth.model_extra["output_messages"][0]["tokens"]
     logprobs = first_text(truth).logprobs
-    if stream:  # vLLM's stream leaves out the logprob of a token without text (its end): not one per token id
-        assert attrs["rollway.response_logprobs"] is None
-    else:
+    complete = not stream or scoring
+    if complete:
         assert logprobs and attrs["rollway.response_logprobs"] == [entry.logprob for entry in logprobs]
-    # Said apart from the ids, counted for the alias, and in the metrics.
-    assert attrs["rollway.logprobs_complete"] is (not stream)
-    assert gw.state.registry.watch.counts("policy").without_logprobs == int(stream)
+    else:
+        assert attrs["rollway.response_logprobs"] is None
+    # Said apart from the ids, with where they came from, counted for the alias, and in the metrics.
+    assert attrs["rollway.logprobs_complete"] is complete
+    assert attrs["rollway.logprobs_source"] == (None if not complete else "scored" if stream else "sampled")
+    assert gw.state.registry.watch.counts("policy").without_logprobs == int(not complete)
     async with gw.http() as http:
         metrics = (await http.get("/metrics")).text
-    counted = [line for line in metrics.splitlines() if line.startswith("rollway_calls_without_logprobs_total{")]
-    assert sum(float(line.rsplit(" ", 1)[1]) for line in counted) == int(stream)
+
+    def counted(name: str) -> float:
+        lines = [line for line in metrics.splitlines() if line.startswith(f"{name}_total{{")]
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+    assert counted("rollway_calls_without_logprobs") == int(not complete)
+    assert counted("rollway_calls_scored_logprobs") == int(stream and scoring)
 
 
 async def test_a_responses_answer_cut_at_max_output_tokens_says_length(gw: RunningGateway) -> None:

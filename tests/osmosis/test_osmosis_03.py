@@ -200,6 +200,11 @@ async def test_a_restarted_03_server_fails_its_live_attempts_at_once(
             restarted.stop()
 
 
+async def dispatch_facts(admin: httpx.AsyncClient, rollout_id: str) -> dict[str, Any]:
+    attempts = (await admin.get(f"/admin/v1/rollouts/{rollout_id}")).raise_for_status().json()["attempts"]
+    return dict((attempts[0]["metadata"] or {}).get("dispatch") or {}) if attempts else {}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -228,10 +233,15 @@ async def test_rollway_killed_mid_rollout_resumes_its_polls_within_the_lease(
                 agent = {"url": server.url, "api_key": KEY}
                 (await admin.put("/admin/v1/agents/osm", json=agent)).raise_for_status()
                 [rollout_id] = await enqueue(admin, {"behaviour": "go", "reward": 0.75})
-            async with asyncio.timeout(30):
-                while not (started := sorted(marks.glob("started-*"))):  # another process: no event to await
-                    assert server.process.poll() is None
-                    await asyncio.sleep(0.05)
+                async with asyncio.timeout(30):
+                    while not (started := sorted(marks.glob("started-*"))):  # another process: no event to await
+                        assert server.process.poll() is None
+                        await asyncio.sleep(0.05)
+                    # The workflow starts before the admission's answer reaches Rollway, and a kill then would take
+                    # the lease with the process. The kill comes once the lease is kept, which the attempt's
+                    # recorded admission (written just after it) shows.
+                    while "osmosis_id" not in await dispatch_facts(admin, rollout_id):  # noqa: ASYNC110 (another process)
+                        await asyncio.sleep(0.05)
             assert first.pid is not None
             os.kill(first.pid, signal.SIGKILL)
         finally:
@@ -243,8 +253,8 @@ async def test_rollway_killed_mid_rollout_resumes_its_polls_within_the_lease(
                     "/admin/v1/rollouts/wait", json={"rollout_ids": [rollout_id], "timeout_seconds": 60}
                 )
                 [rollout] = waited.json()["finished"]
-                assert rollout["status"] == "succeeded", rollout
                 [attempt] = (await admin.get(f"/admin/v1/rollouts/{rollout_id}")).json()["attempts"]
+                assert rollout["status"] == "succeeded", attempt
                 assert attempt["metadata"]["completion"]["reward"] == 0.75
                 assert started[0].name == f"started-{attempt['attempt_id']}"
                 assert "lease" not in str(attempt)

@@ -291,7 +291,7 @@ async def test_the_write_ahead_log_is_emptied_under_steady_writes(
     finally:
         stop.set()
         written = await writer
-    assert written > 0 and max(sizes) < 4 << 20, sizes
+    assert written > 0 and max(sizes) < 4 << 20, str(sizes)
     assert (await store.stats()).total_rollouts == written  # nothing lost while the log was emptied
     await store.close()
 
