@@ -491,8 +491,9 @@ async def test_a_response_is_a_triplet_with_the_engines_token_ids(gw: RunningGat
 
 # -- logprobs the engine leaves out -----------------------------------------------------------------------------
 
-#: A short answer that ends, for a random-weight model that left to itself writes until ``max_tokens``.
-ANSWER_REGEX = r"The answer is [0-9]{1,2}\."
+#: Token ids that end an answer (a quarter of the vocabulary), for a random-weight model that left to itself
+#: writes until ``max_tokens``: its sampling is not constrained, so its sampled logprobs are the model's own.
+STOP_IDS = list(range(4, 1024, 4))
 #: The calculator as a Responses API function tool.
 RESPONSES_CALCULATOR = {
     "type": "function",
@@ -518,9 +519,9 @@ async def echoed_scores(direct: AsyncOpenAI, span: Span) -> Truth:
     return Truth(prompt, [output], [values[len(prompt) : len(prompt) + len(output)]])
 
 
-def assert_scored_like_sampled(span: Span, truth: Truth) -> None:
+def assert_scored_like_sampled(span: Span, truth: Truth, source: str = "scored") -> None:
     attrs = span.attributes
-    assert attrs["rollway.logprobs_complete"] is True and attrs["rollway.logprobs_source"] == "scored"
+    assert attrs["rollway.logprobs_complete"] is True and attrs["rollway.logprobs_source"] == source
     assert attrs["rollway.response_token_ids"] == truth.token_ids[0]
     scored, sampled = attrs["rollway.response_logprobs"], truth.logprobs[0]
     assert len(scored) == len(sampled)
@@ -560,9 +561,10 @@ async def test_an_openai_agents_run_on_its_default_responses_model_has_every_log
     gw: RunningGateway, direct: AsyncOpenAI, stream: bool
 ) -> None:
     """openai-agents 0.24 on its default model class (the Responses API), with a function tool: the first turn
-    is forced to call it, the second to answer in a short text that ends (the model's weights are random: left
-    to itself it never ends). Every turn's span holds a logprob for every output token: scored when the engine
-    left some out, as an echo gives them."""
+    is forced to call it (the model's weights are random), the second answers in text, sampled freely and ended
+    by ``STOP_IDS``. Every turn's span holds a logprob for every output token: the tool call's scored (as an echo
+    gives them: its sampling was constrained), the answer's within ``SCORE_TOLERANCE`` of the logprobs the engine
+    samples the same tokens with (scored when streamed, which leaves the end token's out)."""
     import agents  # openai-agents, from the test extra
 
     agents.set_tracing_disabled(True)  # its traces would go to api.openai.com, with the rollout's key
@@ -574,7 +576,8 @@ async def test_an_openai_agents_run_on_its_default_responses_model_has_every_log
     def calculator(expression: str) -> str:
         """Evaluate an addition."""
         calls.append(expression)
-        forced["structured_outputs"] = {"regex": ANSWER_REGEX}  # the next turn answers in text, and ends
+        forced.pop("structured_outputs")  # the next turn is the model's own, ended by ``STOP_IDS``
+        forced["stop_token_ids"] = STOP_IDS
         return str(sum(int(term) for term in expression.split("+")))
 
     client, rollout_id, attempt_id = await attempt_client(gw)
@@ -592,12 +595,10 @@ async def test_an_openai_agents_run_on_its_default_responses_model_has_every_log
     assert [s.attributes["rollway.stream"] for s in spans] == [stream, stream]
     tool_turn, text_turn = spans
     assert_scored_like_sampled(tool_turn, await echoed_scores(direct, tool_turn))
-    if stream:  # the stream leaves out the logprob of the end token
-        assert_scored_like_sampled(text_turn, await echoed_scores(direct, text_turn))
-    else:  # the engine gave them all (the constrained distribution's: see the tool call test)
-        attrs = text_turn.attributes
-        assert attrs["rollway.logprobs_complete"] is True and attrs["rollway.logprobs_source"] == "sampled"
-        assert len(attrs["rollway.response_logprobs"]) == len(attrs["rollway.response_token_ids"])
+    attrs = text_turn.attributes
+    replay = {"prompt": attrs["rollway.prompt_token_ids"], "max_tokens": 64, "temperature": 1.0}
+    truth = await truth_of(direct, "completions", replay | {"extra_body": {"seed": SEED, "stop_token_ids": STOP_IDS}})
+    assert_scored_like_sampled(text_turn, truth, source="scored" if stream else "sampled")
 
 
 # -- embeddings -------------------------------------------------------------------------------------------------
