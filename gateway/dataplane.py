@@ -225,7 +225,12 @@ class DataPlane:
 async def _begin(
     gateway: Gateway, op_path: str, body: dict[str, Any], who: Attribution, headers: dict[str, str]
 ) -> Call:
-    """The call begun (``Call.begin``); what refuses it before that becomes its ``CallError``."""
+    """The call begun (``Call.begin``); what refuses it before that becomes its ``CallError``. A process at its
+    ``max_calls_in_flight`` refuses it first (``Running.over``), before it takes a sequence id."""
+    if gateway.running.over(gateway.settings.max_calls_in_flight):
+        gateway.metrics.shed.inc()
+        raise overloaded(gateway.settings.max_calls_in_flight)
+    gateway.running.starting += 1  # counted from here: ``run`` counts it as running before its first wait
     try:
         return await Call.begin(
             gateway,
@@ -239,6 +244,16 @@ async def _begin(
         raise exc.refusal() from None
     except StoreError as exc:
         raise CallError.of_store(exc) from None
+    finally:
+        gateway.running.starting -= 1
+
+
+def overloaded(limit: int) -> CallError:
+    """A call past the process's limit: 503 with ``Retry-After``, which the OpenAI SDKs wait out and retry."""
+    message = f"the server is running its limit of {limit} calls (ROLLWAY_MAX_CALLS_IN_FLIGHT): retry shortly"
+    err = CallError.of(503, message, "service_unavailable", code="overloaded")
+    err.headers.append((b"retry-after", b"1"))
+    return err
 
 
 def _call_headers(call: Call, rid_header: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:

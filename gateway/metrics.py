@@ -128,6 +128,12 @@ class Metrics:
             ["alias", "route", "error_type"],
             registry=r,
         )
+        self.shed = Counter(
+            "rollway_calls_shed",
+            "Calls refused at once (503, Retry-After) because the process was running its ROLLWAY_MAX_CALLS_IN_FLIGHT: "
+            "nothing recorded; the OpenAI SDKs retry them.",
+            registry=r,
+        )
         self.rejected = Counter(
             "rollway_requests_rejected",
             "Calls refused before reaching a model (bad input, unknown model, authentication): no span.",

@@ -221,8 +221,13 @@ class Running:
 
     def __init__(self) -> None:
         self.count = 0
+        self.starting = 0  # calls being begun (``dataplane._begin``): not running yet, already taken on
         self._none = asyncio.Event()
         self._none.set()
+
+    def over(self, limit: int) -> bool:
+        """Whether ``limit`` calls (0: no limit) are running or being begun: a new one is refused."""
+        return 0 < limit <= self.count + self.starting
 
     def add(self) -> None:
         self.count += 1

@@ -107,6 +107,12 @@ class Settings(BaseSettings):
         description="largest answer (a whole body, or one stream event) taken from a backend; beyond it the call "
         "fails with 502 response_too_large",
     )
+    max_calls_in_flight: int = Field(
+        default=0,
+        ge=0,
+        description="most LLM calls this process runs at once (0: no limit); past it a call is refused at once with "
+        "503 and Retry-After (the OpenAI SDKs retry it), nothing recorded, instead of queueing",
+    )
     score_missing_logprobs: bool = Field(
         default=True,
         description="when a vLLM engine gives a completion's token ids without a logprob for every output token "

@@ -46,7 +46,9 @@ def build_router() -> APIRouter:
         backends = {
             b.backend_id: "up" if state.router.is_up(b.backend_id) else "down" for m in models for b in m.backends
         }
-        return {"status": "ready", "store": "ok", "backends": backends}
+        running, limit = state.gateway.running, state.settings.max_calls_in_flight
+        calls = {"running": running.count, "limit": limit or None, "saturated": running.over(limit)}
+        return {"status": "ready", "store": "ok", "backends": backends, "calls": calls}
 
     @router.get("/metrics", response_model=None)
     async def metrics(request: Request) -> Any:

@@ -57,7 +57,8 @@ class RunningGateway:
         """An ``openai`` client of the gateway (``base_url`` defaults to its ``/v1``), closed with it."""
         if self.transport is not None and "http_client" not in kwargs:
             kwargs["http_client"] = httpx.AsyncClient(transport=self.transport)
-        client = AsyncOpenAI(base_url=base_url or f"{self.url}/v1", api_key=api_key, max_retries=0, **kwargs)
+        kwargs.setdefault("max_retries", 0)
+        client = AsyncOpenAI(base_url=base_url or f"{self.url}/v1", api_key=api_key, **kwargs)
         self.clients.append(client)
         return client
 

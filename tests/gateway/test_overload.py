@@ -1,0 +1,59 @@
+"""``ROLLWAY_MAX_CALLS_IN_FLIGHT``: a process running its limit of calls refuses the next one at once, with 503 and
+``Retry-After`` in the OpenAI envelope and nothing recorded, instead of queueing it; the calls it took on are
+answered and recorded; an SDK's retries of a refused call succeed once there is room."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+from rollway.mock import MockBackendProcess
+from support.gateway_harness import Alias, RunningGateway, claim_one
+
+LIMIT = 2
+ASK: dict[str, Any] = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+@pytest.fixture
+def gateway_settings() -> dict[str, Any]:
+    return {"max_calls_in_flight": LIMIT}
+
+
+@pytest.fixture
+def gateway_aliases(mock: MockBackendProcess) -> list[Alias]:
+    backend = {"backend_id": "mock-a", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
+    return [Alias("policy", [backend], version="v1")]
+
+
+async def test_a_call_past_the_limit_is_refused_at_once_and_retried(
+    gw: RunningGateway, mock: MockBackendProcess
+) -> None:
+    rollout_id, attempt_id = await claim_one(gw.store)
+    route = f"/rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions"
+    mock.add_faults({"kind": "delay", "ms": 1500, "times": LIMIT})
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+        taken = [asyncio.create_task(http.post(route, json=ASK)) for _ in range(LIMIT)]
+        await asyncio.to_thread(mock.stats, wait_requests=LIMIT, timeout=30)  # both are at the backend
+        refused = await http.post(route, json=ASK)
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["retry-after"] == "1"
+        error = refused.json()["error"]
+        assert error["type"] == "service_unavailable" and error["code"] == "overloaded"
+        assert "ROLLWAY_MAX_CALLS_IN_FLIGHT" in error["message"]
+        ready = (await http.get("/readyz")).json()
+        assert ready["status"] == "ready" and ready["calls"] == {"running": LIMIT, "limit": LIMIT, "saturated": True}
+        # An SDK's call while the process is full: it waits out Retry-After and retries until there is room.
+        retried = gw.client(f"{gw.url}/rollout/{rollout_id}/attempt/{attempt_id}/v1", max_retries=5)
+        answer = await retried.chat.completions.create(**ASK)
+        assert answer.choices[0].message.content
+        assert [r.status_code for r in await asyncio.gather(*taken)] == [200, 200]
+        metrics = (await http.get("/metrics")).text
+        assert (await http.get("/readyz")).json()["calls"]["saturated"] is False
+    spans = await gw.store.query_spans(rollout_id, attempt_id)
+    assert len(spans) == LIMIT + 1 and all(s.status.status_code == "OK" for s in spans)  # no span of a refusal
+    assert [s.sequence_id for s in spans] == [1, 2, 3]
+    [shed] = [line for line in metrics.splitlines() if line.startswith("rollway_calls_shed_total ")]
+    assert float(shed.split()[1]) >= 2  # the raw call, and the SDK's first try at least
