@@ -20,7 +20,7 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from rollway.gateway.attribution import KeyCache
+from rollway.gateway.attribution import KEY_CACHE_TTL, KeyCache
 from rollway.mock import MockBackendProcess
 from rollway.store import Store, TaskSpec
 from support.clock import FakeClock
@@ -422,9 +422,9 @@ async def test_the_key_cache_keeps_only_keys_it_may_still_serve(store: Store) ->
             rollout_id, attempt_id = await claim_one(store)
             _, plain = await store.mint_key("rollout", rollout_id=rollout_id, attempt_id=attempt_id)
             assert await keys.find(plain) is not None
-            ticks.advance(0.1)  # 20 keys each 2 s: at most 3 batches are younger than the 5 s TTL
+            ticks.advance(KEY_CACHE_TTL / 40)  # 20 keys each half a TTL: at most 3 batches are younger than it
         assert len(keys) <= 60, f"batch {batch}: {len(keys)} keys cached"
-    ticks.advance(10)
+    ticks.advance(2 * KEY_CACHE_TTL)
     _, plain = await store.mint_key("gateway")
     assert await keys.find(plain) is not None
     assert len(keys) == 1
