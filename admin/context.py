@@ -120,6 +120,8 @@ class AdminContext:
     engine_versions: Callable[[str], Mapping[str, EngineVersion]] | None = None
     #: Tells the data plane's controlled proxy that its pause or its models changed (``gateway.controlled``).
     proxy_changed: Callable[[], None] = lambda: None
+    #: Counts a complete group an export handed out, by its health (``admin.groups.verdict``).
+    groups_exported: Callable[[str], None] = lambda verdict: None
 
 
 def context_of(request: Request) -> AdminContext:

@@ -44,4 +44,4 @@ async def export(
     """Finished rollouts as SLIME `Sample` records (`slime`) or verl-style rows (`verl`), one per rollout
     segment; groups come whole and only once complete unless `partial=true`; `since` continues from a
     previous `next_cursor`; `format=jsonl` streams one record per line."""
-    return await respond(context.store, query, renderer(FORMATS[kind], query.dedupe), format_)
+    return await respond(context, query, renderer(FORMATS[kind], query.dedupe), format_)

@@ -8,11 +8,10 @@ import secrets
 import time
 from typing import Annotated, Any, Literal
 
-import orjson
 from fastapi import APIRouter, Header, HTTPException, Query, Request
 
-from rollway.admin.adapters.triplets import CALL_OPERATIONS
 from rollway.admin.context import AdminContext, Context
+from rollway.admin.groups import COUNTED, answers_of, health_of
 from rollway.admin.route import AdminRoute
 from rollway.admin.schemas import (
     AttemptChange,
@@ -327,7 +326,7 @@ async def group(group_id: str, context: Context) -> GroupView:
     rollouts = await context.store.get_group(group_id)
     size = max((r.group_size or 0 for r in rollouts), default=len(rollouts)) or len(rollouts)
     finished = sum(1 for r in rollouts if r.status in ("succeeded", "failed", "cancelled"))
-    health = await group_health(context.store, [r for r in rollouts if r.status in ("succeeded", "failed")])
+    health = await group_health(context.store, [r for r in rollouts if r.status in COUNTED])
     return GroupView(
         group_id=group_id, size=size, finished=finished, complete=finished >= size, rollouts=rollouts, health=health
     )
@@ -335,14 +334,8 @@ async def group(group_id: str, context: Context) -> GroupView:
 
 async def group_health(store: Store, members: list[Rollout]) -> GroupHealth:
     """``GroupHealth`` of the finished members (one read of the spans of each one's latest attempt)."""
-    without: list[str] = []
-    answers: list[tuple[str, ...]] = []
+    answers = []
     for rollout in members:
         spans = await store.query_spans(rollout.rollout_id, "latest")
-        calls = [s for s in spans if s.attributes.get("gen_ai.operation.name") in CALL_OPERATIONS]
-        if not calls:
-            without.append(rollout.rollout_id)
-            continue
-        answers.append(tuple(orjson.dumps(s.attributes.get("rollway.response_token_ids")).decode() for s in calls))
-    identical = len(answers) > 1 and len(set(answers)) == 1
-    return GroupHealth(without_calls=without, identical_answers=identical, degenerate=bool(without) or identical)
+        answers.append((rollout.rollout_id, answers_of(s.attributes for s in spans)))
+    return health_of(answers)

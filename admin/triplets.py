@@ -26,7 +26,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from rollway.admin.adapters.merged import merged_rows
 from rollway.admin.adapters.triplets import deduped, dumps, llm_calls, triplets
-from rollway.admin.context import Context
+from rollway.admin.context import AdminContext, Context
+from rollway.admin.groups import ExportedGroups
 from rollway.admin.route import AdminRoute
 from rollway.envelope import envelope
 from rollway.store import Store
@@ -100,10 +101,16 @@ def made_by(versions: frozenset[str], render: Renderer) -> Renderer:
 
 
 async def _rendered(
-    store: Store, page: ExportPage, render: Renderer, loaded: bool, tally: tuple[bool, list[int]] | None = None
+    store: Store,
+    page: ExportPage,
+    render: Renderer,
+    loaded: bool,
+    tally: tuple[bool, list[int]] | None = None,
+    groups: ExportedGroups | None = None,
 ) -> AsyncIterator[list[bytes]]:
     """The page's rows, ``CHUNK`` rollouts at a time (reading their spans first unless ``loaded``); ``tally``
-    (whether the page is de-duplicated, and a list) collects, per chunk, the calls de-duplication removed."""
+    (whether the page is de-duplicated, and a list) collects, per chunk, the calls de-duplication removed;
+    ``groups`` counts the page's groups by health once every chunk is rendered."""
     for start in range(0, len(page.rollouts), CHUNK):
         chunk = page.rollouts[start : start + CHUNK]
         if not loaded:
@@ -111,7 +118,11 @@ async def _rendered(
         docs = await asyncio.to_thread(render, chunk)
         if tally is not None:
             tally[1].append(removed(chunk, tally[0]))
+        if groups is not None:
+            groups.add(chunk)
         yield docs
+    if groups is not None:
+        groups.report()
 
 
 def _failure(exc: Exception) -> bytes:
@@ -120,10 +131,12 @@ def _failure(exc: Exception) -> bytes:
     return orjson.dumps(envelope(message, "server_error")["error"])
 
 
-async def _lines(store: Store, page: ExportPage, render: Renderer, loaded: bool) -> AsyncIterator[bytes]:
+async def _lines(
+    store: Store, page: ExportPage, render: Renderer, loaded: bool, groups: ExportedGroups | None
+) -> AsyncIterator[bytes]:
     """JSON Lines; a failure once the stream has begun ends it with an ``{"error": …}`` line."""
     try:
-        async for docs in _rendered(store, page, render, loaded):
+        async for docs in _rendered(store, page, render, loaded, groups=groups):
             if docs:
                 yield b"\n".join(docs) + b"\n"
     except Exception as exc:
@@ -131,7 +144,7 @@ async def _lines(store: Store, page: ExportPage, render: Renderer, loaded: bool)
 
 
 async def _document(
-    store: Store, page: ExportPage, render: Renderer, loaded: bool, dedupe: bool
+    store: Store, page: ExportPage, render: Renderer, loaded: bool, dedupe: bool, groups: ExportedGroups | None
 ) -> AsyncIterator[bytes]:
     """``{"items": [...], "next_cursor": …, "deduped_calls": …}`` in pieces; a failure once the stream has begun
     closes the items and ends the document with ``"next_cursor": null`` and an ``"error"`` member."""
@@ -139,7 +152,7 @@ async def _document(
     separator = b""
     tally: list[int] = []
     try:
-        async for docs in _rendered(store, page, render, loaded, (dedupe, tally)):
+        async for docs in _rendered(store, page, render, loaded, (dedupe, tally), groups):
             if docs:
                 yield separator + b",".join(docs)
                 separator = b","
@@ -161,12 +174,17 @@ async def export_triplets(
     `partial=true`; `since` continues from a previous `next_cursor` (also in the `x-rollway-next-cursor`
     header). `format=jsonl` streams one row per line. Pages of more than 500 rollouts are streamed in either
     format; a failure mid-stream ends the body with an error (see the module docstring)."""
-    return await respond(context.store, query, functools.partial(render, merge=merge, dedupe=query.dedupe), format_)
+    return await respond(context, query, functools.partial(render, merge=merge, dedupe=query.dedupe), format_)
 
 
-async def respond(store: Store, query: ExportQuery, render: Renderer, format_: Literal["json", "jsonl"]) -> Response:
+async def respond(
+    context: AdminContext, query: ExportQuery, render: Renderer, format_: Literal["json", "jsonl"]
+) -> Response:
     """The export page ``query`` asks for, rendered by ``render``: a JSON document or JSON Lines, streamed when
-    large (the module docstring); shared by the triplet and trainer exports."""
+    large (the module docstring); shared by the triplet and trainer exports. A grouped page's groups are counted
+    by health (``admin.groups``) once it is rendered."""
+    store = context.store
+    groups = None if query.one_by_one else ExportedGroups(context.groups_exported)
     loaded = query.limit <= CHUNK
     if query.model_versions is not None:
         render = made_by(frozenset(query.model_versions), render)
@@ -175,11 +193,13 @@ async def respond(store: Store, query: ExportQuery, render: Renderer, format_: L
     if loaded:
         headers[DEDUPED_HEADER] = str(removed(page.rollouts, query.dedupe))
     if format_ == "jsonl":
-        return StreamingResponse(_lines(store, page, render, loaded), media_type=JSONL, headers=headers)
+        return StreamingResponse(_lines(store, page, render, loaded, groups), media_type=JSONL, headers=headers)
     if len(page.rollouts) > CHUNK:
-        return StreamingResponse(_document(store, page, render, loaded, query.dedupe), media_type=JSON, headers=headers)
+        pieces = _document(store, page, render, loaded, query.dedupe, groups)
+        return StreamingResponse(pieces, media_type=JSON, headers=headers)
     tally: list[int] = []
-    docs = [doc async for chunk in _rendered(store, page, render, loaded, (query.dedupe, tally)) for doc in chunk]
+    rendered = _rendered(store, page, render, loaded, (query.dedupe, tally), groups)
+    docs = [doc async for chunk in rendered for doc in chunk]
     headers[DEDUPED_HEADER] = str(sum(tally))
     body = b'{"items":[' + b",".join(docs) + b'],"next_cursor":' + orjson.dumps(page.next_cursor)
     body += b',"deduped_calls":' + headers[DEDUPED_HEADER].encode() + b"}"

@@ -128,6 +128,14 @@ class Metrics:
             ["alias", "route", "error_type"],
             registry=r,
         )
+        self.exported_groups = Counter(
+            "rollway_groups_exported",
+            "Complete groups the exports (triplets, SLIME, verl) handed out, by health: without_calls (a member made "
+            "no LLM call: a client-side cache, dspy's by default), identical_answers (every member gave the same "
+            "token ids: no advantage to learn from), ok. A group pulled twice counts twice.",
+            ["health"],
+            registry=r,
+        )
         self.shed = Counter(
             "rollway_calls_shed",
             "Calls refused at once (503, Retry-After) because the process was running its ROLLWAY_MAX_CALLS_IN_FLIGHT: "
@@ -271,6 +279,10 @@ class Metrics:
             model.retries.inc(record.retry_count)
             if record.failovers:
                 model.failovers.inc(record.failovers)
+
+    def count_exported_group(self, verdict: str) -> None:
+        """A complete group an export handed out (``admin.groups``)."""
+        self.exported_groups.labels(verdict).inc()
 
     def observe_rejected(self, op_path: str, status: int) -> None:
         """A data-plane call refused before it reached a model (no alias label: the name may be anything)."""

@@ -165,6 +165,7 @@ def create_app(settings: Settings) -> RollwayApp:
             backend_up=router.is_up,
             engine_versions=updates.versions.of,
             proxy_changed=proxy.forget,
+            groups_exported=metrics.count_exported_group,
         )
         dataplane.serve_with(Serving(gateway, keys, proxy))
         try:

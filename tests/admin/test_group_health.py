@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import dspy  # type: ignore[import-untyped]  # dspy ships no type information
+import httpx
 
 from rollway.mock import MockBackendProcess
 from support.gateway_harness import RunningGateway, serving_policy, vllm
@@ -56,3 +57,20 @@ async def test_a_dspy_group_with_its_cache_on_is_flagged(tmp_path: Path, mock: M
 
         uncached = (await run_group(gw, "g-uncached", cache=False))["health"]
         assert uncached == {"without_calls": [], "identical_answers": True, "degenerate": True}
+
+        # A trainer's pull of the two groups counts each by its health; pulled one by one, none is counted.
+        async with gw.http(timeout=30) as http:
+            assert (await http.get("/admin/v1/triplets", params={"partial": "true"})).status_code == 200
+            assert exported(await http.get("/metrics")) == {}
+            assert len((await http.get("/admin/v1/triplets")).json()["items"]) == 1 + 4  # the calls made
+            assert exported(await http.get("/metrics")) == {"without_calls": 1.0, "identical_answers": 1.0}
+
+
+def exported(metrics: httpx.Response) -> dict[str, float]:
+    """``rollway_groups_exported_total`` by health."""
+    out = {}
+    for line in metrics.text.splitlines():
+        if line.startswith("rollway_groups_exported_total{"):
+            labels, value = line.rsplit(" ", 1)
+            out[labels.split('health="', 1)[1].split('"', 1)[0]] = float(value)
+    return out
