@@ -10,10 +10,13 @@ the raw logits as its sampled logprobs are (``--logprobs-mode`` left at ``raw_lo
 held, so no weight update runs between the call and its scoring. The span then says
 ``rollway.logprobs_source: "scored"`` (``"sampled"`` when the engine gave them all).
 
+An SGLang backend (its streamed chat leaves out the logprob of a token without text too) is asked for an echo of
+prompt and output with ``logprobs: 1``, whose logprobs lead with the prompt's.
+
 It runs after the answer has reached the client and before the span is written (a trainer never reads the span
-without them), only for vLLM backends, and only when some logprob is missing. A scoring that fails (the engine
-refuses it, a prompt and output at the model's length limit, no answer) leaves the span as it was: incomplete,
-and counted as such. ``ROLLWAY_SCORE_MISSING_LOGPROBS=false`` turns it off.
+without them), only for vLLM and SGLang backends, and only when some logprob is missing. A scoring that fails
+(the engine refuses it, a prompt and output at the model's length limit, no answer) leaves the span as it was:
+incomplete, and counted as such. ``ROLLWAY_SCORE_MISSING_LOGPROBS=false`` turns it off.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ class Scorer:
         """Score the output of ``record`` when its engine left logprobs out (``scored_logprobs``); never raises
         but for cancellation."""
         backend = record.backend
-        if not self.enabled or backend is None or backend.kind != "vllm" or not record.completed:
+        if not self.enabled or backend is None or backend.kind not in ("vllm", "sglang") or not record.completed:
             return
         prompt_ids, output_ids, logprobs = record.tokens()
         if not (_ids(prompt_ids) and _ids(output_ids)) or logprobs is not None:
@@ -64,13 +67,11 @@ class Scorer:
         self, record: CallRecord, backend: Backend, prompt_ids: list[int], output_ids: list[int]
     ) -> list[float]:
         """The engine's logprob of each output token after the prompt (one scoring call, in the call's trace)."""
-        body = {
-            "model": backend.model,
-            "prompt": [*prompt_ids, *output_ids],
-            "max_tokens": 1,
-            "prompt_logprobs": 0,
-            "temperature": 0,
-        }
+        body: dict[str, Any] = {"model": backend.model, "prompt": [*prompt_ids, *output_ids], "max_tokens": 1}
+        if backend.kind == "vllm":
+            body |= {"prompt_logprobs": 0, "temperature": 0}
+        else:  # SGLang: an echo with logprobs leads with the prompt's (the first one null)
+            body |= {"echo": True, "logprobs": 1, "temperature": 0}
         trace = (traceparent(record.trace_id, secrets.token_hex(8), record.trace_flags), record.trace_state)
         answer = await self.upstream.send(backend, "completions", orjson.dumps(body), trace=trace, deadline=None)
         try:
@@ -83,7 +84,23 @@ class Scorer:
             parsed = orjson.loads(raw)
         except orjson.JSONDecodeError:
             raise ScoringFailed("the engine's answer is not JSON") from None
+        if backend.kind == "sglang":
+            return echoed_logprobs(parsed, prompt_ids, output_ids)
         return output_logprobs(parsed, prompt_ids, output_ids)
+
+
+def echoed_logprobs(answer: Any, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+    """The output's logprobs from an echo's ``logprobs.token_logprobs`` (the prompt's first, then one generated)."""
+    try:
+        values = answer["choices"][0]["logprobs"]["token_logprobs"]
+    except (KeyError, IndexError, TypeError):
+        raise ScoringFailed("the answer has no logprobs") from None
+    if not isinstance(values, list) or len(values) < len(prompt_ids) + len(output_ids):
+        raise ScoringFailed("the answer's logprobs do not cover the prompt and the output")
+    out = values[len(prompt_ids) : len(prompt_ids) + len(output_ids)]
+    if not all(isinstance(v, (int, float)) for v in out):
+        raise ScoringFailed("an output token has no logprob")
+    return [float(v) for v in out]
 
 
 def output_logprobs(answer: Any, prompt_ids: list[int], output_ids: list[int]) -> list[float]:

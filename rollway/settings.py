@@ -115,9 +115,9 @@ class Settings(BaseSettings):
     )
     score_missing_logprobs: bool = Field(
         default=True,
-        description="when a vLLM engine gives a completion's token ids without a logprob for every output token "
-        "(Responses tool calls and streams), have the same engine score the output (prompt logprobs) before the "
-        "span is written: the span then says rollway.logprobs_source=scored",
+        description="when a vLLM or SGLang engine gives a completion's token ids without a logprob for every output "
+        "token (Responses tool calls and streams, SGLang's streamed chat), have the same engine score the output "
+        "before the span is written: the span then says rollway.logprobs_source=scored",
     )
     upstream_retries: int = Field(default=3, ge=0, le=10, description="retries on connect errors, 5xx and 429")
     retry_max_wait: float = Field(default=10.0, ge=0, description="longest wait before one retry (Retry-After cap)")

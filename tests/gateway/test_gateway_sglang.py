@@ -141,8 +141,8 @@ async def test_a_streamed_chat_answers_as_sglang_and_records_the_sglext_ids(
     gw: RunningGateway, sglang_mock: MockBackendProcess, asked: dict[str, Any], cut: bool
 ) -> None:
     """The ids come from the ``sglext`` chunk the gateway asked for (and keeps from the client); the logprobs are
-    recorded only when the stream sent one per token: an answer that ends with the end-of-sequence token (which
-    adds no text) has one fewer, a cut one all."""
+    the stream's when it sent one per token (a cut answer), else the engine's scores of the output: an answer
+    that ends with the end-of-sequence token (which adds no text) has one fewer (``gateway.scoring``)."""
     ask: dict[str, Any] = {"messages": MESSAGES, "stream": True, **asked, **(CUT if cut else {})}
     via, direct, rollout_id, attempt_id = await both(gw, sglang_mock, "/chat/completions", **ask)
     assert via == direct
@@ -165,7 +165,8 @@ async def test_a_streamed_chat_answers_as_sglang_and_records_the_sglext_ids(
     attrs = await span_of(gw, rollout_id, attempt_id)
     assert attrs["rollway.prompt_token_ids"] == ids["input_ids"]
     assert attrs["rollway.response_token_ids"] == ids["output_ids"][0]
-    assert attrs["rollway.response_logprobs"] == (logprob_values(whole["choices"][0]) if cut else None)
+    assert attrs["rollway.response_logprobs"] == logprob_values(whole["choices"][0])
+    assert attrs["rollway.logprobs_source"] == ("sampled" if cut else "scored")
     if asked.get("n") == 2:
         assert [c["token_ids"] for c in attrs["rollway.choices"]] == ids["output_ids"]
 
