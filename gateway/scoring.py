@@ -73,7 +73,9 @@ class Scorer:
         else:  # SGLang: an echo with logprobs leads with the prompt's (the first one null)
             body |= {"echo": True, "logprobs": 1, "temperature": 0}
         trace = (traceparent(record.trace_id, secrets.token_hex(8), record.trace_flags), record.trace_state)
-        answer = await self.upstream.send(backend, "completions", orjson.dumps(body), trace=trace, deadline=None)
+        answer = await self.upstream.send(
+            backend, "completions", orjson.dumps(body), trace=trace, deadline=record.deadline
+        )
         try:
             raw = await answer.read(MAX_ANSWER_BYTES)
         finally:
