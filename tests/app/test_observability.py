@@ -28,7 +28,12 @@ async def test_readyz_reports_backends_up_and_down(tmp_path: Path, mock: MockBac
         await register(gw.store, "policy", dead, vllm(mock))
         ready = await http.get(f"{gw.url}/readyz")
         assert ready.status_code == 200
-        assert ready.json() == {"status": "ready", "store": "ok", "backends": {"dead": "up", "mock-a": "up"}}
+        assert ready.json() == {
+            "status": "ready",
+            "store": "ok",
+            "backends": {"dead": "up", "mock-a": "up"},
+            "calls": {"running": 0, "limit": None, "saturated": False},
+        }
         for _ in range(2):  # two connect failures in a row eject the dead backend; the calls fail over
             assert (await http.post(f"{gw.url}/v1/chat/completions", json=BODY)).status_code == 200
         ready = await http.get(f"{gw.url}/readyz")

@@ -261,12 +261,33 @@ def coalesced(chunks: list[Any]) -> dict[str, Any]:
     return {"headers": headers, "choices": [choices[i] for i in sorted(choices)], "finished_in": finished_in}
 
 
+#: The tokens that add no text to a Responses stream: the tiny model's special tokens, and one that decodes to "".
+TEXTLESS = frozenset({"", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"})
+
+
+def with_text(value: Any) -> Any:
+    """``value`` without the logprob entries of tokens that add no text: vLLM's stream carries one only when its
+    token shares a chunk with one that does (the reader lagged, and the engine's steps were sent together)."""
+    if isinstance(value, dict):
+        return {k: with_text(v) if k != "logprobs" else _entries_with_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [with_text(v) for v in value]
+    return value
+
+
+def _entries_with_text(entries: Any) -> Any:
+    if not isinstance(entries, list):
+        return with_text(entries)
+    return [e for e in entries if not (isinstance(e, dict) and e.get("token") in TEXTLESS)]
+
+
 def coalesced_events(events: list[Any]) -> list[Any]:
     """A Responses API stream in a form its chunking does not change: consecutive text deltas of one content
-    part as one, sequence numbers (checked to count up from 0) left out."""
+    part as one, sequence numbers (checked to count up from 0) left out, and logprobs only of tokens that add
+    text (``with_text``)."""
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     out: list[Any] = []
-    for event in events:
+    for event in map(with_text, events):
         event = {k: v for k, v in event.items() if k != "sequence_number"}
         if event["type"] == "response.output_text.delta" and out and _part(out[-1]) == _part(event):
             last = out[-1]

@@ -105,6 +105,8 @@ async def test_counters_move_by_exactly_the_load(tmp_path: Path, mock: MockBacke
     async with gateway(tmp_path, mock) as gw:
         await gw.store.enqueue([{"input": {"n": i}} for i in range(3)])
         await gw.store.claim("worker-1")
+        # The dead backend stays ejected until the scrape, however slow the machine (2 s by default).
+        gw.state.router.health("dead").cooldown = 600.0
         before = samples(await scrape(gw))
         load = await mixed_load(gw, mock)
         after = samples(await scrape(gw))
