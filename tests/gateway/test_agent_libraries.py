@@ -14,15 +14,14 @@ from openai import AsyncOpenAI
 
 from rollway.mock import MockBackendProcess
 from rollway.store import Span
-from support.gateway_harness import Alias, RunningGateway, claim_one
+from support.gateway_harness import Alias, RunningGateway, claim_one, vllm
 
 QUESTION = "What is 12 + 30?"
 
 
 @pytest.fixture
 def gateway_aliases(mock: MockBackendProcess) -> list[Alias]:
-    backend = {"backend_id": "mock-a", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
-    return [Alias("policy", [backend], version="v1")]
+    return [Alias("policy", [vllm(mock)], version="v1")]
 
 
 async def claimed(gw: RunningGateway) -> tuple[str, str, str]:

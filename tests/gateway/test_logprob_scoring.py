@@ -13,7 +13,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from rollway.mock import MockBackendProcess
-from support.gateway_harness import Alias, RunningGateway, claim_one
+from support.gateway_harness import Alias, RunningGateway, claim_one, vllm
 
 CALCULATOR = {
     "type": "function",
@@ -25,8 +25,7 @@ ASK: dict[str, Any] = {"input": "What is 12 + 30?", "tools": [CALCULATOR], "tool
 
 @pytest.fixture
 def gateway_aliases(mock: MockBackendProcess) -> list[Alias]:
-    backend = {"backend_id": "mock-a", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
-    return [Alias("policy", [backend], version="v1")]
+    return [Alias("policy", [vllm(mock)], version="v1")]
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from rollway.mock import MockBackendProcess
-from support.gateway_harness import Alias, RunningGateway, claim_one
+from support.gateway_harness import Alias, RunningGateway, claim_one, vllm
 
 LIMIT = 2
 ASK: dict[str, Any] = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -24,8 +24,7 @@ def gateway_settings() -> dict[str, Any]:
 
 @pytest.fixture
 def gateway_aliases(mock: MockBackendProcess) -> list[Alias]:
-    backend = {"backend_id": "mock-a", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
-    return [Alias("policy", [backend], version="v1")]
+    return [Alias("policy", [vllm(mock)], version="v1")]
 
 
 async def test_a_call_past_the_limit_is_refused_at_once_and_retried(
