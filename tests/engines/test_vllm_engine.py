@@ -540,9 +540,9 @@ async def echoed_scores(direct: AsyncOpenAI, span: Span) -> Truth:
     return Truth(prompt, [output], [values[len(prompt) : len(prompt) + len(output)]])
 
 
-def assert_scored_like_sampled(span: Span, truth: Truth, source: str = "scored") -> None:
+def assert_scored_like_sampled(span: Span, truth: Truth, source: frozenset[str] = frozenset({"scored"})) -> None:
     attrs = span.attributes
-    assert attrs["rollway.logprobs_complete"] is True and attrs["rollway.logprobs_source"] == source
+    assert attrs["rollway.logprobs_complete"] is True and attrs["rollway.logprobs_source"] in source
     assert attrs["rollway.response_token_ids"] == truth.token_ids[0]
     scored, sampled = attrs["rollway.response_logprobs"], truth.logprobs[0]
     assert len(scored) == len(sampled)
@@ -574,7 +574,9 @@ async def test_a_streamed_response_gets_its_logprobs_scored_as_sampled(gw: Runni
     truth = (await direct.responses.create(model=CHAT_MODEL, **whole)).to_dict()
     span = await only_span(gw, rollout_id, attempt_id)
     sampled = [entry["logprob"] for entry in truth["output"][0]["content"][0]["logprobs"]]
-    assert_scored_like_sampled(span, Truth([], [truth["output_messages"][0]["tokens"]], [sampled]))
+    # Scored when the stream left out a textless token's logprob; whole when the reader lagged and it did not.
+    truth_of_stream = Truth([], [truth["output_messages"][0]["tokens"]], [sampled])
+    assert_scored_like_sampled(span, truth_of_stream, source=frozenset({"scored", "sampled"}))
 
 
 @STREAMING
@@ -585,7 +587,7 @@ async def test_an_openai_agents_run_on_its_default_responses_model_has_every_log
     is forced to call it (the model's weights are random), the second answers in text, sampled freely and ended
     by ``STOP_IDS``. Every turn's span holds a logprob for every output token: the tool call's scored (as an echo
     gives them: its sampling was constrained), the answer's within ``SCORE_TOLERANCE`` of the logprobs the engine
-    samples the same tokens with (scored when streamed, which leaves the end token's out)."""
+    samples the same tokens with (scored when the stream leaves the end token's out)."""
     import agents  # openai-agents, from the test extra
 
     agents.set_tracing_disabled(True)  # its traces would go to api.openai.com, with the rollout's key
@@ -619,7 +621,10 @@ async def test_an_openai_agents_run_on_its_default_responses_model_has_every_log
     attrs = text_turn.attributes
     replay = {"prompt": attrs["rollway.prompt_token_ids"], "max_tokens": 64, "temperature": 1.0}
     truth = await truth_of(direct, "completions", replay | {"extra_body": {"seed": SEED, "stop_token_ids": STOP_IDS}})
-    assert_scored_like_sampled(text_turn, truth, source="scored" if stream else "sampled")
+    # Streamed, the end token's logprob is left out (then scored) unless it shared a chunk with a token that has
+    # text, which happens when the reader lags behind the engine.
+    sources = frozenset({"scored", "sampled"}) if stream else frozenset({"sampled"})
+    assert_scored_like_sampled(text_turn, truth, source=sources)
 
 
 # -- embeddings -------------------------------------------------------------------------------------------------

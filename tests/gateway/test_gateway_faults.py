@@ -279,9 +279,10 @@ async def test_non_streaming_client_disconnect_cancels_the_hanging_backend(
         client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1", timeout=0.5)
         with pytest.raises(openai.APITimeoutError):
             await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=4)
+        # The gateway's read timeout is minutes away: a cancel within seconds is the disconnect's.
         left = time.monotonic()
-        seen = await stats(mock, wait_cancelled=1, timeout=2)
-        assert time.monotonic() - left < 1.0
+        seen = await stats(mock, wait_cancelled=1, timeout=5)
+        assert time.monotonic() - left < 5
         assert [c["stage"] for c in seen["cancelled"]] == ["hang"]
         span = await one_span(gw, rollout_id)
         assert span.attributes["rollway.cancelled"] is True
