@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
@@ -134,6 +135,12 @@ class Settings(BaseSettings):
     public_url: str | None = Field(
         default=None, description="the URL agents reach this server at (for claim base_urls); default: as requested"
     )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="host names requests may be addressed to (Host), comma-separated, besides loopback names, "
+        "ROLLWAY_PUBLIC_URL's and the machine's (with an admin token, also IP addresses); '.example.org' allows its "
+        "subdomains, '*' any name (docs/security.md)",
+    )
     log_format: Literal["text", "json"] = Field(
         default="text", description="'text': key=value lines; 'json': one JSON object per line (both with request_id)"
     )
@@ -184,6 +191,15 @@ class Settings(BaseSettings):
         neither pass for one (listening beyond loopback) nor lock every caller out."""
         if value is not None and not value.get_secret_value().strip():
             raise ValueError("is set but empty: give a token, or leave it unset")
+        return value
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _host_list(cls, value: Any) -> Any:
+        """A list (YAML) or a comma-separated string (the environment), as lower-case names."""
+        names = value.split(",") if isinstance(value, str) else value
+        if isinstance(names, list):
+            return [str(name).strip().lower().rstrip(".") for name in names if str(name).strip()]
         return value
 
     @field_validator("secret_key")
