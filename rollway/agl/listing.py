@@ -10,6 +10,12 @@ Item = dict[str, Any]
 Predicate = Callable[[Item], bool]
 
 
+#: The largest ``limit`` and ``offset`` a query may give: a signed 64-bit integer, what the databases' ``LIMIT``
+#: and ``OFFSET`` and the answer's JSON encoder (orjson) carry. Any larger value cannot be served (a 400, as the
+#: admin API answers), and none is needed: a limit this large already means "all".
+MAX_PAGING = 2**63 - 1
+
+
 class QueryError(ValueError):
     """A query Agent-lightning's server would refuse (400)."""
 
@@ -55,6 +61,8 @@ def check_paging(allowed_sort: Sequence[str], sort_by: str | None, limit: int, o
         raise QueryError("Limit must be greater than 0 or -1 for no limit")
     if offset < 0:
         raise QueryError("Offset must be greater than or equal to 0")
+    if limit > MAX_PAGING or offset > MAX_PAGING:
+        raise QueryError(f"Limit and offset must be at most {MAX_PAGING}")
 
 
 def page(

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from rollway.admin.context import Context
 from rollway.agl import events
+from rollway.agl.listing import MAX_PAGING
 from rollway.store import Backend, NotFoundError
 from rollway.store.controlled import (
     ControlledCreate,
@@ -217,11 +218,14 @@ def build_router() -> APIRouter:
 
     @router.get("/api/rollouts")
     async def listing(request: Request, context: Context, limit: int = 500) -> Any:
+        # A limit beyond what the database's LIMIT holds already means every rollout.
+        limit = min(limit, MAX_PAGING)
         return [rollout_view(r) for r in await context.store.list_controlled(_views(request), limit)]
 
     @router.get("/api/rollouts/terminal")
     async def terminal(context: Context, after: int = 0, limit: int = 1000) -> Any:
-        after, limit = max(after, 0), min(max(limit, 1), 100_000)
+        # A position beyond what the database's integers hold is past the log's end, as any later one is.
+        after, limit = min(max(after, 0), MAX_PAGING), min(max(limit, 1), 100_000)
         page = await context.store.terminal_controlled(after, limit)
         items = [
             {"rollout_id": r.rollout.rollout_id, "state": r.state, "data_id": _data_id(r), "is_train": r.is_train}

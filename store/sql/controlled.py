@@ -202,6 +202,8 @@ def terminal(conn: Connection, after: int, limit: int) -> tuple[list[ControlledR
     """Positions ``after`` … ``after + limit - 1`` of the terminal log: (the rollouts there that are not deleted,
     the next position, the log's length)."""
     total = int(conn.execute(select(func.count()).where(C.c.terminal_seq.is_not(None))).scalar_one())
+    if after >= total:  # past the log's end (``after + limit`` could also overflow the database's integers)
+        return [], after, total
     stmt = (
         _joined()
         .where(C.c.terminal_seq > after, C.c.terminal_seq <= after + limit, C.c.deleted_time.is_(None))

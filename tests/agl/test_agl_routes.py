@@ -5,6 +5,7 @@ process too (``in_process``), but for the stream that breaks off, which needs a 
 from __future__ import annotations
 
 import ast
+import logging
 from collections.abc import AsyncIterator
 
 import httpx
@@ -165,3 +166,28 @@ async def test_spans_may_share_a_sequence_id_as_agent_lightning_allows(agl: http
         assert shown == [("s2", first), ("s4", first), ("s1", second), ("s3", second)] and found["total"] == 4
     after = (await agl.post("/spans/next", json={"rollout_id": rid, "attempt_id": aid})).json()["sequence_id"]
     assert after > second
+
+
+async def test_a_limit_or_offset_beyond_64_bits_is_a_400_with_no_traceback(
+    agl: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Neither the databases' ``LIMIT`` nor the answer's JSON encoder carries a number past a signed 64-bit
+    integer: such a limit or offset is refused as the admin API refuses it, on every listing, GET and search; the
+    largest one that fits still pages."""
+    (rollout,) = (await agl.post("/queues/rollouts/enqueue", json={"rollouts": [{"input": 1}]})).json()
+    rid = rollout["rollout_id"]
+    huge, top = str(2**63), 2**63 - 1
+    listings = ["/rollouts", "/workers", "/resources", f"/rollouts/{rid}/attempts", f"/spans?rollout_id={rid}"]
+    for path in listings:
+        for field in ("limit", "offset"):
+            answer = await agl.get(path, params={field: "99999999999999999999"})
+            assert answer.status_code == 400, (path, answer.text)
+            assert answer.json()["error"]["type"] == "invalid_request_error"
+            assert (await agl.get(path, params={field: huge})).status_code == 400
+    for path, body in (("/rollouts/search", {}), ("/spans/search", {"rollout_id": rid})):
+        assert (await agl.post(path, json={**body, "limit": 2**64})).status_code == 400
+    paged = (await agl.get("/rollouts", params={"limit": top, "offset": 0})).json()
+    assert [r["rollout_id"] for r in paged["items"]] == [rid] and paged["limit"] == top
+    beyond = (await agl.get("/rollouts", params={"limit": top, "offset": top})).json()
+    assert beyond["items"] == [] and beyond["total"] == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]

@@ -152,6 +152,11 @@ async def test_the_terminal_log_counts_in_completion_order_and_skips_deleted(
         rest = (await client.get("/api/rollouts/terminal", params={"after": 3})).json()
         assert rest == {"items": [], "next_after": 4, "total_terminal": 4}
         assert (await client.get("/api/rollouts/terminal", params={"after": 9})).json()["next_after"] == 9
+        # A position or limit past the database's 64-bit integers is past the log's end, or all of it.
+        beyond = (await client.get("/api/rollouts/terminal", params={"after": 2**70, "limit": 2**70})).json()
+        assert beyond == {"items": [], "next_after": 2**63 - 1, "total_terminal": 4}
+        listed = await client.get("/api/rollouts", params={"state_in": "succeeded", "limit": 2**70})
+        assert [r["rollout_id"] for r in listed.json()] == [order[1]]
         # A reward written after the end leaves the rollout where it was in the log.
         await client.post(
             f"/api/rollouts/{order[0]}/attempt/0/events", json={"event_type": "reward", "data": {"value": 1}}
