@@ -6,6 +6,7 @@ Built once at start (``Settings()``) and passed to ``create_app``; nothing reads
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -42,8 +43,8 @@ class Settings(BaseSettings):
         default=1,
         ge=1,
         le=64,
-        description="server processes on the port, each a replica of the store (use about one per core; "
-        "docs/deployment.md)",
+        description="server processes on the port, each a replica of the store, or 'auto': one per core this "
+        "process may run on (docs/deployment.md)",
     )
     database_url: str = Field(
         default="sqlite:///./rollway.db",
@@ -183,6 +184,15 @@ class Settings(BaseSettings):
         "sampling}); an existing alias is left as it is",
     )
     config_file: Path | None = Field(default=None, description="optional YAML file with these settings")
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _cores(cls, value: Any) -> Any:
+        """``auto``: one worker per core the process may run on (its CPU affinity, which a container's cpuset
+        narrows), at most the field's bound."""
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return min(len(os.sched_getaffinity(0)), 64)
+        return value
 
     @field_validator("admin_token", "metrics_token", "secret_key")
     @classmethod

@@ -66,10 +66,12 @@ def main(url: str, token: str | None) -> None:
 @click.option("--host", default=None, help="Address to listen on [default: 127.0.0.1].")
 @click.option("--port", type=int, default=None, help="Port to listen on [default: 8080].")
 @click.option("--db", "database_url", default=None, help="Database URL or SQLite file [default: ./rollway.db].")
-@click.option("--workers", type=int, default=None, help="Server processes on the port [default: 1].")
+@click.option(
+    "--workers", default=None, help="Server processes on the port, or 'auto' (one per core) [default: 1]."
+)
 @click.option("--config", "config_file", default=None, help="YAML file with settings.")
 def serve(
-    host: str | None, port: int | None, database_url: str | None, workers: int | None, config_file: str | None
+    host: str | None, port: int | None, database_url: str | None, workers: str | None, config_file: str | None
 ) -> None:
     """Start the gateway and the store on one port."""
     needs_server("serve")

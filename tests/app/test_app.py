@@ -70,6 +70,19 @@ def test_settings_come_from_env_then_yaml_then_defaults(tmp_path: Path, monkeypa
     assert settings.host == "127.0.0.1"
 
 
+@pytest.mark.parametrize("cores", [{0}, {0, 1, 2}])
+def test_workers_auto_is_one_per_core_the_process_may_run_on(
+    monkeypatch: pytest.MonkeyPatch, cores: set[int]
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores)
+    monkeypatch.setenv("ROLLWAY_WORKERS", "auto")
+    assert Settings().workers == len(cores)
+    assert Settings(workers="AUTO").workers == len(cores)
+    assert Settings(workers="3").workers == 3
+    with pytest.raises(ValueError, match="workers"):
+        Settings(workers="many")
+
+
 def test_admin_token_is_secret_in_settings() -> None:
     settings = Settings(admin_token="s3cret-token")
     assert "s3cret-token" not in repr(settings)

@@ -1,0 +1,324 @@
+"""The load of an RL step: many agents at once, each with its own claimed rollout, calling in a loop for a fixed
+time. Streamed calls are answers of ``--tokens`` tokens that the mock backend paces ``--token-delay-ms`` apart (a
+busy GPU); non-streamed calls take ``--latency-ms``. Per agent count, three targets in one run, one after another
+against the same backend: ``direct`` (the mock backend), ``bare`` (``bench/bare_forwarder.py``) and ``rollway``
+(``rollway serve`` on a fresh SQLite file, ``--workers`` per run, every agent on its own rollout path with its own
+rollout key, as claimed agents call).
+
+The backend does the same work for every target: the direct and bare calls ask for the token ids and logprobs
+that Rollway asks for on the agents' behalf, so the bytes the backend sends are the same; Rollway strips them
+from what its agents get back, as it does for agents that did not ask.
+
+Per target it prints the calls answered 200, the others by status, time to first byte of the answer (TTFT) and
+total time (p50/p99, and added over direct), the proxy's CPU (all its processes, percent of one core) and its
+peak RSS. For Rollway it also checks that every call answered 200 has its span, and counts the fast refusals
+(503/429 with ``Retry-After``, with ``--max-in-flight``): the agent waits as told and tries again.
+
+    python bench/rl_step_bench.py [--agents 512 1024] [--mix stream|mixed] [--duration 30] [--workers 1]
+        [--max-in-flight 0] [--targets direct bare rollway]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from gateway_bench import forwarder  # noqa: E402
+from workers_bench import children, machine_busy, tree_cpu  # noqa: E402
+
+from rollway.mock import MockBackendProcess  # noqa: E402
+from rollway.process import GatewayProcess  # noqa: E402
+from rollway.store import Store  # noqa: E402
+
+PROMPT = [{"role": "user", "content": "Solve the task, step by step."}]
+#: What Rollway adds to a vLLM chat request: the direct and bare calls ask for it themselves.
+CAPTURE = {"return_token_ids": True, "logprobs": True}
+
+
+@dataclass
+class Agent:
+    url: str
+    headers: dict[str, str]
+
+
+@dataclass
+class Tally:
+    ttft: list[float] = field(default_factory=list)  # streamed calls answered 200
+    total: dict[str, list[float]] = field(default_factory=lambda: {"stream": [], "chat": []})
+    refused: list[float] = field(default_factory=list)  # time to a 503/429 answer
+    statuses: Counter[int] = field(default_factory=Counter)
+    answered: Counter[str] = field(default_factory=Counter)  # 200s per agent URL
+
+    @property
+    def done(self) -> int:
+        return self.statuses[200]
+
+
+def bodies(args: argparse.Namespace, target: str) -> dict[str, dict[str, Any]]:
+    extra = CAPTURE if target != "rollway" else {}
+    stream = {"max_tokens": args.tokens, "stream": True, "mock": {"token_delay_ms": args.token_delay_ms}}
+    chat = {"max_tokens": 16, "mock": {"latency_ms": args.latency_ms}}
+    common = {"model": "policy" if target == "rollway" else "mock-model", "messages": PROMPT, "ignore_eos": True}
+    return {"stream": common | stream | extra, "chat": common | chat | extra}
+
+
+async def agent_loop(
+    session: aiohttp.ClientSession,
+    agent: Agent,
+    kinds: list[str],
+    calls: dict[str, dict[str, Any]],
+    tally: Tally,
+    deadline: float,
+) -> None:
+    """Calls until ``deadline``, alternating the kinds of ``kinds``; a call cut off by the deadline is not counted."""
+    n = 0
+    while time.monotonic() < deadline:
+        kind = kinds[n % len(kinds)]
+        n += 1
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(max(0.0, deadline - started)):
+                async with session.post(agent.url, json=calls[kind], headers=agent.headers) as response:
+                    if response.status != 200:
+                        await response.read()
+                        tally.statuses[response.status] += 1
+                        if response.status in (429, 503) and "Retry-After" in response.headers:
+                            tally.refused.append(time.monotonic() - started)
+                            await asyncio.sleep(min(float(response.headers["Retry-After"]), 5.0))
+                        continue
+                    first = None
+                    async for _ in response.content.iter_any():
+                        if first is None:
+                            first = time.monotonic() - started
+                    ended = time.monotonic() - started
+        except TimeoutError:
+            return
+        except aiohttp.ClientError:
+            tally.statuses[0] += 1
+            continue
+        tally.statuses[200] += 1
+        tally.answered[agent.url] += 1
+        tally.total[kind].append(ended)
+        if kind == "stream" and first is not None:
+            tally.ttft.append(first)
+
+
+def rss_mb(pid: int) -> float:
+    total = 0.0
+    for proc in [pid, *children(pid)]:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{proc}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+    return total
+
+
+async def drive(agents: list[Agent], args: argparse.Namespace, target: str, pid: int | None) -> dict[str, Any]:
+    calls = bodies(args, target)
+    kinds = ["stream"] if args.mix == "stream" else ["stream", "chat"]
+    tally = Tally()
+    peak = 0.0
+
+    async def sample() -> None:
+        nonlocal peak
+        while pid is not None:
+            peak = max(peak, rss_mb(pid))
+            await asyncio.sleep(0.5)
+
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        before, busy = tree_cpu(pid) if pid else 0.0, machine_busy()
+        started = time.monotonic()
+        deadline = started + args.duration
+        sampler = asyncio.create_task(sample())
+        # Each agent starts at its own offset in its loop, so the kinds are mixed at every moment.
+        await asyncio.gather(
+            *(
+                agent_loop(session, a, kinds[i % len(kinds) :] + kinds[: i % len(kinds)], calls, tally, deadline)
+                for i, a in enumerate(agents)
+            )
+        )
+        sampler.cancel()
+        elapsed = time.monotonic() - started
+        cpu = (tree_cpu(pid) - before) / elapsed if pid else None
+        machine = (machine_busy() - busy) / elapsed
+    return {"tally": tally, "cpu": cpu, "rss": peak if pid else None, "machine": machine}
+
+
+async def claimed(db: str, mock: MockBackendProcess, gateway_url: str, n: int) -> list[Agent]:
+    """``n`` claimed rollouts on ``db``, each agent on its attempt's path with its rollout key."""
+    store = await Store.open(db, run_watchdog=False)
+    try:
+        handed: list[tuple[Any, str]] = []
+        await store.enqueue([{"input": {"agent": i}} for i in range(n)])
+        while len(handed) < n:
+            handed += await store.claim_with_keys("bench", limit=min(1000, n - len(handed)))
+    finally:
+        await store.close()
+    return [
+        Agent(
+            f"{gateway_url}/rollout/{a.rollout.rollout_id}/attempt/{a.attempt.attempt_id}/v1/chat/completions",
+            {"Authorization": f"Bearer {key}"},
+        )
+        for a, key in handed
+    ]
+
+
+async def spans_of(db: str, tally: Tally, agents: list[Agent]) -> tuple[int, int]:
+    """Calls answered 200 without a span of their own (complete, status 200), and the spans counted."""
+    store = await Store.open(db, run_watchdog=False)
+    missing = recorded = 0
+    try:
+        for agent in agents:
+            _, rollout, _, attempt = agent.url.split("/v1/")[0].rsplit("/", 3)
+            spans = await store.query_spans(rollout, attempt)
+            ok = sum(
+                1
+                for s in spans
+                if s.attributes.get("http.response.status_code") == 200 and not s.attributes.get("rollway.cancelled")
+            )
+            recorded += ok
+            missing += max(0, tally.answered[agent.url] - ok)
+    finally:
+        await store.close()
+    return missing, recorded
+
+
+async def one(args: argparse.Namespace, n: int, mock: MockBackendProcess, tmp: str) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for target in args.targets:
+        if target == "direct":
+            agents = [Agent(f"{mock.url}/v1/chat/completions", {})] * n
+            results[target] = await drive(agents, args, target, None)
+        elif target == "bare":
+            with forwarder(mock.url) as (url, pid):
+                results[target] = await drive([Agent(url, {})] * n, args, target, pid)
+        else:
+            for workers in args.workers:
+                db = f"sqlite:///{tmp}/rl-{n}-{workers}.db"
+                store = await Store.open(db, run_watchdog=False)
+                backend = {"backend_id": "mock", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
+                await store.put_model("policy", [backend])
+                await store.close()
+                env = {
+                    "ROLLWAY_ACCESS_LOG": "false",
+                    "ROLLWAY_WORKERS": str(workers),
+                    "ROLLWAY_MAX_CALLS_IN_FLIGHT": str(args.max_in_flight),
+                }
+                gateway = GatewayProcess(db, env=env).start()
+                try:
+                    assert gateway.pid is not None
+                    agents = await claimed(db, mock, gateway.url, n)
+                    result = await drive(agents, args, target, gateway.pid)
+                finally:
+                    gateway.stop()
+                result["spans"] = await spans_of(db, result["tally"], agents)
+                results[f"rollway x{workers}"] = result
+    return results
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.0f}"
+
+
+def report(n: int, results: dict[str, Any], args: argparse.Namespace) -> None:
+    """One Markdown table per agent count (as docs/benchmarks.md holds it), then the acceptance ratios."""
+    cap = args.max_in_flight or "off"
+    print(f"\n{n} agents, {args.mix}, {args.duration:g} s, Rollway's max calls in flight: {cap}\n")
+    print(
+        "| target | calls done | other answers | TTFT p50 / p99 | added p50 / p99 | stream total p99 "
+        "| non-streamed p99 | proxy CPU | RSS | machine CPU |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    base = results.get("direct")
+    for name, r in results.items():
+        t: Tally = r["tally"]
+        other = ", ".join(f"{s or 'error'}: {c}" for s, c in sorted(t.statuses.items()) if s != 200) or "—"
+        p50, p99 = pct(t.ttft, 50), pct(t.ttft, 99)
+        added = "—"
+        if base is not None and name != "direct":
+            added = f"{ms(p50 - pct(base['tally'].ttft, 50))} / {ms(p99 - pct(base['tally'].ttft, 99))} ms"
+        chat = f"{pct(t.total['chat'], 99):.2f} s" if t.total["chat"] else "—"
+        cpu = f"{r['cpu'] * 100:.0f} %" if r["cpu"] is not None else "—"
+        rss = f"{r['rss']:.0f} MB" if r["rss"] is not None else "—"
+        print(
+            f"| {name} | {t.done:,} | {other} | {ms(p50)} / {ms(p99)} ms | {added} "
+            f"| {pct(t.total['stream'], 99):.2f} s | {chat} | {cpu} | {rss} | {r['machine'] * 100:.0f} % |"
+        )
+    print()
+    for name, r in results.items():
+        if "spans" in r:
+            t = r["tally"]
+            missing, recorded = r["spans"]
+            refused = f"; fast refusals {len(t.refused):,}, p99 {ms(pct(t.refused, 99))} ms" if t.refused else ""
+            print(f"{name}: {recorded:,} spans of calls answered 200, {missing} such calls without one{refused}")
+    bare = results.get("bare")
+    if bare is not None:
+        for name, r in results.items():
+            if name.startswith("rollway") and bare["tally"].done:
+                line = f"{name}: {r['tally'].done / bare['tally'].done:.2f}x the forwarder's calls"
+                if base is not None:
+                    over = pct(r["tally"].ttft, 99) - pct(base["tally"].ttft, 99)
+                    bare_over = pct(bare["tally"].ttft, 99) - pct(base["tally"].ttft, 99)
+                    line += f"; added TTFT p99 {ms(over)} ms, the forwarder's {ms(bare_over)} ms"
+                print(line)
+    workers = sorted((int(k.split("x")[1]), v["tally"].done) for k, v in results.items() if k.startswith("rollway"))
+    if len(workers) > 1 and workers[0][1]:
+        print(
+            ", ".join(f"--workers {w}: {done / workers[0][1]:.2f}x" for w, done in workers[1:]),
+            f"--workers {workers[0][0]}'s calls",
+        )
+    sys.stdout.flush()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--agents", type=int, nargs="+", default=[512, 1024])
+    parser.add_argument("--mix", choices=("stream", "mixed"), default="stream")
+    parser.add_argument("--duration", type=float, default=30.0)
+    parser.add_argument("--tokens", type=int, default=200)
+    parser.add_argument("--token-delay-ms", type=float, default=20.0)
+    parser.add_argument("--latency-ms", type=float, default=500.0)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1])
+    parser.add_argument("--max-in-flight", type=int, default=0)
+    parser.add_argument(
+        "--targets", nargs="+", choices=("direct", "bare", "rollway"), default=["direct", "bare", "rollway"]
+    )
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, MockBackendProcess() as mock:
+        for n in args.agents:
+            report(n, await one(args, n, mock, tmp), args)
+
+
+if __name__ == "__main__":
+    # A socket per agent, and as many again for the proxies' connections to the backend.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
