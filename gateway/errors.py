@@ -104,7 +104,8 @@ class AliasPaused(GatewayError):
 
 class UpstreamFailure(GatewayError):
     """A try that got no (whole) HTTP response: ``kind`` is ``connect`` or ``broken`` (a whole answer's body broke
-    off; both retried, failing over) or ``timeout`` / ``read_timeout`` / ``deadline`` / ``response_too_large``."""
+    off; both retried, failing over) or ``timeout`` / ``read_timeout`` / ``deadline`` / ``response_too_large`` /
+    ``redirect`` (a 3xx, which is not followed)."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)

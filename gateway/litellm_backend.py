@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from rollway.gateway.errors import UpstreamFailure
+from rollway.gateway.upstream import redirected
 from rollway.store import Backend
 
 CALLS = {"chat/completions": "acompletion", "completions": "atext_completion", "embeddings": "aembedding"}
@@ -120,6 +121,42 @@ def _without_traceback(message: str) -> str:
     return message if cut < 0 else message[:cut].rstrip()
 
 
+def _not_following_redirects(litellm: Any) -> None:
+    """Make LiteLLM's HTTP clients (``AsyncHTTPHandler``: the clients of its Anthropic, Bedrock, Vertex, ...
+    adapters) not follow redirects unless asked to: they follow them by default, and following one re-posts the
+    call, with the provider's key in its headers, to wherever the 3xx points (a loop is retried, tens of times).
+    The handler's ``follow_redirects`` parameter defaults to False from then on, in this process."""
+    init = litellm.llms.custom_httpx.http_handler.AsyncHTTPHandler.__init__
+    names = init.__code__.co_varnames[: init.__code__.co_argcount]
+    defaults = list(init.__defaults__ or ())
+    if "follow_redirects" not in names[len(names) - len(defaults) :]:
+        log.warning("LiteLLM's AsyncHTTPHandler has no follow_redirects default: its clients may follow redirects")
+        return
+    defaults[names.index("follow_redirects") - (len(names) - len(defaults))] = False
+    init.__defaults__ = tuple(defaults)
+
+
+def _redirect(exc: BaseException) -> tuple[int, str | None] | None:
+    """The status and ``Location`` of the provider's redirect that ``exc`` reports, or None. LiteLLM wraps the
+    provider's 3xx (an ``httpx.HTTPStatusError``) in errors of its own, one of them a 500 with no message, some
+    with a copy of the answer without its headers: the answer is found on the chain of causes."""
+    status: int | None = None
+    location: str | None = None
+    seen: BaseException | None = exc
+    for _ in range(8):  # (a chain of LiteLLM's wrappers: three deep in 1.110)
+        if seen is None:
+            break
+        response = getattr(seen, "response", None)
+        code = getattr(response, "status_code", None)
+        if isinstance(code, int) and 300 <= code < 400:
+            status = status or code
+            location = getattr(response, "headers", {}).get("location")
+            if location:
+                break
+        seen = seen.__cause__ or seen.__context__
+    return None if status is None else (status, location)
+
+
 def _plain(obj: Any) -> Any:
     dump = getattr(obj, "model_dump", None)
     return dump() if dump is not None else obj
@@ -143,6 +180,7 @@ class LiteLLMBackend:
             os.environ.setdefault("LITELLM_DISABLE_BUG_REPORT_LINK", "True")  # its errors reach clients and spans
             module: Any = await asyncio.to_thread(importlib.import_module, "litellm")
             module.suppress_debug_info = True  # no banners printed to stdout on provider errors
+            _not_following_redirects(module)
             self._litellm = module
         return self._litellm
 
@@ -179,6 +217,9 @@ class LiteLLMBackend:
         except litellm.Timeout as exc:  # no answer within the timeout: a 504, like an aiohttp backend's
             raise UpstreamFailure("timeout", f"backend '{backend.backend_id}' timed out") from exc
         except Exception as exc:
+            redirect = _redirect(exc)
+            if redirect is not None:
+                raise UpstreamFailure("redirect", redirected(backend, *redirect)) from exc
             status = int(getattr(exc, "status_code", 500) or 500)
             message = _without_traceback(str(getattr(exc, "message", exc)))
             error = {"error": {"message": message, "type": type(exc).__name__, "param": None, "code": None}}

@@ -9,7 +9,7 @@ streamed        200                               ``stream_error``, ``response_f
                                                   ``stream_incomplete``, ``stream_interrupted``,
                                                   ``response_too_large``, or none
 refused         the refusal's (429, 404, 503...)  ``model_paused``, ``model_busy``, ``http_<s>``  ``mark_failed``
-failed          the error's                       ``http_<status>``                              ``mark_failed``
+failed          the error's                       ``http_<status>``, ``upstream_redirect``        ``mark_failed``
 cancelled       (none sent)                       ``cancelled``: the client left                 ``mark_unfinished``
 stalled         (as sent)                         ``client_stalled``: it stopped reading         ``mark_unfinished``
 shutdown        503 unless the answer started     ``shutdown``: the server stopped first         ``mark_unfinished``

@@ -137,6 +137,10 @@ class Gateway:
                     self.registry.kinds.forget(backend)
                 if exc.kind == "response_too_large":  # (not retried: the backend would say it again)
                     raise CallError.of(502, str(exc), "upstream_error", code=exc.kind) from exc
+                if exc.kind == "redirect":  # (not retried either: a backend's redirect is its configuration)
+                    err = CallError.of(502, str(exc), "upstream_error", code="upstream_redirect")
+                    err.error_type = "upstream_redirect"
+                    raise err from exc
                 if not retried:
                     raise CallError.of(504, str(exc), "timeout", code=exc.kind) from exc
                 last_error = CallError.of(502, str(exc), "upstream_error", code=RETRIED_FAILURES[exc.kind])

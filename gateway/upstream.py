@@ -17,6 +17,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -177,13 +178,34 @@ class Upstream:
             )
         url = backend.base_url.rstrip("/") + "/" + path
         try:
-            return AiohttpAnswer(await self._session.post(url, data=payload, headers=headers, timeout=timeout))
+            # Redirects are not followed: following one re-posts the agent's body, with the backend's key, to
+            # wherever the answer points (and a loop ends only in aiohttp's TooManyRedirects).
+            response = await self._session.post(
+                url, data=payload, headers=headers, timeout=timeout, allow_redirects=False
+            )
         except aiohttp.ConnectionTimeoutError as exc:  # no connection: safe to fail over, like a refused one
             raise UpstreamFailure("connect", f"cannot reach backend '{backend.backend_id}': connect timeout") from exc
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             raise UpstreamFailure("connect", f"cannot reach backend '{backend.backend_id}': {_why(exc)}") from exc
         except TimeoutError as exc:
             raise UpstreamFailure("timeout", f"backend '{backend.backend_id}' timed out") from exc
+        if 300 <= response.status < 400:
+            response.close()
+            raise UpstreamFailure("redirect", redirected(backend, response.status, response.headers.get("Location")))
+        return AiohttpAnswer(response)
+
+
+def redirected(backend: Backend, status: int, location: str | None) -> str:
+    """What a backend's redirect is to the call: its status and the host it points to. Only the host: the
+    location's path and query are the backend's to know (they may carry a signed URL's token)."""
+    where = "no location"
+    if location:
+        try:
+            host = urlsplit(location).hostname
+        except ValueError:
+            host = None
+        where = f"a redirect to host '{host}'" if host else "a redirect to another path"
+    return f"backend '{backend.backend_id}' answered {status} with {where}; the gateway does not follow redirects"
 
 
 def _why(exc: BaseException) -> str:

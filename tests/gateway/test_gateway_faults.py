@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import sqlite3
 import time
@@ -17,6 +18,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
@@ -530,3 +532,38 @@ async def test_a_backend_answer_that_is_not_a_json_object_is_a_502(tmp_path: Pat
         assert span.status.status_code == "ERROR"
         assert span.attributes["http.response.status_code"] == 502
         assert (await gw.client().chat.completions.create(model="policy", messages=MESSAGES)).choices
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_backend_redirect_is_not_followed_and_is_a_502_that_names_it(
+    tmp_path: Path, mock: MockBackendProcess, stream: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Following a redirect would post the agent's body, and the backend's key, wherever it points; a loop of
+    them ended in a 500. The 3xx is a 502 naming the status and the target's host (never its path or query),
+    sent once, and the call's span records it."""
+    looping = f"{mock.base_url}/chat/completions?token=s3cr3t-signed"  # back to itself: a loop if followed
+    async with gateway(tmp_path, vllm(mock, api_key="sk-backend-key")) as gw:
+        rollout_id, _ = await claim_one(gw.store)
+        mock.add_faults({"kind": "status", "status": 307, "headers": {"Location": looping}, "times": None})
+        async with httpx.AsyncClient(timeout=10) as http:
+            body = {"model": "policy", "messages": MESSAGES, "max_tokens": 4, "stream": stream}
+            response = await http.post(f"{gw.url}/rollout/{rollout_id}/v1/chat/completions", json=body)
+        error = assert_envelope(response, 502)
+        assert (error["type"], error["code"]) == ("upstream_error", "upstream_redirect")
+        assert error["message"] == (
+            "backend 'mock-a' answered 307 with a redirect to host '127.0.0.1'; the gateway does not follow redirects"
+        )
+        assert "s3cr3t" not in response.text and "sk-backend-key" not in response.text
+        assert (await stats(mock))["by_status"] == {"307": 1}  # sent once, not re-posted, not retried
+        span = await one_span(gw, rollout_id)
+        assert span.status.status_code == "ERROR"
+        assert span.attributes["http.response.status_code"] == 502
+        assert span.attributes["error.type"] == "upstream_redirect"
+        assert orjson.loads(span.attributes["rollway.error"])["error"]["message"] == error["message"]
+        mock.reset()
+        mock.add_faults({"kind": "status", "status": 302, "headers": {"Location": "/elsewhere?key=s3cr3t"}})
+        async with httpx.AsyncClient(timeout=10) as http:
+            response = await http.post(f"{gw.url}/v1/chat/completions", json={"model": "policy", "messages": MESSAGES})
+        error = assert_envelope(response, 502)
+        assert "answered 302 with a redirect to another path" in error["message"] and "s3cr3t" not in response.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]

@@ -64,7 +64,8 @@ class AnthropicStub:
 def _stub_app(stub: AnthropicStub) -> Starlette:
     """``/v1/messages``. The last user message picks a behaviour: ``slow`` streams 100 words, 0.1 s apart;
     ``break`` drops the connection after two words; ``hang`` answers only after 6 s; ``garbled`` answers 200
-    with a body that is not a message (LiteLLM fails reading it); anything else answers ``WORDS`` at once."""
+    with a body that is not a message (LiteLLM fails reading it); ``redirect`` answers 307 back to itself (a loop
+    to a client that follows it); anything else answers ``WORDS`` at once."""
 
     async def messages(request: Request) -> Response:
         body = await request.json()
@@ -84,6 +85,8 @@ def _stub_app(stub: AnthropicStub) -> Starlette:
         usage = {"input_tokens": 11, "output_tokens": len(WORDS)}
         if mode == "garbled":
             return JSONResponse({"unexpected": True})
+        if mode == "redirect":
+            return Response(status_code=307, headers={"Location": f"{request.url}?token=signed-s3cr3t"})
         if mode == "hang":  # answers only after 6 s
             await asyncio.sleep(6)
         if not body.get("stream"):
@@ -466,3 +469,28 @@ async def test_alias_defaults_a_litellm_backend_does_not_take_are_left_out(tmp_p
         assert answer.choices[0].message.content == "".join(WORDS)
         [request] = stub.seen
         assert request["body"]["temperature"] == 0.25 and "chat_template_kwargs" not in request["body"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_providers_redirect_is_not_followed_and_is_a_502_that_names_it(
+    gw: RunningGateway, stub: AnthropicStub, stream: bool
+) -> None:
+    """LiteLLM's clients follow redirects by default, re-posting the call with the provider's key (a loop: tens of
+    posts, then a 500); the gateway turns that off. The 3xx is posted once and answered as an aiohttp backend's
+    is: a 502 naming the status and the target's host, recorded on the call's span."""
+    rollout_id, _ = await claim_one(gw.store)
+    async with httpx.AsyncClient(timeout=60) as http:
+        messages = [{"role": "user", "content": "redirect"}]
+        body = {"model": "claude", "messages": messages, "max_tokens": 8, "stream": stream}
+        response = await http.post(f"{gw.url}/rollout/{rollout_id}/v1/chat/completions", json=body)
+    assert response.status_code == 502, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("upstream_error", "upstream_redirect")
+    assert error["message"] == (
+        "backend 'anthropic' answered 307 with a redirect to host '127.0.0.1'; the gateway does not follow redirects"
+    )
+    assert "s3cr3t" not in response.text
+    assert len(stub.seen) == 1 and "redirect" in stub.arrived  # posted once: not followed, not retried
+    [span] = await gw.store.query_spans(rollout_id)
+    assert span.attributes["error.type"] == "upstream_redirect" and span.attributes["http.response.status_code"] == 502
+    await assert_no_secret(gw, rollout_id, response.text)
