@@ -1,18 +1,21 @@
 """The load of an RL step: many agents at once, each with its own claimed rollout, calling in a loop for a fixed
-time. Streamed calls are answers of ``--tokens`` tokens that the mock backend paces ``--token-delay-ms`` apart (a
-busy GPU); non-streamed calls take ``--latency-ms``. Per agent count, three targets in one run, one after another
-against the same backend: ``direct`` (the mock backend), ``bare`` (``bench/bare_forwarder.py``) and ``rollway``
-(``rollway serve`` on a fresh SQLite file, ``--workers`` per run, every agent on its own rollout path with its own
-rollout key, as claimed agents call).
+time. Streamed calls are answers of ``--tokens`` tokens paced ``--token-delay-ms`` apart (a busy GPU); non-streamed
+calls take ``--latency-ms``. The backend is ``bench/paced_backend.py``, replaying the mock backend's answers with
+one timer for every stream (as an engine's decode step), cheap enough that on two cores the proxies reach their
+limit before it does. Per agent count, three targets in one run, one after another against the same backend:
+``direct``, ``bare`` (``bench/bare_forwarder.py``) and ``rollway`` (``rollway serve`` on a fresh SQLite file,
+``--workers`` per run, every agent on its own rollout path with its own rollout key, as claimed agents call). The
+agents are one process of raw keep-alive connections (``Exchange``), the cheapest client there is per chunk.
 
 The backend does the same work for every target: the direct and bare calls ask for the token ids and logprobs
 that Rollway asks for on the agents' behalf, so the bytes the backend sends are the same; Rollway strips them
 from what its agents get back, as it does for agents that did not ask.
 
-Per target it prints the calls answered 200, the others by status, time to first byte of the answer (TTFT) and
-total time (p50/p99, and added over direct), the proxy's CPU (all its processes, percent of one core) and its
-peak RSS. For Rollway it also checks that every call answered 200 has its span, and counts the fast refusals
-(503/429 with ``Retry-After``, with ``--max-in-flight``): the agent waits as told and tries again.
+Per target it prints the calls answered 200, the others by status, time to the answer's first body byte (TTFT)
+and total time (p50/p99, and added over direct), the proxy's CPU (all its processes, percent of one core), its
+peak RSS and the whole machine's busy CPU (percent of one core). For Rollway it also checks that every call
+answered 200 has its span, and counts the fast refusals (503/429 with ``Retry-After``, with ``--max-in-flight``):
+the agent waits as told and tries again.
 
     python bench/rl_step_bench.py [--agents 512 1024] [--mix stream|mixed] [--duration 30] [--workers 1]
         [--max-in-flight 0] [--targets direct bare rollway]
@@ -28,17 +31,20 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-import aiohttp
+import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gateway_bench import forwarder  # noqa: E402
+from gateway_bench import forwarder, free_port, start  # noqa: E402
 from workers_bench import children, machine_busy, tree_cpu  # noqa: E402
 
 from rollway.mock import MockBackendProcess  # noqa: E402
@@ -71,51 +77,115 @@ class Tally:
 
 def bodies(args: argparse.Namespace, target: str) -> dict[str, dict[str, Any]]:
     extra = CAPTURE if target != "rollway" else {}
-    stream = {"max_tokens": args.tokens, "stream": True, "mock": {"token_delay_ms": args.token_delay_ms}}
-    chat = {"max_tokens": 16, "mock": {"latency_ms": args.latency_ms}}
+    stream = {"max_tokens": args.tokens, "stream": True}
+    chat = {"max_tokens": 16}
     common = {"model": "policy" if target == "rollway" else "mock-model", "messages": PROMPT, "ignore_eos": True}
     return {"stream": common | stream | extra, "chat": common | chat | extra}
 
 
+class Exchange(asyncio.Protocol):
+    """One agent's keep-alive connection, read with as little work per read as a client can do (an HTTP client
+    library costs more per streamed chunk than the proxies measured here, on the same two cores): the answer's
+    status and head, then bytes until its length or the chunked encoding's last chunk."""
+
+    def __init__(self) -> None:
+        self.transport: Any = None  # (uvloop's transports are not ``asyncio.Transport``s)
+        self.done: asyncio.Future[tuple[int, float | None, float]] | None = None
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def send(self, request: bytes) -> asyncio.Future[tuple[int, float | None, float]]:
+        """The answer's status, the seconds to its first body byte and to its end (and Retry-After, as status
+        503/429 plus its value in the third place)."""
+        assert self.transport is not None
+        self.started, self.head, self.first, self.status = time.monotonic(), b"", None, 0
+        self.length, self.chunked, self.seen, self.tail = -1, False, 0, b""
+        self.done = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        return self.done
+
+    def data_received(self, data: bytes) -> None:
+        if self.done is None or self.done.done():
+            return
+        if not self.status:
+            self.head += data
+            cut = self.head.find(b"\r\n\r\n")
+            if cut < 0:
+                return
+            head, data = self.head[:cut].lower(), self.head[cut + 4 :]
+            self.status = int(head[9:12])
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name == b"content-length":
+                    self.length = int(value)
+                elif name == b"transfer-encoding" and b"chunked" in value:
+                    self.chunked = True
+                elif name == b"retry-after":
+                    self.retry_after = float(value)
+            if not data and self.length != 0:
+                return
+        if self.first is None:
+            self.first = time.monotonic() - self.started
+        self.seen += len(data)
+        self.tail = (self.tail + data)[-7:]
+        if (self.chunked and self.tail.endswith(b"0\r\n\r\n")) or (0 <= self.length <= self.seen):
+            extra = getattr(self, "retry_after", 0.0) if self.status in (429, 503) else time.monotonic() - self.started
+            self.done.set_result((self.status, self.first, extra))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(ConnectionError("the server closed the connection"))
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+
+def request_of(agent: Agent, body: dict[str, Any]) -> bytes:
+    parts = urlsplit(agent.url)
+    data = orjson.dumps(body)
+    head = [f"POST {parts.path} HTTP/1.1", f"Host: {parts.netloc}", "Content-Type: application/json"]
+    head += [f"Content-Length: {len(data)}", *(f"{k}: {v}" for k, v in agent.headers.items())]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + data
+
+
 async def agent_loop(
-    session: aiohttp.ClientSession,
-    agent: Agent,
-    kinds: list[str],
-    calls: dict[str, dict[str, Any]],
-    tally: Tally,
-    deadline: float,
+    agent: Agent, kinds: list[str], calls: dict[str, dict[str, Any]], tally: Tally, deadline: float
 ) -> None:
     """Calls until ``deadline``, alternating the kinds of ``kinds``; a call cut off by the deadline is not counted."""
+    loop = asyncio.get_running_loop()
+    requests = {kind: request_of(agent, body) for kind, body in calls.items()}
+    parts = urlsplit(agent.url)
+    conn: Exchange | None = None
     n = 0
-    while time.monotonic() < deadline:
-        kind = kinds[n % len(kinds)]
-        n += 1
-        started = time.monotonic()
-        try:
-            async with asyncio.timeout(max(0.0, deadline - started)):
-                async with session.post(agent.url, json=calls[kind], headers=agent.headers) as response:
-                    if response.status != 200:
-                        await response.read()
-                        tally.statuses[response.status] += 1
-                        if response.status in (429, 503) and "Retry-After" in response.headers:
-                            tally.refused.append(time.monotonic() - started)
-                            await asyncio.sleep(min(float(response.headers["Retry-After"]), 5.0))
-                        continue
-                    first = None
-                    async for _ in response.content.iter_any():
-                        if first is None:
-                            first = time.monotonic() - started
-                    ended = time.monotonic() - started
-        except TimeoutError:
-            return
-        except aiohttp.ClientError:
-            tally.statuses[0] += 1
-            continue
-        tally.statuses[200] += 1
-        tally.answered[agent.url] += 1
-        tally.total[kind].append(ended)
-        if kind == "stream" and first is not None:
-            tally.ttft.append(first)
+    try:
+        while time.monotonic() < deadline:
+            kind = kinds[n % len(kinds)]
+            n += 1
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    if conn is None or conn.lost.done():
+                        _, conn = await loop.create_connection(Exchange, parts.hostname, parts.port)
+                    status, first, extra = await conn.send(requests[kind])
+            except TimeoutError:
+                return
+            except OSError:
+                tally.statuses[0] += 1
+                conn = None
+                continue
+            tally.statuses[status] += 1
+            if status != 200:
+                if status in (429, 503) and extra:
+                    tally.refused.append(time.monotonic() - conn.started)
+                    await asyncio.sleep(min(extra, 5.0))
+                continue
+            tally.answered[agent.url] += 1
+            tally.total[kind].append(extra)
+            if kind == "stream" and first is not None:
+                tally.ttft.append(first)
+    finally:
+        if conn is not None and conn.transport is not None:
+            conn.transport.close()
 
 
 def rss_mb(pid: int) -> float:
@@ -140,28 +210,50 @@ async def drive(agents: list[Agent], args: argparse.Namespace, target: str, pid:
             peak = max(peak, rss_mb(pid))
             await asyncio.sleep(0.5)
 
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        before, busy = tree_cpu(pid) if pid else 0.0, machine_busy()
-        started = time.monotonic()
-        deadline = started + args.duration
-        sampler = asyncio.create_task(sample())
-        # Each agent starts at its own offset in its loop, so the kinds are mixed at every moment.
-        await asyncio.gather(
-            *(
-                agent_loop(session, a, kinds[i % len(kinds) :] + kinds[: i % len(kinds)], calls, tally, deadline)
-                for i, a in enumerate(agents)
-            )
+    before, busy = tree_cpu(pid) if pid else 0.0, machine_busy()
+    started = time.monotonic()
+    deadline = started + args.duration
+    sampler = asyncio.create_task(sample())
+    # Each agent starts at its own offset in its loop, so the kinds are mixed at every moment.
+    await asyncio.gather(
+        *(
+            agent_loop(a, kinds[i % len(kinds) :] + kinds[: i % len(kinds)], calls, tally, deadline)
+            for i, a in enumerate(agents)
         )
-        sampler.cancel()
-        elapsed = time.monotonic() - started
-        cpu = (tree_cpu(pid) - before) / elapsed if pid else None
-        machine = (machine_busy() - busy) / elapsed
+    )
+    sampler.cancel()
+    elapsed = time.monotonic() - started
+    cpu = (tree_cpu(pid) - before) / elapsed if pid else None
+    machine = (machine_busy() - busy) / elapsed
     return {"tally": tally, "cpu": cpu, "rss": peak if pid else None, "machine": machine}
 
 
-async def claimed(db: str, mock: MockBackendProcess, gateway_url: str, n: int) -> list[Agent]:
+@contextlib.contextmanager
+def paced_backend(args: argparse.Namespace, tmp: str) -> Iterator[str]:
+    """``bench/paced_backend.py`` replaying what the mock backend answers to the gateway's own requests (the
+    calls' bodies with the token ids and logprobs asked for): its base URL."""
+    answers = Path(tmp, "answers")
+    answers.mkdir()
+    with MockBackendProcess() as mock:
+        for name, kind in (("chat.json", "chat"), ("stream.sse", "stream")):
+            body = {**bodies(args, "direct")[kind], "model": "mock-model"}
+            request = urllib.request.Request(
+                f"{mock.url}/v1/chat/completions", orjson.dumps(body), {"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                (answers / name).write_bytes(answer.read())
+    port = free_port()
+    command = [sys.executable, str(ROOT / "bench" / "paced_backend.py"), "--port", str(port), "--answers", str(answers)]
+    command += ["--token-delay-ms", str(args.token_delay_ms), "--latency-ms", str(args.latency_ms)]
+    process = start(command, "serving")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+
+async def claimed(db: str, gateway_url: str, n: int) -> list[Agent]:
     """``n`` claimed rollouts on ``db``, each agent on its attempt's path with its rollout key."""
     store = await Store.open(db, run_watchdog=False)
     try:
@@ -200,31 +292,32 @@ async def spans_of(db: str, tally: Tally, agents: list[Agent]) -> tuple[int, int
     return missing, recorded
 
 
-async def one(args: argparse.Namespace, n: int, mock: MockBackendProcess, tmp: str) -> dict[str, Any]:
+async def one(args: argparse.Namespace, n: int, backend: str, tmp: str) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for target in args.targets:
         if target == "direct":
-            agents = [Agent(f"{mock.url}/v1/chat/completions", {})] * n
+            agents = [Agent(f"{backend}/v1/chat/completions", {})] * n
             results[target] = await drive(agents, args, target, None)
         elif target == "bare":
-            with forwarder(mock.url) as (url, pid):
+            with forwarder(backend) as (url, pid):
                 results[target] = await drive([Agent(url, {})] * n, args, target, pid)
         else:
             for workers in args.workers:
                 db = f"sqlite:///{tmp}/rl-{n}-{workers}.db"
                 store = await Store.open(db, run_watchdog=False)
-                backend = {"backend_id": "mock", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}
-                await store.put_model("policy", [backend])
+                engine = {"backend_id": "paced", "base_url": f"{backend}/v1", "kind": "vllm", "model": "mock-model"}
+                await store.put_model("policy", [engine])
                 await store.close()
                 env = {
                     "ROLLWAY_ACCESS_LOG": "false",
                     "ROLLWAY_WORKERS": str(workers),
                     "ROLLWAY_MAX_CALLS_IN_FLIGHT": str(args.max_in_flight),
+                    "ROLLWAY_VERSION_CHECK_INTERVAL": "0",
                 }
                 gateway = GatewayProcess(db, env=env).start()
                 try:
                     assert gateway.pid is not None
-                    agents = await claimed(db, mock, gateway.url, n)
+                    agents = await claimed(db, gateway.url, n)
                     result = await drive(agents, args, target, gateway.pid)
                 finally:
                     gateway.stop()
@@ -307,9 +400,9 @@ async def main() -> None:
         "--targets", nargs="+", choices=("direct", "bare", "rollway"), default=["direct", "bare", "rollway"]
     )
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, MockBackendProcess() as mock:
+    with tempfile.TemporaryDirectory() as tmp, paced_backend(args, tmp) as backend:
         for n in args.agents:
-            report(n, await one(args, n, mock, tmp), args)
+            report(n, await one(args, n, backend, tmp), args)
 
 
 if __name__ == "__main__":
