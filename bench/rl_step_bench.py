@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from gateway_bench import forwarder, free_port, start  # noqa: E402
 from workers_bench import children, machine_busy, tree_cpu  # noqa: E402
 
+from rollway.admin.client import AsyncRollwayClient  # noqa: E402
 from rollway.mock import MockBackendProcess  # noqa: E402
 from rollway.process import GatewayProcess  # noqa: E402
 from rollway.store import Store  # noqa: E402
@@ -65,6 +66,7 @@ class Agent:
 @dataclass
 class Tally:
     ttft: list[float] = field(default_factory=list)  # streamed calls answered 200
+    later: list[float] = field(default_factory=list)  # the same, less each agent's first call
     total: dict[str, list[float]] = field(default_factory=lambda: {"stream": [], "chat": []})
     refused: list[float] = field(default_factory=list)  # time to a 503/429 answer
     statuses: Counter[int] = field(default_factory=Counter)
@@ -183,6 +185,8 @@ async def agent_loop(
             tally.total[kind].append(extra)
             if kind == "stream" and first is not None:
                 tally.ttft.append(first)
+                if n > 1:
+                    tally.later.append(first)
     finally:
         if conn is not None and conn.transport is not None:
             conn.transport.close()
@@ -253,22 +257,16 @@ def paced_backend(args: argparse.Namespace, tmp: str) -> Iterator[str]:
         process.wait(timeout=15)
 
 
-async def claimed(db: str, gateway_url: str, n: int) -> list[Agent]:
-    """``n`` claimed rollouts on ``db``, each agent on its attempt's path with its rollout key."""
-    store = await Store.open(db, run_watchdog=False)
-    try:
-        handed: list[tuple[Any, str]] = []
-        await store.enqueue([{"input": {"agent": i}} for i in range(n)])
-        while len(handed) < n:
-            handed += await store.claim_with_keys("bench", limit=min(1000, n - len(handed)))
-    finally:
-        await store.close()
+async def claimed(gateway_url: str, n: int) -> list[Agent]:
+    """``n`` rollouts enqueued and claimed through the gateway's admin API, as a trainer and its runners do: each
+    agent on its claim's URL with its claim's rollout key."""
+    async with AsyncRollwayClient(gateway_url) as admin:
+        await admin.enqueue([{"input": {"agent": i}} for i in range(n)])
+        claims: list[Any] = []
+        while len(claims) < n:
+            claims += await admin.claim("bench", limit=min(100, n - len(claims)))
     return [
-        Agent(
-            f"{gateway_url}/rollout/{a.rollout.rollout_id}/attempt/{a.attempt.attempt_id}/v1/chat/completions",
-            {"Authorization": f"Bearer {key}"},
-        )
-        for a, key in handed
+        Agent(f"{c.base_url.rstrip('/')}/chat/completions", {"Authorization": f"Bearer {c.api_key}"}) for c in claims
     ]
 
 
@@ -317,7 +315,7 @@ async def one(args: argparse.Namespace, n: int, backend: str, tmp: str) -> dict[
                 gateway = GatewayProcess(db, env=env).start()
                 try:
                     assert gateway.pid is not None
-                    agents = await claimed(db, gateway.url, n)
+                    agents = await claimed(gateway.url, n)
                     result = await drive(agents, args, target, gateway.pid)
                 finally:
                     gateway.stop()
@@ -367,6 +365,9 @@ def report(n: int, results: dict[str, Any], args: argparse.Namespace) -> None:
             missing, recorded = r["spans"]
             refused = f"; fast refusals {len(t.refused):,}, p99 {ms(pct(t.refused, 99))} ms" if t.refused else ""
             print(f"{name}: {recorded:,} spans of calls answered 200, {missing} such calls without one{refused}")
+    for name, r in results.items():
+        t = r["tally"]
+        print(f"{name}: TTFT p99 of the calls after each agent's first: {ms(pct(t.later, 99))} ms")
     bare = results.get("bare")
     if bare is not None:
         for name, r in results.items():
