@@ -19,12 +19,17 @@ as a target of its own, ``rollway@<folder>``, on its own SQLite file created by 
 installed on its own into a scratch folder, which its server imports, as in ``gateway_ab.py``): an A/B in one run,
 under the same load.
 
+``--limits-off`` adds ``rollway-limits-off``: this checkout's Rollway with every connection limit off
+(``ROLLWAY_MAX_CONNECTIONS``, ``ROLLWAY_MAX_HEADER_BYTES``, ``ROLLWAY_HEADER_TIMEOUT`` and ``ROLLWAY_IDLE_TIMEOUT``
+at 0: uvicorn's own httptools protocol, as before the limits), beside ``rollway`` with its defaults: the per-call
+cost of the limits in one run.
+
 Prints the medians over ``--rounds`` (targets in alternating order) and the median per-round ratios of each
 Rollway and of the floor to the forwarder, of each Rollway to the floor, and of each ``--tree`` Rollway to this
 checkout's (issue #26's targets: CPU per call <= 3x the forwarder's, CPU per streamed chunk <= 1.5x).
 
     python bench/wrk_bench.py [--duration 8] [--connections 32] [--threads 2] [--rounds 3] [--only rollway ...]
-        [--tree PATH ...]
+        [--tree PATH ...] [--limits-off]
 """
 
 from __future__ import annotations
@@ -63,6 +68,14 @@ PROMPT = [{"role": "user", "content": "What is 2 + 2? Answer briefly."}]
 CHAT = {"model": "policy", "messages": PROMPT, "max_tokens": 8, "ignore_eos": True}
 STREAM = {"model": "policy", "messages": PROMPT, "max_tokens": 64, "ignore_eos": True, "stream": True}
 MARK = "wrk-bench-result"
+LIMITS_OFF = "rollway-limits-off"
+#: Every connection limit off (``rollway.app.connections``): the server runs uvicorn's httptools protocol as is.
+NO_LIMITS = {
+    "ROLLWAY_MAX_CONNECTIONS": "0",
+    "ROLLWAY_MAX_HEADER_BYTES": "0",
+    "ROLLWAY_HEADER_TIMEOUT": "0",
+    "ROLLWAY_IDLE_TIMEOUT": "0",
+}
 #: wrk's script: POST ``body``; at the end one line with the calls completed, the run's microseconds and errors.
 LUA = """wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
@@ -127,9 +140,12 @@ def token_chunks(answer: bytes) -> int:
 
 
 @contextlib.contextmanager
-def targets(names: list[str], trees: list[str], tmp: str) -> Iterator[tuple[str, dict[str, str], dict[str, int]]]:
-    """The mock backend, the proxies in ``names`` and a Rollway per checkout in ``trees``: the backend's
-    chat-completions URL, the targets' URLs and the proxies' process ids."""
+def targets(
+    names: list[str], trees: list[str], tmp: str, limits_off: bool = False
+) -> Iterator[tuple[str, dict[str, str], dict[str, int]]]:
+    """The mock backend, the proxies in ``names``, a Rollway per checkout in ``trees`` and, with ``limits_off``, this
+    checkout's Rollway with no connection limits: the backend's chat-completions URL, the targets' URLs and the
+    proxies' process ids."""
     with contextlib.ExitStack() as stack:
         mock = stack.enter_context(MockBackendProcess(latency_ms=0))
         urls = {"direct": f"{mock.url}/v1/chat/completions"}
@@ -145,6 +161,14 @@ def targets(names: list[str], trees: list[str], tmp: str) -> Iterator[tuple[str,
             server = stack.enter_context(GatewayProcess(db, env={"ROLLWAY_ACCESS_LOG": "false"}))
             assert server.pid is not None
             urls["rollway"], pids["rollway"] = f"{server.url}{prefix}/v1/chat/completions", server.pid
+        extra = []
+        if limits_off:
+            db = f"sqlite:///{tmp}/limits-off.db"
+            prefix = asyncio.run(prepare_store(db, mock.base_url))
+            server = stack.enter_context(GatewayProcess(db, env={"ROLLWAY_ACCESS_LOG": "false", **NO_LIMITS}))
+            assert server.pid is not None
+            urls[LIMITS_OFF], pids[LIMITS_OFF] = f"{server.url}{prefix}/v1/chat/completions", server.pid
+            extra.append(LIMITS_OFF)
         for index, tree in enumerate(trees):
             env = install(tree, f"{tmp}/tree{index}")
             prefix = prepare(tree, env, f"sqlite:///{tmp}/tree{index}.db", mock.base_url)
@@ -154,7 +178,7 @@ def targets(names: list[str], trees: list[str], tmp: str) -> Iterator[tuple[str,
             assert server.pid is not None
             name = tree_name(tree)
             urls[name], pids[name] = f"{server.url}{prefix}/v1/chat/completions", server.pid
-        yield urls["direct"], {name: urls[name] for name in [*names, *map(tree_name, trees)]}, pids
+        yield urls["direct"], {name: urls[name] for name in [*names, *extra, *map(tree_name, trees)]}, pids
 
 
 def tree_name(tree: str) -> str:
@@ -163,9 +187,9 @@ def tree_name(tree: str) -> str:
 
 def run(args: argparse.Namespace) -> None:
     names = [name for name in TARGETS if name in args.only]
-    every = [*names, *map(tree_name, args.tree)]
+    every = [*names, *([LIMITS_OFF] if args.limits_off else []), *map(tree_name, args.tree)]
     results: dict[str, dict[str, list[Run]]] = {kind: {name: [] for name in every} for kind in ("chat", "stream")}
-    with tempfile.TemporaryDirectory() as tmp, targets(names, args.tree, tmp) as (backend, urls, pids):
+    with tempfile.TemporaryDirectory() as tmp, targets(names, args.tree, tmp, args.limits_off) as (backend, urls, pids):
         scripts = {}
         for kind, body in (("chat", CHAT), ("stream", STREAM)):
             scripts[kind] = Path(tmp, f"{kind}.lua")
@@ -218,7 +242,8 @@ def report(results: dict[str, dict[str, list[Run]]], chunks: int, args: argparse
     pairs: list[tuple[str, str]] = [
         (name, base) for base in ("forwarder", "floor") if base in chat for name in [*rollways, "floor"]
     ]
-    pairs += [(name, "rollway") for name in rollways[1:] if "rollway" in chat]  # ``--tree`` against this checkout
+    # ``--tree`` and ``--limits-off`` against this checkout
+    pairs += [(name, "rollway") for name in rollways[1:] if "rollway" in chat]
     pairs = [(name, base) for name, base in pairs if name in chat and name != base]
     if pairs:
         print("\nMedian per-round ratios of CPU per call and per streamed chunk (same run):")
@@ -267,13 +292,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", nargs="+", choices=TARGETS, default=list(TARGETS), help="measure these targets")
     parser.add_argument("--tree", action="append", default=[], help="also a Rollway served by this checkout")
+    parser.add_argument(
+        "--limits-off", action="store_true", help="also this checkout's Rollway with every connection limit off"
+    )
     args = parser.parse_args()
     args.tree = [str(Path(tree).resolve()) for tree in args.tree]
     if shutil.which("wrk") is None:
         raise SystemExit("wrk not found: apt-get install -y wrk")
     # Everything is bounded: each wrk run by its own timeout, the whole run by an alarm; SIGTERM and the alarm
     # unwind like Ctrl-C, so every process started here is stopped.
-    budget = 180 + args.rounds * 2 * (len(args.only) + len(args.tree)) * (args.duration + 35)
+    budget = 180 + args.rounds * 2 * (len(args.only) + len(args.tree) + args.limits_off) * (args.duration + 35)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored (``&``)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGALRM, _interrupt)

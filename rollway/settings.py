@@ -103,6 +103,30 @@ class Settings(BaseSettings):
         description="seconds an idle client connection is kept open between requests (agents that pause "
         "between calls keep their pooled connection)",
     )
+    idle_timeout: float = Field(
+        default=10.0,
+        ge=0,
+        description="seconds a new client connection may stay silent before its first request; then it is closed "
+        "(0: no limit)",
+    )
+    header_timeout: float = Field(
+        default=10.0,
+        ge=0,
+        description="seconds a client has to send a request's head (request line and headers) once it starts it; "
+        "then 408 and the connection is closed (0: no limit)",
+    )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=0,
+        description="largest request head (request line and headers) accepted; past it 431 and the connection is "
+        "closed (0: no limit)",
+    )
+    max_connections: int = Field(
+        default=10_000,
+        ge=0,
+        description="client connections each process holds at once (0: no limit); past it a new connection gets 503 "
+        "and is closed at once; lowered to fit the process's open-file limit (docs/deployment.md)",
+    )
     max_response_bytes: int = Field(
         default=256 * 1024 * 1024,
         gt=0,

@@ -16,6 +16,9 @@ With one worker the process runs uvicorn itself. With more, it becomes a supervi
 - SIGTERM or SIGINT stops the group: each worker gets SIGTERM and stops as a single server does, letting its
   calls in flight finish for ``shutdown_timeout`` seconds and then ending them, each recorded.
 
+Every server process, alone or a worker, bounds its client connections (their number, a request head's size and
+the time it may take, a new connection's silence: ``rollway.app.connections``); each worker bounds its own.
+
 The supervisor says ``Uvicorn running on …`` once every worker has started, so a script waiting for that line
 finds all of them serving.
 """
@@ -39,6 +42,7 @@ from multiprocessing.context import SpawnProcess
 from multiprocessing.synchronize import Event
 from typing import Any
 
+from rollway.app.connections import ConnectionLimits, fit_open_files, protocol_class
 from rollway.logs import log_config
 from rollway.settings import Settings
 
@@ -69,14 +73,16 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 50)
 
 
-def server_options(settings: Settings) -> dict[str, Any]:
-    """uvicorn's options for a Rollway server, whether it runs alone or as one worker of a group."""
+def server_options(settings: Settings, limits: ConnectionLimits | None = None) -> dict[str, Any]:
+    """uvicorn's options for a Rollway server, whether it runs alone or as one worker of a group: the httptools
+    parser with the connection limits of ``settings`` (``rollway.app.connections``), or ``limits`` as
+    ``fit_open_files`` fitted them to the process."""
     return {
         "log_level": settings.log_level,
         "access_log": settings.access_log,
         "log_config": log_config(settings.log_format, settings.log_level),
         "loop": "uvloop",
-        "http": "httptools",
+        "http": protocol_class(limits or ConnectionLimits.from_settings(settings)),
         "timeout_graceful_shutdown": settings.shutdown_timeout,  # then calls in flight are ended (dataplane)
         "timeout_keep_alive": settings.keepalive_timeout,
     }
@@ -91,7 +97,9 @@ def serve(settings: Settings) -> int:
     from rollway.app.factory import create_app
 
     tune_gc()
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, **server_options(settings))
+    limits = fit_open_files(ConnectionLimits.from_settings(settings))
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, **server_options(settings, limits))
     server = uvicorn.Server(config)
     server.run()
     return 0 if server.started else STARTUP_FAILURE
@@ -114,7 +122,8 @@ def _worker(settings: Settings, sock: socket.socket, ready: Event, supervisor: i
                 ready.set()
 
     tune_gc()
-    config = uvicorn.Config(create_app(settings), **server_options(settings))
+    limits = fit_open_files(ConnectionLimits.from_settings(settings))
+    config = uvicorn.Config(create_app(settings), **server_options(settings, limits))
     config.configure_logging()
     _Server(config).run([sock])
 
