@@ -71,12 +71,23 @@ REVIVED_BY_SPAN: Final = frozenset({A.PREPARING, A.UNRESPONSIVE})
 ATTEMPT_TERMINAL: Final = frozenset({A.SUCCEEDED, A.FAILED, A.TIMEOUT})
 #: Attempt outcomes that may trigger a retry.
 RETRYABLE: Final = frozenset({A.FAILED, A.TIMEOUT, A.UNRESPONSIVE})
+#: Rollouts whose attempts no longer change status: a cancelled rollout's attempt keeps the status it had when
+#: the rollout was cancelled (a runner's late heartbeat or outcome is refused, and tells it to stop).
+FROZEN: Final = frozenset({R.CANCELLED})
 
 
 def check_attempt_transition(current: AttemptStatus, new: AttemptStatus) -> None:
     """Raise ConflictError unless an attempt may go from ``current`` to ``new`` (same status is a no-op)."""
     if new != current and new not in ATTEMPT_TRANSITIONS[current]:
         raise ConflictError(f"attempt cannot move from '{current}' to '{new}'")
+
+
+def check_attempt_change(rollout: RolloutStatus, current: AttemptStatus, new: AttemptStatus) -> None:
+    """Raise ConflictError unless the attempt of a rollout in status ``rollout`` may go from ``current`` to
+    ``new``: the attempt's own table, and no change at all once the rollout is ``FROZEN``."""
+    if new != current and rollout in FROZEN:
+        raise ConflictError(f"the rollout is '{rollout}': its attempt cannot move from '{current}' to '{new}'")
+    check_attempt_transition(current, new)
 
 
 def check_rollout_transition(current: RolloutStatus, new: RolloutStatus) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from rollway.store.db import limits, models
-from rollway.store.errors import StoreValidationError, UnavailableError
+from rollway.store.errors import ConflictError, StoreValidationError, UnavailableError
 from rollway.store.exports import REWARD_STAMPED
 from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.schemas import Attempt, Rollout, Span
@@ -25,7 +25,7 @@ from rollway.store.sql.lifecycle import (
     require_latest,
     set_rollout_status,
 )
-from rollway.store.states import AttemptStatus, RolloutStatus
+from rollway.store.states import FROZEN, AttemptStatus, RolloutStatus
 
 log = logging.getLogger("rollway.store")
 
@@ -101,13 +101,16 @@ class LifecycleMixin(StorePlumbing):
         return result
 
     async def heartbeat(self, rollout_id: str, attempt_id: str = "latest") -> Attempt:
-        """An explicit heartbeat: same effect on liveness as a span."""
+        """An explicit heartbeat: same effect on liveness as a span. A cancelled rollout's heartbeat is a
+        ``ConflictError``: its runner is told to stop, and the attempt keeps its status (``states.FROZEN``)."""
         now = self.clock()
 
         def op(conn: Connection) -> Attempt:
             rollout = load_rollout(conn, rollout_id)
             attempt = load_attempt(conn, rollout, attempt_id)
             require_latest(rollout, attempt)
+            if rollout["status"] in FROZEN:
+                raise ConflictError(f"rollout '{rollout_id}' is '{rollout['status']}': its attempt takes no heartbeat")
             record_heartbeat(conn, rollout, attempt, now)
             return convert.attempt(load_attempt(conn, rollout, attempt["attempt_id"], lock=False))
 

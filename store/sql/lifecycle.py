@@ -17,10 +17,11 @@ from rollway.store.schemas import RolloutConfig
 from rollway.store.states import (
     ATTEMPT_TERMINAL,
     FINISHED,
+    FROZEN,
     REVIVED_BY_SPAN,
     AttemptStatus,
     RolloutStatus,
-    check_attempt_transition,
+    check_attempt_change,
     check_rollout_transition,
     rollout_status_for_attempt,
 )
@@ -116,7 +117,7 @@ def apply_attempt_status(
 ) -> None:
     """Set an attempt's status and, when it is the latest attempt, propagate it to the rollout."""
     current = AttemptStatus(attempt["status"])
-    check_attempt_transition(current, status)
+    check_attempt_change(RolloutStatus(rollout["status"]), current, status)
     if status == current:
         return
     values: dict[str, Any] = {"status": status.value}
@@ -125,8 +126,6 @@ def apply_attempt_status(
     conn.execute(update(A).where(A.c.pk == attempt["pk"]).values(**values))
     sync_worker(conn, attempt["worker_id"], rollout["rollout_id"], attempt["attempt_id"], status, now)
     if rollout["latest_attempt_id"] != attempt["attempt_id"]:
-        return
-    if rollout["status"] == RolloutStatus.CANCELLED:
         return
     config = RolloutConfig.model_validate(rollout["config"])
     target = rollout_status_for_attempt(status, attempt["sequence_id"], config.max_attempts, config.retry_condition)
@@ -142,10 +141,11 @@ _REVIVE = _HEARTBEAT.values(status=AttemptStatus.RUNNING.value)
 def record_heartbeat(conn: Connection, rollout: RowMapping, attempt: RowMapping, now: float) -> None:
     """A span or heartbeat: refresh liveness, revive ``preparing``/``unresponsive`` to ``running``.
 
-    A heartbeat never revives ``timeout``, ``failed`` or ``succeeded``. The rollout follows to ``running``
-    only from ``preparing``/``queuing``/``requeuing`` and only for its latest attempt.
+    A heartbeat never revives ``timeout``, ``failed`` or ``succeeded``, nor the attempt of a cancelled rollout
+    (``FROZEN``: a span of a call still in flight is kept, the attempt's status is not changed). The rollout
+    follows to ``running`` only from ``preparing``/``queuing``/``requeuing`` and only for its latest attempt.
     """
-    revived = AttemptStatus(attempt["status"]) in REVIVED_BY_SPAN
+    revived = AttemptStatus(attempt["status"]) in REVIVED_BY_SPAN and rollout["status"] not in FROZEN
     conn.execute(_REVIVE if revived else _HEARTBEAT, {"apk": attempt["pk"], "now": now})
     if not revived or rollout["latest_attempt_id"] != attempt["attempt_id"]:
         return

@@ -5,6 +5,7 @@ written."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -200,3 +201,28 @@ async def test_a_reward_that_is_not_a_number_is_a_400_and_records_nothing(
         assert written.status_code == 201, written.text
     spans = (await admin.get("/rollouts/ro-reward/spans")).json()["items"]
     assert [s["attributes"]["rollway.reward.value"] for s in spans] == [1.0, 0.25, None]
+
+
+@pytest.mark.in_process(False)
+async def test_a_cancelled_rollouts_attempt_takes_no_heartbeat_and_no_outcome(
+    gw: RunningGateway, admin: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a cancel, the runner's heartbeat and its late outcome are 409s in the envelope (one by one and in a
+    batch): the attempt stays ``preparing``, the rollout ``cancelled``, and nothing is logged as a failure."""
+    started = (await admin.post("/rollouts/start", json={"input": "q", "worker_id": "w"})).json()
+    rid, aid = started["rollout"]["rollout_id"], started["attempt"]["attempt_id"]
+    assert (await admin.post(f"/rollouts/{rid}/cancel")).json()["status"] == "cancelled"
+    refused = error(await admin.post(f"/rollouts/{rid}/attempts/{aid}/heartbeat"), 409)
+    assert refused["type"] == "conflict_error" and "'cancelled'" in refused["message"]
+    for outcome in ("succeeded", "failed"):
+        refused = error(await admin.patch(f"/rollouts/{rid}/attempts/{aid}", json={"status": outcome}), 409)
+        moving = f"cannot move from 'preparing' to '{outcome}'"
+        assert refused["message"] == f"the rollout is 'cancelled': its attempt {moving}"
+    change = {"rollout_id": rid, "attempt_id": aid, "status": "succeeded", "reward": 1.0}
+    (result,) = (await admin.patch("/attempts", json={"updates": [change]})).json()["results"]
+    assert result["status"] == 409 and result["error"]["error"]["type"] == "conflict_error"
+    attempt = await gw.store.get_attempt(rid, aid)
+    assert attempt.status == "preparing" and attempt.end_time is None
+    assert (await admin.get(f"/rollouts/{rid}")).json()["status"] == "cancelled"
+    assert await gw.store.query_spans(rid) == []  # the batch's reward went with its refused outcome
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]

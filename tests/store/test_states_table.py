@@ -17,6 +17,7 @@ from rollway.store.states import (
     ROLLOUT_TRANSITIONS,
     AttemptStatus,
     RolloutStatus,
+    check_attempt_change,
     check_attempt_transition,
     check_rollout_transition,
     rollout_status_for_attempt,
@@ -146,6 +147,25 @@ def test_check_rollout_transition_allows_exactly_agent_lightnings_edges(
         check_rollout_transition(current, new)
     assert f"'{current.value}'" in info.value.message
     assert f"'{new.value}'" in info.value.message
+
+
+@pytest.mark.parametrize("pair", ATTEMPT_PAIRS, ids=_id)
+@pytest.mark.parametrize("rollout", list(RolloutStatus))
+def test_a_cancelled_rollouts_attempt_changes_no_more_and_others_follow_the_table(
+    rollout: RolloutStatus, pair: tuple[AttemptStatus, AttemptStatus]
+) -> None:
+    """A runner's late heartbeat or outcome must not move the attempt of a rollout the user cancelled: every
+    change is a conflict that names the rollout's status; for any other rollout status the attempt table alone
+    decides."""
+    current, new = pair
+    allowed = current == new or (pair in EXPECTED_ATTEMPT_EDGES and rollout != R.CANCELLED)
+    if allowed:
+        check_attempt_change(rollout, current, new)
+        return
+    with pytest.raises(ConflictError) as info:
+        check_attempt_change(rollout, current, new)
+    assert f"'{current.value}'" in info.value.message and f"'{new.value}'" in info.value.message
+    assert ("'cancelled'" in info.value.message) == (rollout == R.CANCELLED)
 
 
 def test_conflict_message_names_the_current_then_the_new_status() -> None:

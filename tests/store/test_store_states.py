@@ -594,11 +594,32 @@ async def test_cancelling_a_running_rollout_is_final(store: Store) -> None:
     rollout_id = claimed.rollout.rollout_id
     await store.add_span(span(rollout_id))
     await store.cancel(rollout_id)
-    # The runner's late outcome is recorded on the attempt but does not un-cancel the rollout.
-    await store.update_attempt(rollout_id, status="succeeded")
+    # The runner's late outcome is refused: the attempt stays as it was, and so does the rollout.
+    for outcome in ("succeeded", "failed"):
+        with pytest.raises(ConflictError, match="'cancelled'"):
+            await store.update_attempt(rollout_id, status=outcome)
+    assert (await store.get_attempt(rollout_id)).status == AttemptStatus.RUNNING
     assert (await store.get_rollout(rollout_id)).status == RolloutStatus.CANCELLED
     with pytest.raises(ConflictError, match="'cancelled'"):
         await store.start_attempt(rollout_id)
+    # Metadata is no status: it may still be written.
+    assert (await store.update_attempt(rollout_id, metadata={"note": "late"})).metadata == {"note": "late"}
+
+
+async def test_a_cancelled_rollouts_preparing_attempt_is_not_revived(store: Store, clock: FakeClock) -> None:
+    """Neither a heartbeat (a conflict: its runner is told to stop) nor a late span (kept: a call in flight when
+    the rollout was cancelled) moves a cancelled rollout's attempt from ``preparing`` to ``running``."""
+    claimed = await claimed_rollout(store)
+    rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+    await store.cancel(rollout_id)
+    clock.advance(1)
+    with pytest.raises(ConflictError, match="'cancelled'"):
+        await store.heartbeat(rollout_id, attempt_id)
+    await store.add_span(span(rollout_id, attempt_id))
+    assert len(await store.query_spans(rollout_id)) == 1
+    attempt = await store.get_attempt(rollout_id, attempt_id)
+    assert attempt.status == AttemptStatus.PREPARING and attempt.end_time is None
+    assert (await store.get_rollout(rollout_id)).status == RolloutStatus.CANCELLED
 
 
 async def test_cancelling_a_succeeded_rollout_is_a_conflict(store: Store) -> None:
