@@ -1,5 +1,6 @@
 # Rollway: one process, SQLite in /data by default. Listening on 0.0.0.0 needs an admin token:
 #   docker run -p 8080:8080 -e ROLLWAY_ADMIN_TOKEN=... -v rollway-data:/data rollway
+# Clients that reach it by a host name need ROLLWAY_PUBLIC_URL or ROLLWAY_ALLOWED_HOSTS (docs/deployment.md).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

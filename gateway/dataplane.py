@@ -128,10 +128,7 @@ class DataPlane:
             return
         if method != "POST":
             raise CallError.of(405, f"use POST for /v1/{op_path}", "invalid_request_error")
-        if "json" not in headers.get("content-type", "").lower():  # media types ignore case (RFC 9110)
-            raise CallError.of(
-                415, "the request body must be JSON (Content-Type: application/json)", "invalid_request_error"
-            )
+        _check_json(headers)
         if headers.get("content-encoding", "identity").lower() != "identity":
             message = f"Content-Encoding '{headers['content-encoding'][:40]}' is not supported: send the body as is"
             raise CallError.of(415, message, "invalid_request_error")
@@ -179,6 +176,7 @@ class DataPlane:
             raise CallError.of(404, f"Unsupported proxy mode: {mode}", "not_found_error")
         if op_path not in controlled.OPERATIONS:
             raise CallError.of(404, f"Unsupported upstream path: {op_path}", "not_found_error")
+        _check_json(headers)
         rollout = unquote(match["rollout"])
         try:
             if not await gateway.store.controlled_live(rollout):
@@ -283,6 +281,18 @@ def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
         await send(message)
 
     return wrapped
+
+
+def _check_json(headers: dict[str, str]) -> None:
+    """415 unless the body is declared JSON: ``application/json`` or ``application/*+json``, with any parameters
+    (``; charset=utf-8``), in any case (RFC 9110). Every OpenAI client sends ``application/json``; a web page that
+    posts across sites without a CORS preflight can send only ``text/plain``, a form's types or none, and none of
+    those passes."""
+    media = headers.get("content-type", "").partition(";")[0].strip().lower()
+    kind, _, subtype = media.partition("/")
+    if kind != "application" or not (subtype == "json" or subtype.endswith("+json")):
+        message = "the request body must be JSON (Content-Type: application/json)"
+        raise CallError.of(415, message, "invalid_request_error")
 
 
 async def _read_body(receive: Receive, headers: dict[str, str], limit: int, timeout: float, bound: Bound) -> bytes:

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from rollway.app.guards import HostOriginGuard
 from rollway.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,6 +101,24 @@ def test_prometheus_scrapes_the_gateway(services: dict[str, Any]) -> None:
     [target] = job["static_configs"][0]["targets"]
     host, _, port = target.partition(":")
     assert host == "rollway" and port == _option(services["rollway"]["command"], "--port")
+
+
+def test_the_gateway_answers_the_name_prometheus_scrapes_it_by(services: dict[str, Any]) -> None:
+    """The data plane is open (no gateway keys), so the Host guard is on: the service name must be allowed."""
+    rollway = services["rollway"]
+    environment = {k: v for k, v in rollway["environment"].items() if k != "ROLLWAY_ADMIN_TOKEN"}
+    config = _bind_mounts(rollway)[_option(rollway["command"], "--config")]
+    settings = Settings(
+        config_file=config,
+        admin_token="t0ken",
+        **{k.removeprefix("ROLLWAY_").lower(): v for k, v in environment.items()},
+    )
+    guard = HostOriginGuard(lambda *_: None, settings)  # type: ignore[arg-type]
+    target = _yaml(_bind_mounts(services["prometheus"])["/etc/prometheus/prometheus.yml"])
+    [job] = [job for job in target["scrape_configs"] if job["job_name"] == "rollway"]
+    [address] = job["static_configs"][0]["targets"]
+    assert guard.check_host and guard.host_allowed(address.encode())
+    assert not guard.host_allowed(b"attacker.example:8080")
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package 'prometheus')")

@@ -27,7 +27,7 @@ from rollway.agl.routes import build_traces_router
 from rollway.agl.server import DetailError, detail_error
 from rollway.agl.server import build_router as agl_server_router
 from rollway.app import errors, probes
-from rollway.app.guards import BodyLimit, LoopbackOnly
+from rollway.app.guards import BodyLimit, HostOriginGuard
 from rollway.app.replicas import ReplicaReporter, new_replica
 from rollway.app.state import AppState
 from rollway.gateway.attribution import KeyCache
@@ -54,13 +54,13 @@ CALLS_END_GRACE = 5.0
 
 
 class RollwayApp:
-    """The ASGI application: ``LoopbackOnly`` in front of the data plane (``DataPlane``), which serves the LLM calls
-    itself and hands every other request, and the lifespan, to the FastAPI app (``api``)."""
+    """The ASGI application: ``HostOriginGuard`` in front of the data plane (``DataPlane``), which serves the LLM
+    calls itself and hands every other request, and the lifespan, to the FastAPI app (``api``)."""
 
     def __init__(self, api: FastAPI, dataplane: DataPlane, settings: Settings) -> None:
         self.api = api
         self.dataplane = dataplane
-        self._stack = LoopbackOnly(dataplane, settings)  # LoopbackOnly: without an admin token
+        self._stack = HostOriginGuard(dataplane, settings)
         #: Why the lifespan could not start, when it is something the user can fix (``create_app``'s lifespan).
         self.startup_error: str | None = None
 

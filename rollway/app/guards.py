@@ -6,13 +6,24 @@ FastAPI reads a route's whole body into memory before it runs the route's depend
 among them, so without these bounds any client that can reach the port could make the server hold gigabytes, or
 connections for ever, with no token at all.
 
-``LoopbackOnly`` (every route): with no admin token the server listens on loopback only (``rollway serve``
-refuses otherwise), and loopback is then all that guards it. A web page the operator opens can still reach it:
-through DNS rebinding (the page's own host name, re-pointed at 127.0.0.1, so its scripts read the answers) or
-by posting across sites (a form or ``fetch`` in ``no-cors`` mode: pause a model, cancel a rollout, spend the
-backend's key). So without an admin token a request must name a loopback host (``Host``) and, when a browser
-says where it comes from (``Origin``), come from a loopback page; ``ROLLWAY_PUBLIC_URL``'s host counts as one.
-Programs (SDKs, curl, runners) send no ``Origin`` and address the server as they reach it: they pass.
+``HostOriginGuard`` (every route) keeps web pages the operator opens from using the server: a page on another
+origin posting across sites (a form, or ``fetch`` in ``no-cors`` mode: calls on the backend's key recorded into
+a rollout, a model paused), and a DNS-rebinding page (its own host name re-pointed at the server, so that its
+scripts also read the answers). Programs (SDKs, curl, runners) send no ``Origin`` and pass; browsers send one
+with every cross-origin request and every POST. So:
+
+- ``Origin``, always checked: a request that carries one is served only when it is the server's own origin
+  (the one its ``Host`` names: the dashboard's pages) or ``ROLLWAY_PUBLIC_URL``'s (a proxy in front that
+  rewrites ``Host``). ``null`` (sandboxed and ``file:`` pages) is refused. Rollway answers no CORS preflight,
+  so no page of another origin could use the API anyway. A browser's request from another site without an
+  ``Origin`` (an ``<img>`` or ``<script>``; ``Sec-Fetch-Site`` says ``cross-site`` or ``same-site``) is refused
+  too; a link followed (``Sec-Fetch-Mode: navigate``) is not.
+- ``Host``, checked without an admin token and whenever ``ROLLWAY_GATEWAY_AUTH`` is ``none`` (the data plane
+  then answers whoever reaches it): a request must name a loopback host (``127.0.0.1``, ``[::1]``,
+  ``localhost``, ``*.localhost``), ``ROLLWAY_PUBLIC_URL``'s host, the machine's own name or one of
+  ``ROLLWAY_ALLOWED_HOSTS``; with an admin token also any IP address, since a rebinding page names a host whose
+  DNS its author controls, never an address. Without an admin token the server listens on loopback only, and
+  other addresses are refused: a proxy in front would otherwise open the admin API to whoever names one.
 """
 
 from __future__ import annotations
@@ -20,10 +31,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import ipaddress
+import socket
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -88,52 +100,98 @@ class BodyLimit:
         await self.app(scope, bounded, send)
 
 
-class LoopbackOnly:
-    """Without an admin token: refuse (403) a request addressed to a host that is not loopback, or sent by a
-    browser from a page that is not (see the module docstring). With one, every request passes."""
+class HostOriginGuard:
+    """Refuse (403) a request sent by a web page of another origin, or, while the Host check is on, addressed to
+    a host name that is not allowed (see the module docstring)."""
 
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
-        self.open = settings.admin_token is not None
-        self.public = urlsplit(settings.public_url).hostname if settings.public_url else None
+        public = urlsplit(settings.public_url) if settings.public_url else None
+        names = {*settings.allowed_hosts, socket.gethostname().lower()}
+        if public is not None and public.hostname:
+            names.add(public.hostname.rstrip("."))
+        self.check_host = "*" not in names and (settings.admin_token is None or settings.gateway_auth == "none")
+        # Parsed once per value, not per call: one Host and one Origin per way clients reach the server.
+        self.host_allowed = functools.lru_cache(maxsize=256)(
+            functools.partial(_host_allowed, frozenset(names), settings.admin_token is not None)
+        )
+        own = _origin_of(public) if public is not None else None
+        self.origin_allowed = functools.lru_cache(maxsize=256)(functools.partial(_origin_allowed, own))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.open or scope["type"] != "http":
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        public = self.public
+        host = origin = site = mode = None
         for name, value in scope["headers"]:
-            if name == b"host" and not _allowed(_host_of(value.decode("latin-1")), public):
-                await _refuse(send, 403, _REFUSED_HOST, "permission_error")
-                return
-            if name == b"origin" and not _allowed(urlsplit(value.decode("latin-1")).hostname, public):
-                await _refuse(send, 403, _REFUSED_ORIGIN, "permission_error")
-                return
+            if name == b"host":
+                host = value
+            elif name == b"origin":
+                origin = value
+            elif name == b"sec-fetch-site":
+                site = value
+            elif name == b"sec-fetch-mode":
+                mode = value
+        if self.check_host and host is not None and not self.host_allowed(host):
+            await _refuse(send, 403, _REFUSED_HOST, "permission_error")
+            return
+        if origin is not None and not self.origin_allowed(origin, host):
+            await _refuse(send, 403, _REFUSED_ORIGIN, "permission_error")
+            return
+        if origin is None and site in (b"cross-site", b"same-site") and mode != b"navigate":
+            await _refuse(send, 403, _REFUSED_ORIGIN, "permission_error")
+            return
         await self.app(scope, receive, send)
 
 
 _REFUSED_HOST = (
-    "without an admin token this server answers requests addressed to a loopback host only (Host: 127.0.0.1, "
-    "localhost, [::1] or ROLLWAY_PUBLIC_URL's host); set ROLLWAY_ADMIN_TOKEN to serve other names"
+    "this server answers requests addressed to its allowed host names only (Host): loopback, ROLLWAY_PUBLIC_URL's "
+    "host, the machine's name and ROLLWAY_ALLOWED_HOSTS (and IP addresses when ROLLWAY_ADMIN_TOKEN is set): list "
+    "the name clients use in ROLLWAY_ALLOWED_HOSTS (docs/security.md)"
 )
-_REFUSED_ORIGIN = "without an admin token this server does not answer web pages from other hosts (Origin)"
+_REFUSED_ORIGIN = (
+    "this server does not answer web pages of other origins (Origin): only its own, and ROLLWAY_PUBLIC_URL's"
+)
 
 
 def _host_of(header: str) -> str:
-    """``Host``'s name without its port (``[::1]:8080`` → ``::1``)."""
+    """``Host``'s name without its port (``[::1]:8080`` → ``::1``), in lower case, without a final dot."""
     if header.startswith("["):
-        return header[1:].partition("]")[0]
-    return header.rpartition(":")[0] if header.count(":") == 1 else header
+        header = header[1:].partition("]")[0]
+    elif header.count(":") == 1:
+        header = header.rpartition(":")[0]
+    return header.lower().rstrip(".")
 
 
-@functools.lru_cache(maxsize=256)  # one Host per way a client reaches the server: parsed once, not per call
-def _allowed(host: str | None, public: str | None) -> bool:
+def _host_allowed(names: frozenset[str], any_address: bool, header: bytes) -> bool:
+    host = _host_of(header.decode("latin-1"))
     if not host:
         return False
-    host = host.lower().rstrip(".")
-    if host == "localhost" or host.endswith(".localhost") or host == (public or "").lower():
+    if host == "localhost" or host.endswith(".localhost") or host in names:
+        return True
+    if any(name.startswith(".") and host.endswith(name) for name in names):
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    return any_address or address.is_loopback
+
+
+def _origin_of(url: SplitResult) -> bytes:
+    """A URL's origin as a browser's ``Origin`` says it: lower case, without the scheme's default port."""
+    host = url.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    port = "" if url.port in (None, {"http": 80, "https": 443}.get(url.scheme)) else f":{url.port}"
+    return f"{url.scheme}://{host}{port}".lower().encode()
+
+
+def _origin_allowed(own: bytes | None, origin: bytes, host: bytes | None) -> bool:
+    """The request's own origin (``Origin``'s host and port are ``Host``'s; browsers leave a scheme's default port
+    out of both), or ``ROLLWAY_PUBLIC_URL``'s. The scheme is not compared: behind a proxy that ends TLS the
+    request's own is not the page's, and no other server can hold the same host and port."""
+    origin = origin.lower()
+    if origin == own:
+        return True
+    scheme, sep, netloc = origin.partition(b"://")
+    return bool(sep) and scheme in (b"http", b"https") and host is not None and netloc == host.lower()
