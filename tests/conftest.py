@@ -44,6 +44,7 @@ WORKERS_PER_CORE = 2
 ONE_WORKER = {
     "tests/engines/test_vllm_engine.py": "two vLLM servers for the session",
     "tests/ui/test_ui_browser.py": "Chromium and a gateway filled by the demo's loop",
+    "tests/ui/test_ui_malformed_spans.py": "Chromium and a gateway process",
     "tests/admin/test_trainer_exports.py": "a finished demo run",
     "tests/cli/test_cli.py": "a gateway process",
     "tests/test_packaging.py": "a wheel built in the source tree, and its install",

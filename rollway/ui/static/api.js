@@ -49,26 +49,9 @@
  * @property {unknown} [choices]
  * @property {unknown} [output]
  *
- * @typedef {{
- *   "gen_ai.operation.name"?: string,
- *   "gen_ai.request.model"?: string,
- *   "gen_ai.usage.input_tokens"?: number,
- *   "gen_ai.usage.output_tokens"?: number,
- *   "rollway.request"?: LlmRequest | null,
- *   "rollway.response"?: LlmResponse | null,
- *   "rollway.response_token_ids"?: number[] | null,
- *   "rollway.response_logprobs"?: (number | null)[] | null,
- *   "rollway.trainable"?: boolean,
- *   "rollway.logprobs_complete"?: boolean,
- *   "rollway.model_version"?: string | null,
- *   "rollway.latency_seconds"?: number | null,
- *   "rollway.ttft_seconds"?: number | null,
- *   "rollway.error"?: string | null,
- *   "error.type"?: string,
- *   "rollway.reward.name"?: string,
- *   "rollway.reward.value"?: number | null,
- *   [name: string]: unknown,
- * }} SpanAttributes  those the pages read, as the gateway and the reward route write them; any other is unknown
+ * @typedef {Record<string, unknown>} SpanAttributes  a span's attributes as its writer sent them: the gateway
+ *   writes numbers, lists and texts where they belong, but agents' tracers and OTLP exporters write spans too,
+ *   with any type; the pages check each value before they use it (dom.js: recordedNumber, recordedText, malformed)
  *
  * @typedef {object} Span  each item of GET /rollouts/{id}/spans
  * @property {number} sequence_id

@@ -123,6 +123,58 @@ export function number(value, digits = 2) {
   return Number(value.toFixed(digits)).toLocaleString("en-US", { maximumFractionDigits: digits });
 }
 
+// A recorded value (a span's attribute, a part of its request or answer) as text: a string as it is, anything
+// else as JSON. Spans come from agents, tracers and OTLP exporters too: their values may have any type.
+/** @param {unknown} value */
+export function shown(value) {
+  if (typeof value === "string") return value;
+  try {
+    return JSON.stringify(value) ?? String(value);
+  } catch {
+    return String(value);
+  }
+}
+
+// A recorded value that does not have the type its field holds: shown as its text, marked, never used as that
+// type (a string where a number belongs is not formatted, nor a number where a list belongs iterated).
+/** @param {unknown} value */
+export function malformed(value) {
+  return h("span", { class: "malformed", title: "not of the type this field holds: shown as it was recorded" }, shown(value));
+}
+
+// A recorded number: formatted as `number` formats it; "—" (or `none`) when absent; marked when not a number.
+/**
+ * @param {unknown} value
+ * @param {number} [digits]
+ * @param {string} [none]
+ * @returns {string | HTMLElement}
+ */
+export function recordedNumber(value, digits = 2, none = "—") {
+  if (value === null || value === undefined) return none;
+  return typeof value === "number" && Number.isFinite(value) ? number(value, digits) : malformed(value);
+}
+
+// A recorded duration in seconds: formatted as `duration` formats it; "—" when absent; marked when not a number.
+/**
+ * @param {unknown} value
+ * @returns {string | HTMLElement}
+ */
+export function recordedDuration(value) {
+  if (value === null || value === undefined) return "—";
+  return typeof value === "number" && Number.isFinite(value) ? duration(value) : malformed(value);
+}
+
+// A recorded text: as it is; `none` when absent; marked when not a string.
+/**
+ * @param {unknown} value
+ * @param {string} [none]
+ * @returns {string | HTMLElement}
+ */
+export function recordedText(value, none = "") {
+  if (value === null || value === undefined) return none;
+  return typeof value === "string" ? value : malformed(value);
+}
+
 /** @param {string} status */
 export function badge(status) {
   return h("span", { class: `badge status-${status}`, dataset: { status } }, status);

@@ -4,7 +4,7 @@
 // group is complete (every declared member finished).
 
 import { api } from "../api.js";
-import { badge, clear, failure, h, link, number, seg } from "../dom.js";
+import { badge, clear, failure, h, link, number, recordedNumber, recordedText, seg } from "../dom.js";
 
 /** @import { GroupView, Page, Rollout, Span } from "../api.js" */
 
@@ -83,7 +83,8 @@ export async function render(main, [groupId], signal) {
     return;
   }
   if (signal.aborted) return;
-  // A member's reward: its last reward named "primary" (the default name), else its last reward.
+  // A member's reward: its last reward named "primary" (the default name), else its last reward; as recorded
+  // (a span's value may be of any type: only numbers count in the spread, the others are shown marked).
   const rewardOf = (/** @type {string} */ id) => {
     const spans = rewards.get(id) ?? [];
     const primary = spans.filter((s) => (s.attributes["rollway.reward.name"] ?? "primary") === "primary");
@@ -91,7 +92,10 @@ export async function render(main, [groupId], signal) {
     const value = last?.attributes["rollway.reward.value"];
     return value === undefined ? null : value;
   };
-  const values = group.rollouts.map((r) => rewardOf(r.rollout_id)).filter((v) => v !== null);
+  const values = group.rollouts
+    .map((r) => rewardOf(r.rollout_id))
+    .filter((v) => typeof v === "number" && Number.isFinite(v))
+    .map(Number);
   const stats = spread(values);
   clear(
     rewardsBox,
@@ -115,12 +119,12 @@ export async function render(main, [groupId], signal) {
           const others = (rewards.get(r.rollout_id) ?? []).filter((s) => (s.attributes["rollway.reward.name"] ?? "primary") !== "primary");
           return h(
             "tr",
-            { class: "member", dataset: { rolloutId: r.rollout_id, reward: value ?? "" } },
+            { class: "member", dataset: { rolloutId: r.rollout_id, reward: typeof value === "number" ? value : "" } },
             h("td", { class: "num" }, r.group_index ?? "—"),
             h("td", {}, link(`/ui/rollouts/${seg(r.rollout_id)}`, r.rollout_id)),
             h("td", {}, badge(r.status)),
-            h("td", { class: "num reward-value" }, number(value, 4)),
-            h("td", {}, others.map((s) => `${s.attributes["rollway.reward.name"]}=${number(s.attributes["rollway.reward.value"], 4)}`).join(", ")),
+            h("td", { class: "num reward-value" }, recordedNumber(value, 4)),
+            h("td", {}, others.map((s, i) => [i ? ", " : "", recordedText(s.attributes["rollway.reward.name"]), "=", recordedNumber(s.attributes["rollway.reward.value"], 4)])),
           );
         }),
       ),

@@ -8,7 +8,7 @@
 // timeline are drawn again, new spans are added below the calls already drawn, which are left as they are.
 
 import { api } from "../api.js";
-import { badge, clear, duration, every, failure, h, json, link, number, s, seg, time } from "../dom.js";
+import { badge, clear, duration, every, failure, h, json, link, malformed, number, recordedDuration, recordedNumber, recordedText, s, seg, time } from "../dom.js";
 import { maskView, tokenView } from "../tokens.js";
 
 /** @import { Attempt, LlmRequest, LlmResponse, MergedRow, Page, Rollout, Span, Triplet } from "../api.js" */
@@ -60,26 +60,41 @@ function text(content) {
   return JSON.stringify(content, null, 2);
 }
 
+// Whether a recorded value is an object whose fields may be read (not null, not a list).
+/**
+ * @param {unknown} value
+ * @returns {value is Record<string, any>}
+ */
+function isObject(value) {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
 /** @param {unknown} calls  a list of tool calls (chat) or function_call items (responses); null for none */
 function toolCalls(calls) {
-  if (!Array.isArray(calls) || !calls.length) return null;
+  if (calls === null || calls === undefined || (Array.isArray(calls) && !calls.length)) return null;
+  if (!Array.isArray(calls)) return h("ul", { class: "tool-calls" }, h("li", {}, malformed(calls)));
   return h(
     "ul",
     { class: "tool-calls" },
     calls.map((c) => {
-      const fn = c.function || c;
-      return h("li", {}, h("code", {}, `${fn.name ?? "?"}(${fn.arguments ?? ""})`), c.id ? h("span", { class: "muted" }, ` ${c.id}`) : null);
+      if (!isObject(c)) return h("li", {}, malformed(c));
+      const fn = isObject(c.function) ? c.function : c;
+      const call = h("code", {}, recordedText(fn.name, "?"), "(", recordedText(fn.arguments), ")");
+      return h("li", {}, call, c.id ? h("span", { class: "muted" }, " ", recordedText(c.id)) : null);
     }),
   );
 }
 
-/** @param {ChatItem} m */
-function message(m) {
-  const role = m.role ?? m.type ?? "item";
+/** @param {unknown} item  a chat message or a responses input item, as recorded */
+function message(item) {
+  if (!isObject(item)) return h("div", { class: "msg" }, malformed(item));
+  const m = /** @type {ChatItem} */ (item);
+  const named = m.role ?? m.type ?? "item";
+  const role = typeof named === "string" ? named : "item";
   return h(
     "div",
     { class: `msg role-${role}` },
-    h("div", { class: "role" }, role, m.name ? ` (${m.name})` : "", m.tool_call_id ? ` → ${m.tool_call_id}` : ""),
+    h("div", { class: "role" }, recordedText(named), m.name ? [" (", recordedText(m.name), ")"] : "", m.tool_call_id ? [" → ", recordedText(m.tool_call_id)] : ""),
     m.content !== undefined && m.content !== null ? h("div", { class: "content" }, text(m.content)) : null,
     toolCalls(m.tool_calls),
     m.type === "function_call" ? toolCalls([m]) : null,
@@ -87,9 +102,11 @@ function message(m) {
   );
 }
 
-/** @param {LlmRequest | null | undefined} request */
-function requestView(request) {
-  if (!request || typeof request !== "object") return h("p", { class: "muted" }, "No request recorded.");
+/** @param {unknown} recorded  the span's rollway.request */
+function requestView(recorded) {
+  if (recorded === null || recorded === undefined) return h("p", { class: "muted" }, "No request recorded.");
+  if (!isObject(recorded)) return h("p", {}, "request: ", malformed(recorded));
+  const request = /** @type {LlmRequest} */ (recorded);
   if (Array.isArray(request.messages)) return h("div", { class: "chat" }, request.messages.map(message));
   if (request.input !== undefined) {
     const input = typeof request.input === "string" ? [{ role: "user", content: request.input }] : request.input;
@@ -101,16 +118,19 @@ function requestView(request) {
 }
 
 /**
- * @param {LlmResponse | null | undefined} response
- * @param {string | undefined} operation  the span's gen_ai.operation.name: "chat", "text_completion", …
+ * @param {unknown} recorded  the span's rollway.response
+ * @param {unknown} operation  the span's gen_ai.operation.name: "chat", "text_completion", …
  */
-function responseView(response, operation) {
-  if (!response || typeof response !== "object") return h("p", { class: "muted" }, "No response recorded.");
+function responseView(recorded, operation) {
+  if (recorded === null || recorded === undefined) return h("p", { class: "muted" }, "No response recorded.");
+  if (!isObject(recorded)) return h("p", {}, "response: ", malformed(recorded));
+  const response = /** @type {LlmResponse} */ (recorded);
   if (Array.isArray(response.output)) {
     return h(
       "div",
       { class: "response" },
       response.output.map((item) => {
+        if (!isObject(item)) return h("div", { class: "content response-text" }, malformed(item));
         if (item.type === "message") return h("div", { class: "content response-text" }, text(item.content));
         if (item.type === "function_call") return toolCalls([item]);
         if (item.type === "reasoning") return h("div", { class: "content reasoning" }, text(item.summary ?? item.content));
@@ -123,32 +143,37 @@ function responseView(response, operation) {
   return h(
     "div",
     { class: "response" },
-    choices.map((c, i) =>
-      h(
+    choices.map((c, i) => {
+      if (!isObject(c)) return h("div", { class: "choice" }, h("div", { class: "content response-text" }, malformed(c)));
+      const reply = isObject(c.message) ? c.message : null;
+      return h(
         "div",
         { class: "choice" },
-        choices.length > 1 ? h("div", { class: "muted" }, `choice ${c.index ?? i}`) : null,
+        choices.length > 1 ? h("div", { class: "muted" }, "choice ", recordedText(c.index ?? String(i))) : null,
         operation === "chat" || c.message
-          ? [h("div", { class: "content response-text" }, text(c.message?.content ?? "")), toolCalls(c.message?.tool_calls)]
-          : h("div", { class: "content response-text" }, c.text ?? ""),
-        c.finish_reason ? h("div", { class: "muted" }, `finish: ${c.finish_reason}`) : null,
-      ),
-    ),
+          ? [h("div", { class: "content response-text" }, reply ? text(reply.content ?? "") : malformed(c.message)), toolCalls(reply?.tool_calls)]
+          : h("div", { class: "content response-text" }, recordedText(c.text)),
+        c.finish_reason ? h("div", { class: "muted" }, "finish: ", recordedText(c.finish_reason)) : null,
+      );
+    }),
   );
 }
 
 // Token strings aligned with the ids, when the answer's logprobs carry them.
+// Each is a string, or null where the recorded one is not (the token is then shown as its id).
 /**
- * @param {LlmResponse | null | undefined} response
+ * @param {unknown} response  the span's rollway.response
  * @param {number} count  the number of token ids
- * @returns {string[] | null}
+ * @returns {(string | null)[] | null}
  */
 function tokenTexts(response, count) {
-  const lp = /** @type {Choice[] | undefined} */ (response?.choices)?.[0]?.logprobs;
+  const choices = isObject(response) && Array.isArray(response.choices) ? response.choices : [];
+  const lp = isObject(choices[0]) && isObject(choices[0].logprobs) ? choices[0].logprobs : null;
+  /** @type {unknown[] | null} */
   let texts = null;
-  if (Array.isArray(lp?.content)) texts = lp.content.map((t) => t.token);
+  if (Array.isArray(lp?.content)) texts = lp.content.map((t) => (isObject(t) ? t.token : null));
   else if (Array.isArray(lp?.tokens)) texts = lp.tokens;
-  return texts && texts.length === count ? texts : null;
+  return texts && texts.length === count ? texts.map((t) => (typeof t === "string" ? t : null)) : null;
 }
 
 /** @param {Span} span */
@@ -158,7 +183,7 @@ function callBody(span) {
   const ids = a["rollway.response_token_ids"];
   const body = h("div", { class: "call-body" });
   const error = a["rollway.error"] ?? (span.status?.status_code === "ERROR" ? span.status.description : null);
-  if (error) body.append(h("p", { class: "error call-error" }, `error: ${error}`, a["error.type"] ? ` (${a["error.type"]})` : ""));
+  if (error) body.append(h("p", { class: "error call-error" }, "error: ", recordedText(error), a["error.type"] ? [" (", recordedText(a["error.type"]), ")"] : ""));
   body.append(
     h("div", { class: "columns" }, h("div", {}, h("h4", {}, "request"), requestView(a["rollway.request"])), h("div", {}, h("h4", {}, "response"), responseView(a["rollway.response"], operation))),
   );
@@ -173,8 +198,10 @@ function callBody(span) {
       holder.append(tokenView(ids, a["rollway.response_logprobs"], tokenTexts(a["rollway.response"], ids.length)));
     });
     body.append(button, holder);
-  } else {
+  } else if (ids === null || ids === undefined || Array.isArray(ids)) {
     body.append(h("p", { class: "muted" }, "No token ids recorded for this call."));
+  } else {
+    body.append(h("p", { class: "token-ids" }, "token ids: ", malformed(ids)));
   }
   return body;
 }
@@ -187,7 +214,7 @@ function callBody(span) {
 function callCard(span, observer) {
   const a = span.attributes;
   const ok = span.status?.status_code !== "ERROR";
-  const tokens = `${a["gen_ai.usage.input_tokens"] ?? "?"} → ${a["gen_ai.usage.output_tokens"] ?? "?"} tokens`;
+  const tokens = [recordedNumber(a["gen_ai.usage.input_tokens"], 0, "?"), " → ", recordedNumber(a["gen_ai.usage.output_tokens"], 0, "?"), " tokens"];
   const card = /** @type {CallCard} */ (h(
     "article",
     { class: "call", dataset: { sequence: span.sequence_id }, id: `call-${span.sequence_id}` },
@@ -195,12 +222,12 @@ function callCard(span, observer) {
       "header",
       {},
       h("span", { class: "seq" }, `#${span.sequence_id}`),
-      h("span", {}, a["gen_ai.operation.name"] ?? span.name),
-      h("span", { class: "model" }, a["gen_ai.request.model"] ?? ""),
-      h("span", { class: "version", title: "model version" }, a["rollway.model_version"] ? `version ${a["rollway.model_version"]}` : ""),
-      h("span", { class: "latency", title: "latency" }, duration(a["rollway.latency_seconds"])),
-      a["rollway.ttft_seconds"] !== null && a["rollway.ttft_seconds"] !== undefined ? h("span", { title: "time to first token" }, `TTFT ${duration(a["rollway.ttft_seconds"])}`) : null,
-      h("span", {}, tokens),
+      h("span", {}, recordedText(a["gen_ai.operation.name"] ?? span.name)),
+      h("span", { class: "model" }, recordedText(a["gen_ai.request.model"])),
+      h("span", { class: "version", title: "model version" }, a["rollway.model_version"] ? ["version ", recordedText(a["rollway.model_version"])] : ""),
+      h("span", { class: "latency", title: "latency" }, recordedDuration(a["rollway.latency_seconds"])),
+      a["rollway.ttft_seconds"] !== null && a["rollway.ttft_seconds"] !== undefined ? h("span", { title: "time to first token" }, "TTFT ", recordedDuration(a["rollway.ttft_seconds"])) : null,
+      h("span", { class: "usage" }, tokens),
       badge(ok ? "ok" : "error"),
       // Token ids but not a logprob for every output token: no importance ratio for it.
       a["rollway.trainable"] === true && a["rollway.logprobs_complete"] === false
@@ -265,12 +292,13 @@ function timeline(rollout, attempts, current, calls, pick) {
     for (const c of calls) {
       if (c.start_time === null || c.start_time === undefined) continue;
       const a = c.attributes;
-      const took = a["rollway.latency_seconds"] ?? (c.end_time ? c.end_time - c.start_time : null);
+      const latency = a["rollway.latency_seconds"];
+      const took = typeof latency === "number" ? latency : c.end_time ? c.end_time - c.start_time : null;
       ticks.append(
         s(
           "rect",
           { x: x(c.start_time) - 0.5, y: y - 2, width: 1, height: 14, class: c.status?.status_code === "ERROR" ? "tick error" : "tick", dataset: { sequence: c.sequence_id } },
-          s("title", {}, `#${c.sequence_id} · ${a["gen_ai.request.model"] ?? c.name} · ${duration(took)}`),
+          s("title", {}, `#${c.sequence_id} · ${typeof a["gen_ai.request.model"] === "string" ? a["gen_ai.request.model"] : c.name} · ${duration(took)}`),
         ),
       );
     }
@@ -326,9 +354,9 @@ function rewardsTable(rewards) {
       rewards.map(({ span, call }) =>
         h(
           "tr",
-          { class: "reward", dataset: { value: span.attributes["rollway.reward.value"] ?? "" } },
-          h("td", {}, span.attributes["rollway.reward.name"] ?? "primary"),
-          h("td", { class: "num reward-value" }, number(span.attributes["rollway.reward.value"], 4)),
+          { class: "reward", dataset: { value: typeof span.attributes["rollway.reward.value"] === "number" ? span.attributes["rollway.reward.value"] : "" } },
+          h("td", {}, recordedText(span.attributes["rollway.reward.name"], "primary")),
+          h("td", { class: "num reward-value" }, recordedNumber(span.attributes["rollway.reward.value"], 4)),
           h("td", {}, call ? link(`#call-${call}`, `#${call}`) : "—"),
           h("td", {}, time(span.start_time)),
         ),
@@ -566,7 +594,7 @@ export async function render(main, [rolloutId], signal) {
     for (const old of calls.querySelectorAll(".reward-badge")) old.remove();
     for (const { span, call } of paired) {
       const slot = call === null ? null : calls.querySelector(`#call-${call} .reward-slot`);
-      if (slot) slot.append(h("span", { class: "reward-badge" }, `reward ${number(span.attributes["rollway.reward.value"], 4)}`));
+      if (slot) slot.append(h("span", { class: "reward-badge" }, "reward ", recordedNumber(span.attributes["rollway.reward.value"], 4)));
     }
     clear(rewardsBox, rewardsTable(paired));
   };
