@@ -169,6 +169,11 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field(
         default="text", description="'text': key=value lines; 'json': one JSON object per line (both with request_id)"
     )
+    api_docs: bool = Field(
+        default=False,
+        description="serve /docs and /redoc, the OpenAPI document as pages; they load Swagger UI and ReDoc from a "
+        "CDN when opened (off: no third-party script on this origin; /openapi.json is served either way)",
+    )
     metrics_token: SecretStr | None = Field(
         default=None, description="when set, GET /metrics needs 'Authorization: Bearer <this token>'; else open"
     )

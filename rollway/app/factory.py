@@ -185,7 +185,15 @@ def create_app(settings: Settings) -> RollwayApp:
             await store.close()
             metrics.close()
 
-    api = FastAPI(title="Rollway", version=_version(), lifespan=lifespan)
+    # /docs and /redoc load their scripts from a CDN when opened: served only when asked for (ROLLWAY_API_DOCS).
+    docs = settings.api_docs
+    api = FastAPI(
+        title="Rollway",
+        version=_version(),
+        lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+    )
     errors.install(api)
     api.include_router(admin_router(extra=[osmosis_agents.router]))
     api.include_router(probes.build_router())

@@ -71,9 +71,7 @@ def test_settings_come_from_env_then_yaml_then_defaults(tmp_path: Path, monkeypa
 
 
 @pytest.mark.parametrize("cores", [{0}, {0, 1, 2}])
-def test_workers_auto_is_one_per_core_the_process_may_run_on(
-    monkeypatch: pytest.MonkeyPatch, cores: set[int]
-) -> None:
+def test_workers_auto_is_one_per_core_the_process_may_run_on(monkeypatch: pytest.MonkeyPatch, cores: set[int]) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores)
     monkeypatch.setenv("ROLLWAY_WORKERS", "auto")
     assert Settings().workers == len(cores)
@@ -264,3 +262,22 @@ def test_a_config_file_that_is_not_yaml_is_named_without_a_traceback(tmp_path: P
     result = CliRunner().invoke(main, ["serve", "--config", str(config)], catch_exceptions=False)
     assert result.exit_code == 2
     assert f"rollway: config file {config} is not valid YAML" in result.output and "line 2" in result.output
+
+
+async def test_api_docs_pages_are_off_unless_asked_for_and_the_openapi_document_is_always_served(
+    tmp_path: Path,
+) -> None:
+    """``/docs`` and ``/redoc`` load Swagger UI and ReDoc from a CDN when opened: a third-party script on the
+    admin API's origin, and a blank page on a cluster without internet. They are served only with
+    ``ROLLWAY_API_DOCS``; ``/openapi.json`` (clients, the fuzz test) is served either way."""
+    async with running_gateway(tmp_path, database_url=f"sqlite:///{tmp_path / 'off.db'}") as gw, gw.http() as http:
+        for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+            answer = await http.get(path)
+            assert answer.status_code == 404 and answer.json()["error"]["type"] == "not_found_error", path
+        document = (await http.get("/openapi.json")).json()
+        assert "/admin/v1/rollouts" in document["paths"] and document["info"]["title"] == "Rollway"
+    async with running_gateway(tmp_path, api_docs=True) as gw, gw.http() as http:
+        page = await http.get("/docs")
+        assert page.status_code == 200 and "swagger-ui" in page.text and "/openapi.json" in page.text
+        assert (await http.get("/redoc")).status_code == 200
+        assert (await http.get("/openapi.json")).status_code == 200
