@@ -6,6 +6,9 @@ a context variable, so every log line written while serving the request (the gat
 uvicorn's access line) names it. Access lines go to stdout, the rest to stderr, as with uvicorn's defaults.
 Lines are JSON objects (``log_format: json``) or ``key=value`` text.
 Nothing logged here includes headers or bodies: no token or API key reaches a log line through this module.
+A secret a client put in a URL's query string (``?token=``, ``?api_key=``, ``?key=``, ...: ``SECRET_PARAMETER``)
+is written ``redacted`` in every line, the access line's path included (``redact_query``); the server itself
+reads no secret from a query string, but a client that wrongly sends one must not have it kept in the logs.
 """
 
 from __future__ import annotations
@@ -17,10 +20,34 @@ import secrets
 import time
 from contextvars import ContextVar
 from typing import Any
+from urllib.parse import unquote_plus
 
 REQUEST_ID: ContextVar[str | None] = ContextVar("rollway_request_id", default=None)
 HEADER = b"x-request-id"
 _SAFE = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+#: A query parameter whose value is a secret: its name holds one of these words, alone or between ``-``, ``_`` or
+#: ``.`` (``token``, ``access_token``, ``api_key``, ``apiKey``, ``key``, ``X-Amz-Signature``; not ``keyword``).
+SECRET_PARAMETER = re.compile(
+    r"(?:^|[-_.])(?:token|key|apikey|secret|password|passwd|pwd|auth|authorization|sig|signature|credentials?"
+    r"|session|jwt)(?:$|[-_.])",
+    re.IGNORECASE,
+)
+#: One ``name=value`` of a query string, after its ``?`` or an ``&`` (or ``;``).
+_QUERY_PAIR = re.compile(r"([?&;])([^=&;#\s\"'?]+)=([^&;#\s\"']*)")
+
+
+def redact_query(text: str) -> str:
+    """``text`` with the value of each secret query parameter (``SECRET_PARAMETER``) of each URL in it replaced by
+    ``redacted``; the rest as it was."""
+    if "=" not in text:
+        return text
+
+    def one(pair: re.Match[str]) -> str:
+        if SECRET_PARAMETER.search(unquote_plus(pair[2])):
+            return f"{pair[1]}{pair[2]}=redacted"
+        return pair[0]
+
+    return _QUERY_PAIR.sub(one, text)
 
 
 def request_id(headers: list[tuple[bytes, bytes]]) -> str:
@@ -50,13 +77,14 @@ class JsonFormatter(logging.Formatter):
             "ts": _timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": redact_query(record.getMessage()),
             "request_id": getattr(record, "request_id", None),
         }
         if record.name == "uvicorn.access" and isinstance(record.args, tuple) and len(record.args) == 5:
-            _, entry["method"], entry["path"], _, entry["status"] = record.args
+            _, entry["method"], path, _, entry["status"] = record.args
+            entry["path"] = redact_query(str(path))
         if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
+            entry["exc"] = redact_query(self.formatException(record.exc_info))
         return json.dumps(entry, default=str)
 
 
@@ -69,11 +97,11 @@ class KeyValueFormatter(logging.Formatter):
             ("level", record.levelname.lower()),
             ("logger", record.name),
             ("request_id", getattr(record, "request_id", None) or "-"),
-            ("msg", record.getMessage()),
+            ("msg", redact_query(record.getMessage())),
         ]
         line = " ".join(f"{key}={_quote(str(value))}" for key, value in pairs)
         if record.exc_info:
-            line += " exc=" + _quote(self.formatException(record.exc_info))
+            line += " exc=" + _quote(redact_query(self.formatException(record.exc_info)))
         return line
 
 

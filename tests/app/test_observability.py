@@ -101,6 +101,35 @@ def test_logs_are_json_lines_with_the_request_id_and_no_secret(tmp_path: Path, m
     assert "/t/redacted/v1/agl/health" in text
 
 
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_secrets_in_a_query_string_are_redacted_from_the_logs(tmp_path: Path, log_format: str) -> None:
+    """The server reads no secret from a URL's query, but a client may wrongly put one there (``?token=``,
+    ``?api_key=``): its value is written ``redacted`` in the access line (and its JSON ``path``), whatever route
+    it went to and whatever the route answered; other parameters are kept as sent."""
+    secrets = {
+        "/v1/models?token=qs-secret-1": "/v1/models?token=redacted",
+        "/admin/v1/rollouts?limit=5&api_key=qs-secret-2": "/admin/v1/rollouts?limit=5&api_key=redacted",
+        "/healthz?key=qs-secret-3&keyword=kept": "/healthz?key=redacted&keyword=kept",
+        "/v1/agl/rollouts?Access%5FToken=qs-secret-4": "/v1/agl/rollouts?Access%5FToken=redacted",
+        "/no/such/route?X-Amz-Signature=qs-secret-5&apiKey=qs-secret-6": (
+            "/no/such/route?X-Amz-Signature=redacted&apiKey=redacted"
+        ),
+    }
+    env = {"ROLLWAY_LOG_FORMAT": log_format}
+    with GatewayProcess(f"sqlite:///{tmp_path / 'g.db'}", env=env) as process:
+        for n, path in enumerate(secrets):
+            httpx.get(f"{process.url}{path}", headers={"x-request-id": f"query-{n}"})
+        lines = _wait_for_lines(process, [f"query-{n}" for n in range(len(secrets))])
+    text = "\n".join(lines)
+    assert "qs-secret" not in text
+    access = [line for line in lines if "query-" in line]
+    for n, shown in enumerate(secrets.values()):
+        [line] = [line for line in access if f"query-{n}" in line]
+        assert shown in line, line
+        if log_format == "json":
+            assert json.loads(line)["path"] == shown
+
+
 def _wait_for_lines(process: GatewayProcess, needles: list[str], timeout: float = 10.0) -> list[str]:
     import time
 
