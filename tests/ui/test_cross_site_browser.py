@@ -172,7 +172,9 @@ def test_a_page_of_another_origin_can_neither_make_a_call_nor_read_an_answer(
     before = victim.recorded()
     seen = answered(page)
     page.goto(f"{elsewhere}/attack")
-    outcome = page.evaluate(ATTEMPTS, {"base": victim.url, "call": victim.call, "body": BODY})
+    # The last request's failure comes after every earlier request's events: once it is in, all of them are.
+    with page.expect_event("requestfailed", lambda request: request.url.endswith("/v1/agl/rollouts")):
+        outcome = page.evaluate(ATTEMPTS, {"base": victim.url, "call": victim.call, "body": BODY})
     # Posts the browser sends without asking: sent, their answers unreadable; the rest refused by the browser,
     # since Rollway answers neither a preflight nor with CORS headers.
     assert outcome == {
