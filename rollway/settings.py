@@ -9,6 +9,7 @@ import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -230,6 +231,20 @@ class Settings(BaseSettings):
         neither pass for one (listening beyond loopback) nor lock every caller out."""
         if value is not None and not value.get_secret_value().strip():
             raise ValueError("is set but empty: give a token, or leave it unset")
+        return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        """An http(s) URL with a host: claims' base_urls are built from it, and the Host/Origin guard allows it."""
+        if value is not None:
+            url = urlsplit(value)
+            try:
+                _ = url.port  # a port that is not a number raises here
+            except ValueError:
+                raise ValueError("has a port that is not a number") from None
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise ValueError("must be an http:// or https:// URL with a host, e.g. http://rollway.internal:8080")
         return value
 
     @field_validator("allowed_hosts", mode="before")

@@ -17,9 +17,11 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 import pytest
+from pydantic import ValidationError
 
 from rollway.app.guards import BodyLimit
 from rollway.mock import MockBackendProcess
+from rollway.settings import Settings, error_summary
 from support.gateway_harness import RunningGateway, claim_one, register, running_gateway, vllm
 
 LIMIT = 4096
@@ -245,6 +247,22 @@ async def test_with_gateway_keys_or_every_host_allowed_any_host_is_served(
                 assert (await http.post("/v1/chat/completions", json=call)).status_code == 401
             answered = await http.post("/v1/chat/completions", json=call, headers=g.caller)
             assert answered.status_code == 200, answered.text
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("rollway.internal:8080", "http:// or https://"),
+        ("ftp://rollway.internal", "http:// or https://"),
+        ("http://:8080", "http:// or https://"),
+        ("http://rollway.internal:80a", "port"),
+    ],
+)
+def test_a_public_url_the_guard_cannot_read_is_refused_in_the_settings(url: str, says: str) -> None:
+    """Its host is allowed and its origin may call: a value without them would leave its clients refused."""
+    with pytest.raises(ValidationError) as info:
+        Settings(public_url=url)
+    assert says in error_summary(info.value)
 
 
 REFUSED_TYPES = [
