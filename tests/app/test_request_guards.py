@@ -27,6 +27,7 @@ from support.gateway_harness import RunningGateway, claim_one, register, running
 LIMIT = 4096
 TOKEN = "admin-token-for-guards"
 MESSAGES = [{"role": "user", "content": "hi"}]
+CHAT = "/v1/chat/completions"
 
 
 def _chunks(size: int) -> AsyncIterator[bytes]:
@@ -92,14 +93,6 @@ MODES: dict[str, dict[str, Any]] = {
 }
 
 
-@asynccontextmanager
-async def guarded(tmp_path: Path, mock: MockBackendProcess, mode: str, **settings: Any) -> AsyncIterator[Guarded]:
-    async with running_gateway(tmp_path, **MODES[mode], **settings) as gw:
-        await register(gw.store, "policy", vllm(mock))
-        key = (await gw.store.mint_key("gateway"))[1] if mode.endswith("keys") else TOKEN
-        yield Guarded(gw, {"Authorization": f"Bearer {key}"}, {"Authorization": f"Bearer {TOKEN}"})
-
-
 class Guarded(NamedTuple):
     """A running gateway, the headers of its data plane's calls (a gateway key, when it asks for one) and of its
     admin API (the token, ignored without one)."""
@@ -112,6 +105,15 @@ class Guarded(NamedTuple):
         assert await self.gw.store.query_spans(None) == []
         assert (await self.gw.store.get_model("policy")).paused is False
         assert mock.stats()["requests_total"] == 0
+
+
+@asynccontextmanager
+async def guarded(tmp_path: Path, mock: MockBackendProcess, mode: str, **settings: Any) -> AsyncIterator[Guarded]:
+    """A gateway in ``mode`` (``MODES``) serving ``policy`` on the mock backend."""
+    async with running_gateway(tmp_path, **MODES[mode], **settings) as gw:
+        await register(gw.store, "policy", vllm(mock))
+        key = (await gw.store.mint_key("gateway"))[1] if mode.endswith("keys") else TOKEN
+        yield Guarded(gw, {"Authorization": f"Bearer {key}"}, {"Authorization": f"Bearer {TOKEN}"})
 
 
 async def _every_route(http: httpx.AsyncClient, g: Guarded) -> list[httpx.Response]:
@@ -127,8 +129,8 @@ async def _every_route(http: httpx.AsyncClient, g: Guarded) -> list[httpx.Respon
         await http.post("/admin/v1/models/policy/pause", headers=g.admin),
         await http.get("/ui"),
         await http.get("/v1/agl/rollouts", headers=g.admin),
-        await http.post("/proxy/rollout/ro-x/attempt/0/mode/train/openai/v1/chat/completions", json=call),
-        await http.post("/v1/rollout/completed", json={"rollout_id": "ro-x", "status": "success"}),
+        await http.post(f"/proxy/rollout/ro-x/attempt/0/mode/train/openai{CHAT}", json=call, headers=g.admin),
+        await http.post("/v1/rollout/completed", json={"rollout_id": "ro-x", "status": "success"}, headers=g.admin),
         await http.get("/healthz"),
     ]
 
@@ -152,7 +154,8 @@ async def test_a_web_page_of_another_origin_is_refused_on_every_route(
             http.headers["Origin"] = origin
             for response in await _every_route(http, g):
                 assert response.status_code == 403, (origin, response.request.url, response.text)
-                assert response.json()["error"]["type"] == "permission_error"
+                error = response.json()["error"]
+                assert error["type"] == "permission_error" and "web pages of other origins" in error["message"]
         await g.nothing_recorded(mock)
 
 
