@@ -16,6 +16,7 @@ from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.responses import Response
 
 from rollway.admin.context import Context
+from rollway.admin.route import AdminRoute
 from rollway.agl import otlp, queries, shapes
 from rollway.agl.access import require_access
 from rollway.agl.bodies import (
@@ -56,7 +57,10 @@ def bad(message: str) -> Response:
 
 
 def build_router() -> APIRouter:
-    router = APIRouter(prefix=PREFIX, dependencies=[Depends(require_access)], tags=["agent-lightning"])
+    # AdminRoute: the credential is checked before the body, whose parse error says what it is.
+    router = APIRouter(
+        prefix=PREFIX, dependencies=[Depends(require_access)], tags=["agent-lightning"], route_class=AdminRoute
+    )
 
     @router.get("/health")
     async def health() -> Response:

@@ -11,22 +11,25 @@ ended otherwise (timed out, replaced by a retry) → 409; all in the error envel
 Auth: ``Authorization: Bearer <rk- key>`` — the rollout-scoped key the agent got in its init (it pins the
 attempt, so a late report of an old attempt never lands on its retry) — or the admin token / an admin key
 (the latest attempt). Without a bearer the report is accepted only when no admin token is configured (the
-same openness as the admin API then has). This path is not one of the data-plane routes, so the ASGI data
+same openness as the admin API then has). The credential is checked before the body (``_caller``, a dependency,
+and the route class ``AdminRoute``): a caller without one gets its 401 whatever it sent; which rollout a key may
+report for (403) is checked once the body is read. This path is not one of the data-plane routes, so the ASGI data
 plane hands it to FastAPI.
 """
 
 from __future__ import annotations
 
 import hmac
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 
+from rollway.admin.route import AdminRoute
 from rollway.gateway.attribution import KeyCache, bearer
 from rollway.settings import Settings
-from rollway.store import RemoteCompletion, Store
+from rollway.store import ApiKey, RemoteCompletion, Store
 
-router = APIRouter(tags=["osmosis"])
+router = APIRouter(tags=["osmosis"], route_class=AdminRoute)
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 
@@ -35,8 +38,13 @@ def _parts(request: Request) -> tuple[Settings, Store, KeyCache]:
     return state.settings, state.store, state.keys
 
 
-async def _attempt_for(request: Request, report: RemoteCompletion) -> str | None:
-    """The attempt the caller may report for (None: the latest), or 401/403."""
+#: Who reports: an admin (the admin token, an admin key, or anyone when no admin token is configured: None), or
+#: the holder of a rollout key (its ``ApiKey``).
+Caller = ApiKey | None
+
+
+async def _caller(request: Request) -> Caller:
+    """The report's credential, checked before its body: 401 when it is missing (and needed) or unknown."""
     settings, _, keys = _parts(request)
     token = bearer({k.lower(): v for k, v in request.headers.items()})
     admin = settings.admin_token
@@ -49,17 +57,24 @@ async def _attempt_for(request: Request, report: RemoteCompletion) -> str | None
     key = await keys.find(token)
     if key is None:
         raise HTTPException(401, "invalid, revoked or expired key", headers=CHALLENGE)
-    if key.scope == "admin":
+    return None if key.scope == "admin" else key
+
+
+def _attempt_for(caller: Caller, report: RemoteCompletion) -> str | None:
+    """The attempt the caller may report for (None: the latest), or 403."""
+    if caller is None:
         return None
-    if key.scope != "rollout" or key.rollout_id != report.rollout_id:
+    if caller.scope != "rollout" or caller.rollout_id != report.rollout_id:
         raise HTTPException(403, "this key cannot report for this rollout")
-    return key.attempt_id
+    return caller.attempt_id
 
 
 @router.post("/v1/rollout/completed")
-async def rollout_completed(report: RemoteCompletion, request: Request) -> dict[str, Any]:
+async def rollout_completed(
+    report: RemoteCompletion, request: Request, caller: Annotated[Caller, Depends(_caller)]
+) -> dict[str, Any]:
     """A remote agent server's completion callback (see the module docstring)."""
-    attempt_id = await _attempt_for(request, report)
+    attempt_id = _attempt_for(caller, report)
     _, store, _ = _parts(request)
     attempt, duplicate = await store.complete_remote(report, attempt_id)
     return {

@@ -226,3 +226,37 @@ async def test_a_cancelled_rollouts_attempt_takes_no_heartbeat_and_no_outcome(
     assert (await admin.get(f"/rollouts/{rid}")).json()["status"] == "cancelled"
     assert await gw.store.query_spans(rid) == []  # the batch's reward went with its refused outcome
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+@pytest.mark.in_process(False)
+async def test_a_request_without_its_credential_is_a_401_whatever_its_body(gw: RunningGateway) -> None:
+    """FastAPI reads a body before it runs a route's auth: a caller without a credential learnt whether its body
+    parsed (400) before it was told it may not ask. Every route that takes a body behind the admin token — the
+    admin API, Agent-lightning's, the Osmosis callback — answers 401 first, whatever the body; with the credential,
+    the body's 400 and the callback's 403 (a rollout key of another rollout) come as before."""
+    paths = gw.app.api.openapi()["paths"]
+    with_body = [
+        (method.upper(), path.replace("{", "x-").replace("}", ""))
+        for path, operations in paths.items()
+        if path.startswith(("/admin/v1", "/v1/agl", "/v1/rollout"))
+        for method, operation in operations.items()
+        if "requestBody" in operation
+    ]
+    assert ("POST", "/v1/rollout/completed") in with_body and ("POST", "/v1/agl/rollouts/search") in with_body
+    json_type = {"Content-Type": "application/json"}
+    async with gw.http(headers=json_type) as anonymous:
+        for method, path in with_body:
+            for body in (b"{", b"[1]", b"{}", b'{"rollout_id": 5, "limit": "x"}'):
+                refused = error(await anonymous.request(method, path, content=body), 401)
+                assert refused["type"] == "authentication_error", (method, path, body)
+    async with gw.http(headers={**AUTH, **json_type}) as admin:
+        broken = error(await admin.post("/v1/rollout/completed", content=b'{"rollout_id": '), 400)
+        assert broken["message"] == "the request body is not valid JSON: Expecting value (at character 15)"
+        assert error(await admin.post("/v1/rollout/completed", json={"status": "COMPLETED"}), 400)["param"]
+        keyed = (await admin.post("/admin/v1/rollouts/start", json={"input": "q"})).json()
+        other = (await admin.post("/admin/v1/rollouts/start", json={"input": "r"})).json()
+    report = {"rollout_id": other["rollout"]["rollout_id"], "status": "COMPLETED"}
+    rollout_key = {"Authorization": f"Bearer {keyed['api_key']}"}
+    async with gw.http(headers=rollout_key) as agent:
+        assert error(await agent.post("/v1/rollout/completed", json=report), 403)["type"] == "permission_error"
+        assert error(await agent.post("/v1/rollout/completed", content=b"{", headers=json_type), 400)
