@@ -12,11 +12,14 @@ attributed it: its answer gets TrainGate's top-level ``token_ids``, ``logprobs``
 
 from __future__ import annotations
 
+import hmac
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from pydantic import SecretStr
 
 from rollway.gateway.errors import AuthError
 from rollway.store import ApiKey, Store
@@ -38,6 +41,8 @@ class Attribution:
     osmosis: bool = False
     #: Span attributes the route adds (a controller's attempt id on ``/proxy/...``).
     tags: tuple[tuple[str, str], ...] = ()
+    #: Whether the caller is authenticated (``authenticated``): only such a caller is told which aliases exist.
+    authenticated: bool = False
 
 
 def bearer(headers: dict[str, str]) -> str | None:
@@ -122,6 +127,17 @@ async def check_key(headers: dict[str, str], keys: KeyCache, require_key: bool) 
     if require_key:
         raise AuthError("an API key is required (Authorization: Bearer ...)")
     return None
+
+
+def authenticated(headers: dict[str, str], key: ApiKey | None, admin_token: SecretStr | None) -> bool:
+    """Whether a data-plane caller is authenticated: it sent a key the gateway checked (any key with
+    ``ROLLWAY_GATEWAY_AUTH=keys``, a rollout key with ``none``) or the admin token; or no admin token is configured,
+    when the server listens on loopback only and whoever reaches it is trusted as the admin API then trusts them.
+    With an admin token and gateway auth ``none``, a caller without either is not."""
+    if key is not None or admin_token is None:
+        return True
+    token = bearer(headers)
+    return token is not None and hmac.compare_digest(token.encode(), admin_token.get_secret_value().encode())
 
 
 def attribute(

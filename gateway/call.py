@@ -161,8 +161,8 @@ class Call:
             lease = await gateway.registry.admit(alias, gateway.settings.pause_wait_seconds, self._arrival)
         except AliasPaused as exc:
             raise exc.refusal() from None
-        except UnknownAlias as exc:  # deleted while the call waited for it to resume
-            raise exc.refusal() from None
+        except UnknownAlias as exc:  # deleted while the call waited for it to resume (the others are not listed)
+            raise exc.refusal(listed=False) from None
         except StoreError as exc:  # the store failed while the call re-read the paused alias
             raise CallError.of(503, exc.message, "service_unavailable") from None
         except Exception as exc:  # anything else on the way (a database error the store did not wrap)

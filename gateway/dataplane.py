@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote
 
@@ -19,7 +19,7 @@ import orjson
 
 from rollway import logs
 from rollway.gateway import capture, controlled
-from rollway.gateway.attribution import Attribution, KeyCache, attribute, check_key
+from rollway.gateway.attribution import Attribution, KeyCache, attribute, authenticated, check_key
 from rollway.gateway.bounds import Bound
 from rollway.gateway.call import Call, call_error
 from rollway.gateway.controlled import ControlledProxy
@@ -150,6 +150,7 @@ class DataPlane:
             who = attribute(rollout, attempt, headers, parsed, key)
         except AuthError as exc:
             raise exc.refusal() from None
+        who = replace(who, authenticated=authenticated(headers, key, gateway.settings.admin_token))
         call = await _begin(gateway, op_path, parsed, who, headers)
         await call.run(reply, receive, _call_headers(call, rid_header))
 
@@ -199,7 +200,9 @@ class DataPlane:
             _, alias = await proxy.target()
         except StoreError as exc:
             raise CallError.of_store(exc) from None
-        who = Attribution(rollout, None, "path", tags=((ATTEMPT_ATTR, unquote(match["attempt"])),))
+        # ``check_auth`` let it in: the admin token, or none configured (loopback only).
+        attempt_tag = ((ATTEMPT_ATTR, unquote(match["attempt"])),)
+        who = Attribution(rollout, None, "path", tags=attempt_tag, authenticated=True)
         call = await _begin(gateway, op_path, proxy.prepare(parsed, mode, op_path, alias), who, headers)
         await call.run(reply, receive, _call_headers(call, rid_header))
 
@@ -238,8 +241,10 @@ async def _begin(
             who,
             parse_traceparent(headers.get("traceparent"), headers.get("tracestate")),
         )
-    except (AuthError, UnknownAlias) as exc:
+    except AuthError as exc:
         raise exc.refusal() from None
+    except UnknownAlias as exc:
+        raise exc.refusal(listed=who.authenticated) from None
     except StoreError as exc:
         raise CallError.of_store(exc) from None
     finally:

@@ -79,12 +79,17 @@ class UnknownAlias(GatewayError):
     """No model alias of that name is registered."""
 
     def __init__(self, alias: str, known: list[str]) -> None:
-        listed = ", ".join(known) if known else "none registered"
-        super().__init__(f"model '{alias}' does not exist; known models: {listed}")
+        super().__init__(f"model '{alias}' does not exist")
         self.alias = alias
+        self.known = known
 
-    def refusal(self) -> CallError:
-        return CallError.of(404, str(self), "not_found_error", code="model_not_found")
+    def refusal(self, listed: bool) -> CallError:
+        """The 404; ``listed``: it names the aliases there are (to an authenticated caller only, see
+        ``gateway.attribution.authenticated``)."""
+        message = str(self)
+        if listed:
+            message += f"; known models: {', '.join(self.known) if self.known else 'none registered'}"
+        return CallError.of(404, message, "not_found_error", code="model_not_found")
 
 
 class AliasPaused(GatewayError):

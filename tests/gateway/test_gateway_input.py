@@ -444,3 +444,39 @@ async def test_a_claims_keys_are_known_to_the_gateway_without_a_read(store: Stor
     assert [(k.scope, k.rollout_id, k.attempt_id) for k in found if k is not None] == [
         ("rollout", a.rollout.rollout_id, a.attempt.attempt_id) for a, _ in claimed
     ]
+
+
+@pytest.mark.in_process(False)
+@pytest.mark.parametrize("auth", ["none", "keys"])
+async def test_an_unknown_alias_lists_the_known_ones_only_to_an_authenticated_caller(
+    tmp_path: Path, mock: MockBackendProcess, auth: str
+) -> None:
+    """With an admin token set and the data plane open (``none``), anyone who can reach it may call, and is told
+    only that the model does not exist; a caller with a key the gateway checks (a rollout key, any key with
+    ``keys``) or the admin token is authenticated and is told the aliases there are too."""
+    token = "admin-token-for-aliases"
+    async with running_gateway(tmp_path, admin_token=token, gateway_auth=auth) as gw, gw.http(timeout=10) as http:
+        await register(gw.store, "policy", backend(mock))
+        await register(gw.store, "judge", backend(mock))
+        rollout_id, attempt_id = await claim_one(gw.store)
+        _, rollout_key = await gw.store.mint_key("rollout", rollout_id=rollout_id, attempt_id=attempt_id)
+        _, gateway_key = await gw.store.mint_key("gateway")
+        unknown = {"model": "polcy", "messages": MESSAGES}
+        path = f"/rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions"
+        callers: list[tuple[str, dict[str, str], bool]] = [
+            ("/v1/chat/completions", {"authorization": f"Bearer {token}"}, auth == "none"),
+            (path, {"authorization": f"Bearer {rollout_key}"}, True),
+            ("/v1/chat/completions", {"authorization": f"Bearer {gateway_key}"}, auth == "keys"),
+        ]
+        if auth == "none":
+            callers += [("/v1/chat/completions", {}, False), (path, {}, False)]
+        for url, headers, listed in callers:
+            answer = await http.post(url, json=unknown, headers=headers)
+            if auth == "keys" and headers["authorization"].endswith(token):
+                assert answer.status_code == 401  # the admin token is no data-plane key
+                continue
+            error = assert_envelope(answer, 404)
+            assert error["code"] == "model_not_found"
+            says = "model 'polcy' does not exist" + ("; known models: judge, policy" if listed else "")
+            assert error["message"] == says, (url, headers)
+        assert await all_spans(gw, rollout_id) == []
