@@ -13,14 +13,15 @@ one mock backend (``rollway mock-backend``, its own process):
    largest there) of each server in turn, rounds in alternating order; the server's CPU (``schedstat``, all
    threads) per call completed. (``bench/wrk_bench.py --limits-off`` gives the same for chat completions.)
 2. Storm: 8 streamed chat calls in flight (the mock paces 400 tokens at 20 ms), then a subprocess opens
-   ``--storm`` connections as fast as it can and sends on each a chat completion of 8 tokens attributed to a rollout
-   (``--storm-kind chat``, the default: every call recorded), ``GET /v1/models`` (``calls``) or nothing (``idle``).
-   Recorded: the in-flight streams' longest gap between two chunks in the storm's window (without a storm it is
-   the pacing, ~20 ms), ``/healthz``'s latency probed every 50 ms meanwhile, the server's CPU over the window (and per
-   storm connection, less what the streams and the probe cost in the second before the storm), and how the
-   storm's connections were answered (200, 503, no answer).
+   ``--storm`` connections as fast as it can and sends on each a chat completion of 8 tokens attributed to a
+   rollout (``--storm-kind chat``, the default: every call recorded), a streamed one of 40 tokens paced at 500 ms
+   (``streams``: 20 s each, cut when the storm lets go of its connections; slow, so that the mock keeps up),
+   ``GET /v1/models`` (``calls``) or nothing (``idle``). Recorded: the in-flight streams' longest gap between two
+   chunks in the storm's window (without a storm it is the pacing, ~20 ms), ``/healthz``'s latency probed every
+   50 ms meanwhile, the server's CPU over the window (and per storm connection, less what the streams and the
+   probe cost in the second before the storm), and how the storm's connections were answered (200, 503, none).
 
-    python bench/connection_bench.py [--rounds 3] [--duration 5] [--storm 2000] [--storm-kind chat|calls|idle]
+    python bench/connection_bench.py [--rounds 3] [--duration 5] [--storm 2000] [--storm-kind chat|streams|calls|idle]
         [--cap 256] [--skip-micro] [--skip-wrk] [--skip-storm]
 """
 
@@ -72,7 +73,10 @@ STORM = r"""
 import json, resource, selectors, socket, sys, time
 host, port, count, kind = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 hold, prefix = float(sys.argv[5]), sys.argv[6]
-body = json.dumps({"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}).encode()
+body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+if kind == "streams":
+    body |= {"max_tokens": 40, "ignore_eos": True, "stream": True, "mock": {"token_delay_ms": 500}}
+body = json.dumps(body).encode()
 chat = b"POST %s/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n" % prefix.encode()
 chat += b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -83,7 +87,7 @@ for _ in range(count):
     sock = socket.create_connection((host, port))
     if kind == "calls":
         sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-    elif kind == "chat":
+    elif kind in ("chat", "streams"):
         sock.sendall(chat)
     sock.setblocking(False)
     socks.append(sock)
@@ -300,7 +304,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--storm", type=int, default=2000, help="connections the storm opens")
-    parser.add_argument("--storm-kind", choices=("idle", "calls", "chat"), default="chat")
+    parser.add_argument("--storm-kind", choices=("idle", "calls", "chat", "streams"), default="chat")
     parser.add_argument("--hold", type=float, default=5.0, help="longest the storm holds its connections")
     parser.add_argument("--cap", type=int, default=256, help="ROLLWAY_MAX_CONNECTIONS of the 'cap' server")
     parser.add_argument("--micro-rounds", type=int, default=10)
@@ -345,7 +349,7 @@ def main() -> None:
                     f"{result['window_s']:.1f} s, {result['storm_cpu_us']:.0f} µs per storm connection beyond the "
                     f"streams' own; answers {result['answers']}"
                 )
-                time.sleep(1.0)
+                time.sleep(3.0)  # the storm's calls end (the mock stops generating them) before the next server's
 
 
 if __name__ == "__main__":

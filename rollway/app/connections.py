@@ -7,7 +7,7 @@ setting that 0 turns off:
 
 - ``max_header_bytes``: a head longer than this is answered 431. The bytes a connection has sent since its request
   began (less the previous request's body) are counted after each read, so a head never holds more than the
-  limit plus one read (uvloop reads up to 256 KiB at a time).
+  limit plus one read (uvloop reads at most 256,000 bytes at a time).
 - ``header_timeout``: a head still incomplete this many seconds after its first read is answered 408. One timer per
   request, armed only when a read ends inside the head: a head that arrives in one read (any agent's) costs no
   timer at all.
