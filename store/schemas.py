@@ -44,8 +44,8 @@ class RolloutConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    timeout_seconds: float | None = Field(default=None, gt=0)
-    unresponsive_seconds: float | None = Field(default=None, gt=0)
+    timeout_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # (no limit: null)
+    unresponsive_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     max_attempts: int = Field(default=1, ge=1, le=1_000_000)
     retry_condition: list[AttemptStatus] = Field(default_factory=list)
 

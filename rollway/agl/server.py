@@ -35,7 +35,7 @@ from rollway.store.controlled import (
     alias_for,
     backend_id_for,
 )
-from rollway.store.errors import ConflictError
+from rollway.store.errors import ConflictError, StoreValidationError
 
 
 class DetailError(Exception):
@@ -189,6 +189,8 @@ async def _found(call: Any) -> Any:
         raise DetailError(404, exc.message) from None
     except ConflictError as exc:
         raise DetailError(409, exc.message) from None
+    except StoreValidationError as exc:  # a body the store refuses (a number that is not finite): as pydantic's
+        raise DetailError(422, [{"type": "value_error", "loc": ["body"], "msg": exc.message}]) from None
 
 
 # -- routes ------------------------------------------------------------------------------------------------------

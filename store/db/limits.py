@@ -50,6 +50,30 @@ def check_spans(spans: Iterable[Any]) -> None:
             span.name = span.name[:SPAN_NAME_CHARS]
 
 
+def check_finite(value: Any, what: str) -> None:
+    """Refuse a JSON value (a task's input or metadata, an attempt's metadata) that holds a number that is not
+    finite. JSON has none, but Python's parser reads ``NaN`` and ``Infinity`` (and ``1e999`` as infinity), and the
+    JSON columns' encoder writes them as ``null``: the value would be stored as something else than was sent,
+    silently. Refused as rewards are."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                word = "NaN" if math.isnan(item) else "Infinity" if item > 0 else "-Infinity"
+                raise StoreValidationError(f"{what} holds {word}: a JSON number must be finite")
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+
+
+def check_task(spec: Any) -> None:
+    """Refuse a task (``TaskSpec``, or what a controller creates) whose input or metadata ``check_finite`` refuses."""
+    check_finite(spec.input, "input")
+    check_finite(spec.metadata, "metadata")
+
+
 def int32_or_none(value: Any) -> int | None:
     """``value`` as an integer for a 32-bit column (a count: an int, or a finite float, cut to an int), or None
     when it is not a number (a bool is not a count) or does not fit."""

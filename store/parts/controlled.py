@@ -14,6 +14,7 @@ from rollway.store.controlled import (
     TerminalPage,
     View,
 )
+from rollway.store.db import limits
 from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.sql import catalog, controlled
 
@@ -21,6 +22,8 @@ from rollway.store.sql import catalog, controlled
 class ControlledMixin(StorePlumbing):
     async def create_controlled(self, items: list[ControlledCreate]) -> list[ControlledRollout]:
         """Create rollouts for a controller, idempotently per ``rollout_id``."""
+        for item in items:
+            limits.check_task(item)
         now = self.clock()
         return await self._write(lambda conn: controlled.create(conn, items, now))
 

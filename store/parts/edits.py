@@ -16,6 +16,8 @@ class EditsMixin(StorePlumbing):
         """Change a rollout's input, mode, resources_id, config, metadata or status (absent keys: unchanged)."""
         now = self.clock()
         wanted = dict(changes)
+        for field in ("input", "metadata"):
+            limits.check_finite(wanted.get(field), field)
         result = await self._write(lambda conn: edits.update_rollout(conn, rollout_id, wanted, now))
         if "status" in wanted:
             self._notify_all()

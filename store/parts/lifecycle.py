@@ -67,6 +67,8 @@ class LifecycleMixin(StorePlumbing):
             raise StoreValidationError(f"unknown attempt status '{status}'") from exc
         if metadata is not UNSET and metadata is not None and not isinstance(metadata, dict):
             raise StoreValidationError("attempt metadata must be an object")
+        if metadata is not UNSET:
+            limits.check_finite(metadata, "attempt metadata")
         limits.check_worker_id(worker_id)
         now = self.clock()
         wrote = [0]  # spans written (the reward), for ``span_observer``

@@ -33,6 +33,8 @@ class QueueMixin(StorePlumbing):
         specs = [t if isinstance(t, TaskSpec) else TaskSpec.model_validate(t) for t in tasks]
         if not specs:
             return []
+        for spec in specs:
+            limits.check_task(spec)
         now = self.clock()
         rows = await self._write(lambda conn: queue.enqueue(conn, specs, now, idempotency_key))
         self.queued.notify()
@@ -101,6 +103,7 @@ class QueueMixin(StorePlumbing):
         self, task: TaskSpec | Mapping[str, Any], worker_id: str | None = None, idempotency_key: str | None = None
     ) -> AttemptedRollout:
         spec = task if isinstance(task, TaskSpec) else TaskSpec.model_validate(task)
+        limits.check_task(spec)
         limits.check_worker_id(worker_id)
         now = self.clock()
         return await self._write(lambda conn: queue.start_rollout(conn, spec, worker_id, now, idempotency_key))

@@ -260,3 +260,37 @@ async def test_a_request_without_its_credential_is_a_401_whatever_its_body(gw: R
     async with gw.http(headers=rollout_key) as agent:
         assert error(await agent.post("/v1/rollout/completed", json=report), 403)["type"] == "permission_error"
         assert error(await agent.post("/v1/rollout/completed", content=b"{", headers=json_type), 400)
+
+
+@pytest.mark.in_process(False)
+async def test_a_number_that_is_not_finite_in_a_tasks_input_or_metadata_is_a_400_and_nothing_is_stored(
+    gw: RunningGateway, admin: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Python's JSON parser reads ``NaN``, ``Infinity`` and ``1e999``, which JSON has not and the store would keep
+    as null: refused on every admin route that takes a task's input or metadata, as rewards are."""
+    json_type = {"Content-Type": "application/json"}
+    bodies = {
+        "/rollouts": [
+            b'{"tasks": [{"input": {"q": NaN}}]}',
+            b'{"tasks": [{"input": "a"}, {"input": [1, 1e999]}]}',
+            b'{"tasks": [{"input": "a", "metadata": {"w": -Infinity}}]}',
+            b'{"tasks": [{"input": "a", "config": {"timeout_seconds": Infinity}}]}',
+        ],
+        "/rollouts/start": [b'{"input": NaN}', b'{"input": "a", "metadata": {"w": Infinity}}'],
+    }
+    for path, sent in bodies.items():
+        for body in sent:
+            refused = error(await admin.post(path, content=body, headers=json_type), 400)
+            assert "finite" in refused["message"], (path, body)
+    assert (await admin.get("/rollouts")).json()["items"] == []
+    started = (await admin.post("/rollouts/start", json={"input": "q"})).json()
+    rid, aid = started["rollout"]["rollout_id"], started["attempt"]["attempt_id"]
+    patch = b'{"status": "succeeded", "metadata": {"score": NaN}}'
+    refused = error(await admin.patch(f"/rollouts/{rid}/attempts/{aid}", content=patch, headers=json_type), 400)
+    assert refused["message"] == "attempt metadata holds NaN: a JSON number must be finite"
+    batch = f'{{"updates": [{{"rollout_id": "{rid}", "attempt_id": "{aid}", "metadata": {{"s": Infinity}}}}]}}'
+    (result,) = (await admin.patch("/attempts", content=batch.encode(), headers=json_type)).json()["results"]
+    assert result["status"] == 400
+    attempt = await gw.store.get_attempt(rid, aid)
+    assert (attempt.status, attempt.metadata) == ("preparing", None)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]

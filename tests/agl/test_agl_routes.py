@@ -191,3 +191,37 @@ async def test_a_limit_or_offset_beyond_64_bits_is_a_400_with_no_traceback(
     beyond = (await agl.get("/rollouts", params={"limit": top, "offset": top})).json()
     assert beyond["items"] == [] and beyond["total"] == 1
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+async def test_a_number_that_is_not_finite_in_a_tasks_input_or_metadata_is_refused_by_agent_lightnings_routes(
+    gw: RunningGateway, agl: httpx.AsyncClient
+) -> None:
+    """Agent-lightning's routes take a task's input and metadata too (0.3's start, rollout and attempt updates;
+    1.0's create): NaN or Infinity is refused in each one's envelope (0.3: 400; 1.0: 422 with ``detail``, as its
+    server refuses a body), and nothing is stored."""
+    json_type = {"content-type": "application/json"}
+    for path, body in (
+        ("/rollouts", b'{"input": {"q": NaN}}'),
+        ("/queues/rollouts/enqueue", b'{"rollouts": [{"input": Infinity}]}'),
+    ):
+        refused = await agl.post(path, content=body, headers=json_type)
+        assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error", path
+    assert (await agl.get("/rollouts")).json()["total"] == 0
+    (rollout,) = (await agl.post("/queues/rollouts/enqueue", json={"rollouts": [{"input": 1}]})).json()
+    rid = rollout["rollout_id"]
+    (claimed,) = (await agl.post("/queues/rollouts/dequeue", json={"limit": 1})).json()
+    aid = claimed["attempt"]["attempt_id"]
+    for path, body in (
+        (f"/rollouts/{rid}", b'{"input": [1, NaN]}'),
+        (f"/rollouts/{rid}", b'{"metadata": {"w": -Infinity}}'),
+        (f"/rollouts/{rid}/attempts/{aid}", b'{"metadata": {"w": 1e999}}'),
+    ):
+        refused = await agl.post(path, content=body, headers=json_type)
+        assert refused.status_code == 400 and "a JSON number must be finite" in refused.json()["error"]["message"]
+    shown = (await agl.get(f"/rollouts/{rid}")).json()
+    assert (shown["input"], shown["metadata"], shown["attempt"]["metadata"]) == (1, {}, None)
+    async with gw.http() as root:
+        created = await root.post("/api/rollouts", content=b'[{"input": {"q": NaN}}]', headers=json_type)
+        assert created.status_code == 422
+        assert created.json()["detail"][0]["msg"] == "input holds NaN: a JSON number must be finite"
+        assert (await root.get("/api/rollouts", params={"state_in": "queuing"})).json() == []

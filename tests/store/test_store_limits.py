@@ -63,6 +63,31 @@ async def test_a_span_whose_token_counts_do_not_fit_a_column_is_written_with_its
     assert (await store.stats()).output_tokens == 7
 
 
+@pytest.mark.parametrize("odd", [math.nan, math.inf, -math.inf])
+async def test_a_task_input_or_metadata_that_is_not_finite_is_refused_and_nothing_is_written(
+    store: Store, odd: float
+) -> None:
+    """The JSON columns' encoder writes NaN and Infinity as null: such a value would be stored as something else
+    than was sent. Every write of a task's input or metadata, or an attempt's metadata, refuses it first, at any
+    depth; a finite float beside it is what a task holds as usual."""
+    word = "NaN" if math.isnan(odd) else "Infinity" if odd > 0 else "-Infinity"
+    deep = {"q": [1.5, {"x": odd}]}
+    for task in ({"input": odd}, {"input": deep}, {"input": 1, "metadata": {"score": odd}}):
+        with pytest.raises(StoreValidationError, match=f"holds {word}: a JSON number must be finite"):
+            await store.enqueue([{"input": "fine"}, task])
+        with pytest.raises(StoreValidationError, match="must be finite"):
+            await store.start_rollout(task)
+    assert (await store.list_rollouts()).items == []
+    rid, aid = await _running(store)
+    for changes in ({"input": deep}, {"metadata": {"a": odd}}):
+        with pytest.raises(StoreValidationError, match="must be finite"):
+            await store.update_rollout(rid, changes)
+    with pytest.raises(StoreValidationError, match="attempt metadata holds"):
+        await store.update_attempt(rid, aid, status="succeeded", metadata={"a": [odd]})
+    rollout, attempt = await store.get_rollout(rid), await store.get_attempt(rid, aid)
+    assert (rollout.input, rollout.metadata, attempt.metadata, attempt.status) == ("x", None, None, "preparing")
+
+
 async def test_a_worker_id_longer_than_its_column_is_refused_on_both_engines(store: Store) -> None:
     long_id = "w" * (limits.WORKER_ID_CHARS + 1)
     await store.enqueue([TaskSpec(input="queued")])
