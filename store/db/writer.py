@@ -5,11 +5,13 @@
   bound) and runs it in one ``BEGIN IMMEDIATE`` transaction — each operation inside its own savepoint so
   one failure (a refusal, or any other exception but the database's own trouble) does not undo its neighbours —
   and commits once: a burst of span writes costs one commit.
-  Callers get their result only after the commit. The transaction runs on the event loop's thread (it is
-  short; thread hops per statement cost more than the work); the write lock is taken without blocking: when
-  another process holds it, the writer backs off and retries asynchronously. An operation submitted while
-  nothing is queued or in flight runs at once in the caller's turn of the loop (at most one per turn, so a
-  burst still shares a commit).
+  Callers get their result only after the commit. A small batch runs on the event loop's thread (it is short;
+  a thread hop costs more than the work); a large one (``OFFLOAD_BATCH``: under load) runs in the writer's own
+  thread, one hop for the whole transaction, while the loop goes on relaying streams (sqlite3 lets go of the
+  GIL while SQLite works; docs/benchmarks.md, "The load of an RL step"). The write lock is taken on the loop
+  without blocking: when another process holds it, the writer backs off and retries asynchronously. An
+  operation submitted while nothing is queued or in flight runs at once in the caller's turn of the loop (at
+  most one per turn, so a burst still shares a commit).
 - PostgreSQL: ``PgWriter`` runs each operation in its own transaction from the pool (``run_sync`` over
   asyncpg) and retries it on deadlock or serialization failure; row locks (``FOR UPDATE [SKIP LOCKED]``) do
   the rest.
@@ -22,6 +24,7 @@ because of who was waiting for it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import random
@@ -57,6 +60,9 @@ LOCK_WAIT_SECONDS = 30.0
 #: loop (serving what else is ready in between), before it backs off: another process's transaction usually
 #: ends within it, and the loop's timers cannot wait less than a millisecond.
 LOCK_SPIN_SECONDS = 0.002
+#: Batches of at least this many operations run in the writer's thread rather than on the event loop: under load
+#: (large batches) the loop relays streams while SQLite writes; a small batch costs less than the thread hop.
+OFFLOAD_BATCH = 4
 #: How long closing PostgreSQL's writer waits for the writes in flight before it cancels them.
 CLOSE_WAIT_SECONDS = 10.0
 
@@ -128,6 +134,8 @@ class BatchWriter:
         self._inline_used = False  # this turn of the event loop already ran a write inline
         self._locked_since: float | None = None  # a batch waits for the write lock another process holds
         self.stats = WriteStats()
+        # Runs large batches' statements off the event loop; one thread, as there is one writer connection.
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollway-store-writer")
 
     async def start(self) -> None:
         if self._task is None:
@@ -146,6 +154,7 @@ class BatchWriter:
             item = self._queue.get_nowait()
             if item is not None and not item[1].done():
                 item[1].set_exception(UnavailableError("the store is closed"))
+        self._thread.shutdown(wait=True)
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -267,28 +276,13 @@ class BatchWriter:
         assert conn is not None
         raw: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
         started = time.perf_counter()
-        outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
         try:
             await self._begin(raw)
-            try:
-                if len(batch) == 1:
-                    outcomes.append((batch[0][1], batch[0][0](conn), None))
-                else:
-                    for op, fut in batch:
-                        raw.execute("SAVEPOINT op")
-                        try:
-                            outcomes.append((fut, op(conn), None))
-                        except Exception as exc:  # this operation only (a refusal, or a bug in it)
-                            if isinstance(exc, OperationalError | sqlite3.OperationalError):
-                                raise  # the file is in trouble: fail the whole batch
-                            raw.execute("ROLLBACK TO op")
-                            outcomes.append((fut, None, exc))
-                        raw.execute("RELEASE op")
-                raw.execute("COMMIT")
-            except BaseException:
-                if raw.in_transaction:
-                    raw.execute("ROLLBACK")
-                raise
+            if len(batch) < OFFLOAD_BATCH:
+                outcomes = _apply(batch, conn, raw)
+            else:  # a large batch: its statements run while the loop goes on relaying (sqlite3 lets go of the GIL)
+                loop = asyncio.get_running_loop()
+                outcomes = await loop.run_in_executor(self._thread, _apply, batch, conn, raw)
         except Exception as exc:  # nothing in the transaction was written
             failure: BaseException = exc
             if isinstance(exc, OperationalError | sqlite3.OperationalError):
@@ -305,6 +299,34 @@ class BatchWriter:
                 fut.set_result(result)
             else:
                 fut.set_exception(error)
+
+
+def _apply(
+    batch: list[tuple[Operation[Any], asyncio.Future[Any]]], conn: Connection, raw: sqlite3.Connection
+) -> list[tuple[asyncio.Future[Any], Any, BaseException | None]]:
+    """The batch's operations in the transaction begun on ``raw``, each in its own savepoint, and the commit;
+    rolled back whole when the file is in trouble. Touches no future: the loop settles them."""
+    outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+    try:
+        if len(batch) == 1:
+            outcomes.append((batch[0][1], batch[0][0](conn), None))
+        else:
+            for op, fut in batch:
+                raw.execute("SAVEPOINT op")
+                try:
+                    outcomes.append((fut, op(conn), None))
+                except Exception as exc:  # this operation only (a refusal, or a bug in it)
+                    if isinstance(exc, OperationalError | sqlite3.OperationalError):
+                        raise  # the file is in trouble: fail the whole batch
+                    raw.execute("ROLLBACK TO op")
+                    outcomes.append((fut, None, exc))
+                raw.execute("RELEASE op")
+        raw.execute("COMMIT")
+    except BaseException:
+        if raw.in_transaction:
+            raw.execute("ROLLBACK")
+        raise
+    return outcomes
 
 
 def _pg_code(exc: BaseException) -> str:

@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,44 @@ async def test_an_operation_failing_unexpectedly_does_not_undo_its_neighbours_in
     assert sorted(s.span_id for s in await store.query_spans(rid, aid)) == ["after", "before"]
     half = "SELECT count(*) FROM counters WHERE name = 'half-written'"
     assert await store.read(lambda conn: conn.exec_driver_sql(half).scalar_one()) == 0
+
+
+async def test_a_large_batch_runs_off_the_event_loop_and_keeps_its_neighbours(tmp_path: Path) -> None:
+    """On SQLite a batch of ``OFFLOAD_BATCH`` writes or more runs in the writer's thread, so the loop goes on
+    relaying while SQLite writes: a refused write and one that fails unexpectedly still undo only themselves,
+    and every caller gets its own answer."""
+    async with await Store.open(f"sqlite:///{tmp_path / 'batch.db'}", run_watchdog=False) as store:
+        started = await store.start_rollout({"input": "x"})
+        rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+        assert await store.add_span(_span(rid, aid, "s1")) is not None
+        threads: list[str] = []
+
+        def where(conn: Connection) -> str:
+            threads.append(threading.current_thread().name)
+            return "here"
+
+        def wrote_then_broke(conn: Connection) -> None:
+            conn.exec_driver_sql("INSERT INTO counters (name, value) VALUES ('half-written', 1)")
+            raise ZeroDivisionError("a bug in one operation")
+
+        before = store.writer.stats.transactions
+        results = await asyncio.gather(
+            store.writer.submit(where),  # (inline, in this turn: the others queue behind it and share a commit)
+            *(store.add_span(_span(rid, aid, f"ok-{n}")) for n in range(6)),
+            store.add_spans([_span(rid, aid, "bad-a"), _span(rid, aid, "bad-b", sequence_id=1)]),
+            store.writer.submit(wrote_then_broke),
+            store.writer.submit(where),
+            return_exceptions=True,
+        )
+        assert store.writer.stats.transactions - before == 2
+        assert results[0] == results[-1] == "here"
+        assert threads[0] == threading.current_thread().name and threads[1].startswith("rollway-store-writer")
+        assert isinstance(results[7], ConflictError) and isinstance(results[8], ZeroDivisionError)
+        assert not any(isinstance(r, BaseException) for r in results[1:7]), results
+        stored = await store.query_spans(rid, aid)
+        assert sorted(s.span_id for s in stored) == sorted(["s1", *(f"ok-{n}" for n in range(6))])
+        half = "SELECT count(*) FROM counters WHERE name = 'half-written'"
+        assert await store.read(lambda conn: conn.exec_driver_sql(half).scalar_one()) == 0
 
 
 async def test_the_write_ahead_log_is_emptied_under_steady_writes(
