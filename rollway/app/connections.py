@@ -7,7 +7,9 @@ setting that 0 turns off:
 
 - ``max_header_bytes``: a head longer than this is answered 431. The bytes a connection has sent since its request
   began (less the previous request's body) are counted after each read, so a head never holds more than the
-  limit plus one read (uvloop reads at most 256,000 bytes at a time).
+  limit plus one read (uvloop reads at most 256,000 bytes at a time); a head that ends within a read that could
+  have taken it past the limit is measured whole once parsed, and if it is over, the request is answered 431
+  instead of reaching the application.
 - ``header_timeout``: a head still incomplete this many seconds after its first read is answered 408. One timer per
   request, armed only when a read ends inside the head: a head that arrives in one read (any agent's) costs no
   timer at all.
@@ -36,6 +38,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGISendCallable, Scope
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from rollway.envelope import envelope
@@ -141,6 +144,27 @@ def _answer(
     return b"".join(head)
 
 
+def _head_too_large(limit: int) -> ASGI3Application:
+    """An ASGI application that answers 431 and closes the connection."""
+    error = envelope(_too_large(limit), "invalid_request_error", code="request_header_fields_too_large")
+    body = json.dumps(error).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+
+    async def app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        await send({"type": "http.response.start", "status": 431, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+def _too_large(limit: int) -> str:
+    return f"the request's head (request line and headers) is over {limit} bytes"
+
+
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the bounds of ``limits`` (the module's description)."""
 
@@ -150,7 +174,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     # Per connection; class defaults, so that a connection costs no more set-up than uvicorn's own.
     _in_head = False  # a request has begun and its head is not complete
     _head_bytes = 0  # bytes of the head so far
-    _read_body = 0  # bytes of a body parsed from the read being fed
+    _read_size = 0  # bytes of the read being fed
+    _read_body = 0  # bytes of a body parsed from it
     _head_timer: asyncio.TimerHandle | None = None
     _linger: asyncio.TimerHandle | None = None
     _refused = False  # an answer that ends the connection is written: input is dropped
@@ -183,7 +208,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
-        self._read_body = 0
+        self._read_size, self._read_body = len(data), 0
         super().data_received(data)
         if not self._in_head or self.transport.is_closing():
             return
@@ -194,7 +219,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if limits.max_header_bytes and self._head_bytes > limits.max_header_bytes:
             self._refuse(
                 431,
-                f"the request's head (request line and headers) is over {limits.max_header_bytes} bytes",
+                _too_large(limits.max_header_bytes),
                 "invalid_request_error",
                 "request_header_fields_too_large",
             )
@@ -211,7 +236,21 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+        limit = self.limits.max_header_bytes
+        if limit and self._head_bytes + self._read_size > limit and self._head_size() > limit:
+            # Answered through uvicorn's own request cycle, so that the parser goes on through the request's body
+            # (and any request after it) as it does for every request; the application is not called.
+            app, self.app = self.app, _head_too_large(limit)
+            try:
+                super().on_headers_complete()
+            finally:
+                self.app = app
+            return
         super().on_headers_complete()
+
+    def _head_size(self) -> int:
+        """The parsed head's size: its request line and its headers, each with its separators."""
+        return len(self.url) + 16 + sum(len(name) + len(value) + 4 for name, value in self.headers)
 
     def on_body(self, body: bytes) -> None:
         self._read_body += len(body)
