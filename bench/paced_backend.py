@@ -62,7 +62,8 @@ class Backend:
 
 class Connection(asyncio.Protocol):
     def __init__(self, backend: Backend) -> None:
-        self.backend, self.buffer, self.transport = backend, b"", None
+        self.backend, self.buffer = backend, b""
+        self.transport: Any = None  # (uvloop's transports are not ``asyncio.Transport``s)
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport

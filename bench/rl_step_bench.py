@@ -102,7 +102,8 @@ class Exchange(asyncio.Protocol):
         """The answer's status, the seconds to its first body byte and to its end (and Retry-After, as status
         503/429 plus its value in the third place)."""
         assert self.transport is not None
-        self.started, self.head, self.first, self.status = time.monotonic(), b"", None, 0
+        self.started, self.head, self.status = time.monotonic(), b"", 0
+        self.first: float | None = None
         self.length, self.chunked, self.seen, self.tail = -1, False, 0, b""
         self.done = asyncio.get_running_loop().create_future()
         self.transport.write(request)
@@ -167,7 +168,9 @@ async def agent_loop(
             try:
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                     if conn is None or conn.lost.done():
-                        _, conn = await loop.create_connection(Exchange, parts.hostname, parts.port)
+                        _, conn = await loop.create_connection(
+                            Exchange, parts.hostname or "127.0.0.1", parts.port or 80
+                        )
                     status, first, extra = await conn.send(requests[kind])
             except TimeoutError:
                 return
@@ -324,7 +327,7 @@ async def one(args: argparse.Namespace, n: int, backend: str, tmp: str) -> dict[
     return results
 
 
-def pct(values: list[float], q: float) -> float:
+def pct(values: list[float], q: int) -> float:
     if not values:
         return float("nan")
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
