@@ -34,7 +34,6 @@ import asyncio
 import json
 import logging
 import resource
-import time
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -49,7 +48,7 @@ log = logging.getLogger("rollway.connections")
 LINGER = 2.0
 #: Descriptors each process keeps out of the connection cap's reach: the store, logs, listening sockets, files.
 RESERVE = 256
-#: Seconds between two log lines about connections refused over the cap (a storm is one line, not thousands).
+#: Seconds between two log lines about connections refused over the cap (a storm is a few lines, not thousands).
 SHED_LOG_INTERVAL = 10.0
 
 
@@ -110,20 +109,28 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 
 
 class _Shed:
-    """Connections refused over the cap since the last log line about them."""
+    """Connections refused over the cap: the first of a storm logged at once, the rest counted and logged in one
+    line per ``SHED_LOG_INTERVAL`` while they go on."""
 
     def __init__(self) -> None:
-        self.count = 0
-        self.logged = 0.0
+        self.count = 0  # refused since the last line
+        self.flush: asyncio.TimerHandle | None = None
 
-    def add(self, cap: int) -> None:
-        self.count += 1
-        now = time.monotonic()
-        if now - self.logged >= SHED_LOG_INTERVAL:
+    def add(self, cap: int, loop: asyncio.AbstractEventLoop) -> None:
+        if self.flush is not None:
+            self.count += 1
+            return
+        log.warning("refusing new connections with 503: %d held (ROLLWAY_MAX_CONNECTIONS)", cap)
+        self.flush = loop.call_later(SHED_LOG_INTERVAL, self._flush, cap, loop)
+
+    def _flush(self, cap: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.flush = None
+        if self.count:
+            count, self.count = self.count, 0
             log.warning(
-                "%d new connection(s) refused with 503: %d already held (ROLLWAY_MAX_CONNECTIONS)", self.count, cap
+                "%d more connections refused with 503 in the last %g s (%d held)", count, SHED_LOG_INTERVAL, cap
             )
-            self.count, self.logged = 0, now
+            self.flush = loop.call_later(SHED_LOG_INTERVAL, self._flush, cap, loop)
 
 
 def _answer(
@@ -185,7 +192,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         limits = self.limits
         if limits.max_connections and len(self.connections) > limits.max_connections:
             self.connections.discard(self)  # the cap counts the connections held, not the ones being refused
-            self.shed.add(limits.max_connections)
+            self.shed.add(limits.max_connections, self.loop)
             self._refuse(
                 503,
                 "the server holds as many connections as it is allowed to: try again shortly",

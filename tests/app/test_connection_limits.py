@@ -300,7 +300,7 @@ def test_past_the_cap_a_new_connection_gets_a_fast_503_and_the_held_ones_keep_wo
         finally:
             for sock in held:
                 sock.close()
-        assert "refused with 503" in "\n".join(server.output)
+        assert "refusing new connections with 503" in "\n".join(server.output)
 
 
 @pytest.mark.slow  # a supervisor and its workers
