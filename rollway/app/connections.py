@@ -70,10 +70,11 @@ class ConnectionLimits:
         return not (self.max_connections or self.max_header_bytes or self.header_timeout or self.idle_timeout)
 
 
-def fit_open_files(limits: ConnectionLimits) -> ConnectionLimits:
+def fit_open_files(limits: ConnectionLimits, chosen: bool = True) -> ConnectionLimits:
     """Raise this process's soft ``RLIMIT_NOFILE`` (up to its hard limit) to hold two descriptors per connection of
     the cap (the client's and the backend call it may make) and ``RESERVE`` more; the limits with the cap lowered
-    to what the open-file limit then allows."""
+    to what the open-file limit then allows. Lowering a cap the operator ``chosen`` is a warning; lowering the
+    default (sized for machines with a large hard limit) is said at info level."""
     if not limits.max_connections:
         return limits
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -90,7 +91,8 @@ def fit_open_files(limits: ConnectionLimits) -> ConnectionLimits:
     fits = max(1, (soft - RESERVE) // 2)
     if fits >= limits.max_connections:
         return limits
-    log.warning(
+    log.log(
+        logging.WARNING if chosen else logging.INFO,
         "ROLLWAY_MAX_CONNECTIONS %d lowered to %d: the open-file limit is %d (raise it with ulimit -n, or "
         "LimitNOFILE= under systemd)",
         limits.max_connections,

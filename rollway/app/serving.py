@@ -97,7 +97,8 @@ def serve(settings: Settings) -> int:
     from rollway.app.factory import create_app
 
     tune_gc()
-    limits = fit_open_files(ConnectionLimits.from_settings(settings))
+    logging.config.dictConfig(log_config(settings.log_format, settings.log_level))  # (before the first line)
+    limits = fit_open_files(ConnectionLimits.from_settings(settings), "max_connections" in settings.model_fields_set)
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, **server_options(settings, limits))
     server = uvicorn.Server(config)
@@ -122,7 +123,8 @@ def _worker(settings: Settings, sock: socket.socket, ready: Event, supervisor: i
                 ready.set()
 
     tune_gc()
-    limits = fit_open_files(ConnectionLimits.from_settings(settings))
+    logging.config.dictConfig(log_config(settings.log_format, settings.log_level))  # (before the first line)
+    limits = fit_open_files(ConnectionLimits.from_settings(settings), "max_connections" in settings.model_fields_set)
     config = uvicorn.Config(create_app(settings), **server_options(settings, limits))
     config.configure_logging()
     _Server(config).run([sock])
