@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from rollway.store import RolloutConfig, TaskSpec
 
@@ -105,7 +105,8 @@ class NextBody(Lenient):
 
 class WaitBody(Lenient):
     rollout_ids: list[str]
-    timeout: float | None = None
+    #: Seconds (the route caps them); NaN or Infinity is refused: a NaN wait would never end.
+    timeout: float | None = Field(default=None, allow_inf_nan=False)
 
 
 def not_null(body: BaseModel, *fields: str) -> str | None:

@@ -220,6 +220,10 @@ async def test_a_number_that_is_not_finite_in_a_tasks_input_or_metadata_is_refus
         assert refused.status_code == 400 and "a JSON number must be finite" in refused.json()["error"]["message"]
     shown = (await agl.get(f"/rollouts/{rid}")).json()
     assert (shown["input"], shown["metadata"], shown["attempt"]["metadata"]) == (1, {}, None)
+    for timeout in (b"NaN", b"Infinity"):  # a NaN wait never ended (nor did its request)
+        body = b'{"rollout_ids": ["' + rid.encode() + b'"], "timeout": ' + timeout + b"}"
+        refused = await agl.post("/waits/rollouts", content=body, headers=json_type)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "timeout"
     async with gw.http() as root:
         created = await root.post("/api/rollouts", content=b'[{"input": {"q": NaN}}]', headers=json_type)
         assert created.status_code == 422
