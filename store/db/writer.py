@@ -62,7 +62,7 @@ LOCK_WAIT_SECONDS = 30.0
 LOCK_SPIN_SECONDS = 0.002
 #: Batches of at least this many operations run in the writer's thread rather than on the event loop: under load
 #: (large batches) the loop relays streams while SQLite writes; a small batch costs less than the thread hop.
-OFFLOAD_BATCH = 4
+OFFLOAD_BATCH = 16
 #: How long closing PostgreSQL's writer waits for the writes in flight before it cancels them.
 CLOSE_WAIT_SECONDS = 10.0
 
