@@ -66,9 +66,7 @@ def main(url: str, token: str | None) -> None:
 @click.option("--host", default=None, help="Address to listen on [default: 127.0.0.1].")
 @click.option("--port", type=int, default=None, help="Port to listen on [default: 8080].")
 @click.option("--db", "database_url", default=None, help="Database URL or SQLite file [default: ./rollway.db].")
-@click.option(
-    "--workers", default=None, help="Server processes on the port, or 'auto' (one per core) [default: 1]."
-)
+@click.option("--workers", default=None, help="Server processes on the port, or 'auto' (one per core) [default: 1].")
 @click.option("--config", "config_file", default=None, help="YAML file with settings.")
 def serve(
     host: str | None, port: int | None, database_url: str | None, workers: str | None, config_file: str | None
