@@ -280,10 +280,11 @@ async def test_a_large_batch_runs_off_the_event_loop_and_keeps_its_neighbours(tm
             conn.exec_driver_sql("INSERT INTO counters (name, value) VALUES ('half-written', 1)")
             raise ZeroDivisionError("a bug in one operation")
 
+        fill = store_writer.OFFLOAD_BATCH  # with the three below, a batch past the bound
         before = store.writer.stats.transactions
         results = await asyncio.gather(
             store.writer.submit(where),  # (inline, in this turn: the others queue behind it and share a commit)
-            *(store.add_span(_span(rid, aid, f"ok-{n}")) for n in range(6)),
+            *(store.add_span(_span(rid, aid, f"ok-{n}")) for n in range(fill)),
             store.add_spans([_span(rid, aid, "bad-a"), _span(rid, aid, "bad-b", sequence_id=1)]),
             store.writer.submit(wrote_then_broke),
             store.writer.submit(where),
@@ -292,10 +293,10 @@ async def test_a_large_batch_runs_off_the_event_loop_and_keeps_its_neighbours(tm
         assert store.writer.stats.transactions - before == 2
         assert results[0] == results[-1] == "here"
         assert threads[0] == threading.current_thread().name and threads[1].startswith("rollway-store-writer")
-        assert isinstance(results[7], ConflictError) and isinstance(results[8], ZeroDivisionError)
-        assert not any(isinstance(r, BaseException) for r in results[1:7]), results
+        assert isinstance(results[fill + 1], ConflictError) and isinstance(results[fill + 2], ZeroDivisionError)
+        assert not any(isinstance(r, BaseException) for r in results[1 : fill + 1]), results
         stored = await store.query_spans(rid, aid)
-        assert sorted(s.span_id for s in stored) == sorted(["s1", *(f"ok-{n}" for n in range(6))])
+        assert sorted(s.span_id for s in stored) == sorted(["s1", *(f"ok-{n}" for n in range(fill))])
         half = "SELECT count(*) FROM counters WHERE name = 'half-written'"
         assert await store.read(lambda conn: conn.exec_driver_sql(half).scalar_one()) == 0
 
