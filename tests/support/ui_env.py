@@ -80,6 +80,16 @@ class Watched:
         return [e for e in self.errors if not any(a in e for a in allowed)]
 
 
+@contextmanager
+def watched_page(browser: Browser) -> Iterator[Watched]:
+    """A fresh browser context (its own session storage) and page, watched for errors."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        yield watch(context.new_page())
+    finally:
+        context.close()
+
+
 def watch(page: Page) -> Watched:
     watched = Watched(page)
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from support.ui_env import Filled, Watched, filled_gateway, launch, require_browser, watch
+from support.ui_env import Filled, Watched, filled_gateway, launch, require_browser, watched_page
 
 require_browser()
 
@@ -53,11 +53,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Filled]:
 
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Watched]:
-    """A fresh browser context (its own session storage) and page, watched for errors."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    watched = watch(context.new_page())
-    yield watched
-    context.close()
+    with watched_page(browser) as watched:
+        yield watched
 
 
 def shot(page: Page, name: str) -> None:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from rollway.process import GatewayProcess
-from support.ui_env import Watched, launch, require_browser, watch
+from support.ui_env import Watched, launch, require_browser, watched_page
 
 require_browser()
 
@@ -54,10 +54,8 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Watched]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    watched = watch(context.new_page())
-    yield watched
-    context.close()
+    with watched_page(browser) as watched:
+        yield watched
 
 
 def rollout_with(gateway: GatewayProcess, *spans: dict[str, Any]) -> str:
