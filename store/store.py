@@ -19,7 +19,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from rollway.store.db import migrate
 from rollway.store.db.engine import PG_POOL_SIZE, Engines, create_engines, migration_engine, open_error
 from rollway.store.db.faults import FailureLog, WriteHealth, unavailable
-from rollway.store.db.writer import BatchWriter, PgWriter, Writer
+from rollway.store.db.pg_writer import PgWriter
+from rollway.store.db.writer import BatchWriter, Writer
 from rollway.store.errors import ConflictError, UnavailableError
 from rollway.store.parts.agents import AgentsMixin
 from rollway.store.parts.catalog import CatalogMixin

@@ -23,8 +23,10 @@ from sqlalchemy import Connection
 
 from rollway.store import AttemptStatus, ConflictError, RolloutStatus, Store
 from rollway.store.db import engine as store_engine
+from rollway.store.db import pg_writer
 from rollway.store.db import writer as store_writer
-from rollway.store.db.writer import BatchWriter, PgWriter
+from rollway.store.db.pg_writer import PgWriter
+from rollway.store.db.writer import BatchWriter
 from support.store_helpers import enqueue_one, filled, waiting_for_a_lock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -407,7 +409,7 @@ async def test_a_postgresql_write_its_caller_left_is_done_and_closing_waits_for_
 ) -> None:
     """A write goes on when its caller stops waiting (as the SQLite writer's does), and ``close`` waits for it —
     but at most ``CLOSE_WAIT_SECONDS``: a database that stopped answering must not hold up the exit for ever."""
-    monkeypatch.setattr(store_writer, "CLOSE_WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(pg_writer, "CLOSE_WAIT_SECONDS", 0.3)
     store = await Store.open(pg_url, run_watchdog=False, keepalive_interval=0)
     done, stuck = await enqueue_one(store, input=1), await enqueue_one(store, input=2)
     holder = await asyncpg.connect(pg_url)
