@@ -41,8 +41,6 @@ class Attribution:
     osmosis: bool = False
     #: Span attributes the route adds (a controller's attempt id on ``/proxy/...``).
     tags: tuple[tuple[str, str], ...] = ()
-    #: Whether the caller is authenticated (``authenticated``): only such a caller is told which aliases exist.
-    authenticated: bool = False
 
 
 def bearer(headers: dict[str, str]) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
@@ -150,8 +150,8 @@ class DataPlane:
             who = attribute(rollout, attempt, headers, parsed, key)
         except AuthError as exc:
             raise exc.refusal() from None
-        who = replace(who, authenticated=authenticated(headers, key, gateway.settings.admin_token))
-        call = await _begin(gateway, op_path, parsed, who, headers)
+        admin_token = gateway.settings.admin_token
+        call = await _begin(gateway, op_path, parsed, who, headers, lambda: authenticated(headers, key, admin_token))
         await call.run(reply, receive, _call_headers(call, rid_header))
 
     async def _serve_controlled(
@@ -200,9 +200,8 @@ class DataPlane:
             _, alias = await proxy.target()
         except StoreError as exc:
             raise CallError.of_store(exc) from None
-        # ``check_auth`` let it in: the admin token, or none configured (loopback only).
-        attempt_tag = ((ATTEMPT_ATTR, unquote(match["attempt"])),)
-        who = Attribution(rollout, None, "path", tags=attempt_tag, authenticated=True)
+        # (``check_auth`` let it in: the admin token, or none configured; an unknown alias is named in full.)
+        who = Attribution(rollout, None, "path", tags=((ATTEMPT_ATTR, unquote(match["attempt"])),))
         call = await _begin(gateway, op_path, proxy.prepare(parsed, mode, op_path, alias), who, headers)
         await call.run(reply, receive, _call_headers(call, rid_header))
 
@@ -224,10 +223,16 @@ class DataPlane:
 
 
 async def _begin(
-    gateway: Gateway, op_path: str, body: dict[str, Any], who: Attribution, headers: dict[str, str]
+    gateway: Gateway,
+    op_path: str,
+    body: dict[str, Any],
+    who: Attribution,
+    headers: dict[str, str],
+    listed: Callable[[], bool] = lambda: True,
 ) -> Call:
     """The call begun (``Call.begin``); what refuses it before that becomes its ``CallError``. A process at its
-    ``max_calls_in_flight`` refuses it first (``Running.over``), before it takes a sequence id."""
+    ``max_calls_in_flight`` refuses it first (``Running.over``), before it takes a sequence id. ``listed``: whether
+    an unknown alias's 404 may name the known ones (``attribution.authenticated``, asked only then)."""
     if gateway.running.over(gateway.settings.max_calls_in_flight):
         gateway.metrics.shed.inc()
         raise overloaded(gateway.settings.max_calls_in_flight)
@@ -244,7 +249,7 @@ async def _begin(
     except AuthError as exc:
         raise exc.refusal() from None
     except UnknownAlias as exc:
-        raise exc.refusal(listed=who.authenticated) from None
+        raise exc.refusal(listed=listed()) from None
     except StoreError as exc:
         raise CallError.of_store(exc) from None
     finally:
