@@ -2,13 +2,13 @@
 and the Osmosis callback use it): the credential is checked before the body, and a request body that is not
 JSON is refused with a message that says so, and so is a body that is JSON but not an object.
 
-FastAPI parses a JSON body before it runs the route's dependencies (its auth), so a caller without a credential
-learnt that its body did not parse (400) before it was told it may not ask (401). Here the parse error waits: the
-body is handed to FastAPI as ``NotJson``, which fails the body's validation, and FastAPI raises that only once the
-dependencies ran. FastAPI reports such a body at ``("body", <character position>)`` with the message "JSON decode
-error", which the app's one validation handler would show as ``"1: JSON decode error"``, ``param "1"``; here it
-becomes an error about the whole body (``param`` null) that names what the parser found; the handler still builds
-the envelope. The data plane's routes are not these, and are left as they are.
+FastAPI parses a JSON body before it runs the route's dependencies (its auth), which would tell a caller without a
+credential that its body did not parse (400) before telling it that it may not ask (401). Here the parse error
+waits: the body is handed to FastAPI as ``NotJson``, which fails the body's validation, and FastAPI raises that
+only once the dependencies ran. FastAPI reports such a body at ``("body", <character position>)`` with the message
+"JSON decode error", which the app's one validation handler would show as ``"1: JSON decode error"``, ``param
+"1"``; here it becomes an error about the whole body (``param`` null) that names what the parser found; the
+handler still builds the envelope. The data plane's routes are not these, and are left as they are.
 """
 
 from __future__ import annotations

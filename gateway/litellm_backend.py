@@ -125,7 +125,7 @@ def _not_following_redirects(litellm: Any) -> None:
     """Make LiteLLM's HTTP clients (``AsyncHTTPHandler``: the clients of its Anthropic, Bedrock, Vertex, ...
     adapters) not follow redirects unless asked to: they follow them by default, and following one re-posts the
     call, with the provider's key in its headers, to wherever the 3xx points (a loop is retried, tens of times).
-    The handler's ``follow_redirects`` parameter defaults to False from then on, in this process."""
+    Once this has run, the handler's ``follow_redirects`` parameter defaults to False in this process."""
     init = litellm.llms.custom_httpx.http_handler.AsyncHTTPHandler.__init__
     names = init.__code__.co_varnames[: init.__code__.co_argcount]
     defaults = list(init.__defaults__ or ())

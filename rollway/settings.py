@@ -221,7 +221,8 @@ class Settings(BaseSettings):
         """``auto``: one worker per core the process may run on (its CPU affinity, which a container's cpuset
         narrows), at most the field's bound."""
         if isinstance(value, str) and value.strip().lower() == "auto":
-            return min(len(os.sched_getaffinity(0)), 64)
+            affinity = getattr(os, "sched_getaffinity", None)  # (Linux; elsewhere every core counts)
+            return min(len(affinity(0)) if affinity else os.cpu_count() or 1, 64)
         return value
 
     @field_validator("admin_token", "metrics_token", "secret_key")

@@ -394,8 +394,8 @@ async def test_a_storm_of_streams_opening_at_once_does_not_stall_a_stream_in_fli
 ) -> None:
     """1,000 streamed calls open at once while a stream paced 30 ms per token is in flight: its chunks keep
     coming (no gap of seconds while the storm's connections are accepted and its calls begin), and every call of
-    the storm is answered, 200 or a 503 past a cap. (Reported before the connection limits: other calls waited up
-    to 4.8 s while 1,000 streams opened.)"""
+    the storm is answered, 200 or a 503 past a cap. The bound is 2 s, where a server doing unbounded work per
+    accepted connection makes other calls wait for seconds."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 2 * STORM + 2 * RESERVE:
         pytest.skip(f"the hard open-file limit ({hard}) is below {2 * STORM + 2 * RESERVE}")

@@ -76,8 +76,8 @@ def opened(page: Page, gateway: GatewayProcess, rollout_id: str) -> None:
 def test_logprobs_and_token_ids_of_the_wrong_type_are_shown_as_text_and_marked(
     gateway: GatewayProcess, page: Watched
 ) -> None:
-    """Strings among a call's logprobs once threw ``lp.toFixed is not a function`` and took the token view
-    down; a token id that is not an integer, and a logprob that is not a number, are now shown as recorded."""
+    """Strings among a call's logprobs (``lp.toFixed`` is not a function of a string) do not take the token view
+    down: a token id that is not an integer, and a logprob that is not a number, are shown as recorded."""
     bad = {**CALL, "rollway.response_token_ids": [11, "twelve", 13], "rollway.response_logprobs": [-0.1, "-0.2", None]}
     rollout_id = rollout_with(gateway, {"name": "chat policy", "attributes": bad})
     opened(page.page, gateway, rollout_id)

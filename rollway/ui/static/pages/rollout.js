@@ -149,7 +149,7 @@ function responseView(recorded, operation) {
       return h(
         "div",
         { class: "choice" },
-        choices.length > 1 ? h("div", { class: "muted" }, "choice ", recordedText(c.index ?? String(i))) : null,
+        choices.length > 1 ? h("div", { class: "muted" }, "choice ", recordedNumber(c.index ?? i, 0)) : null,
         operation === "chat" || c.message
           ? [h("div", { class: "content response-text" }, reply ? text(reply.content ?? "") : malformed(c.message)), toolCalls(reply?.tool_calls)]
           : h("div", { class: "content response-text" }, recordedText(c.text)),
