@@ -11,23 +11,11 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import dspy  # type: ignore[import-untyped]  # dspy ships no type information
 import httpx
 
 from rollway.mock import MockBackendProcess
+from support.dspy_group import ask_all
 from support.gateway_harness import RunningGateway, serving_policy, vllm
-
-QUESTION = "What is 2 + 2?"
-
-
-def ask_all(url: str, keys: list[str], cache: bool) -> list[str]:
-    """Each member's call through dspy, in turn, as a runner of dspy agents makes them."""
-    dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=True)  # a fresh cache, in memory only
-    answers = []
-    for key in keys:
-        lm = dspy.LM("openai/policy", api_base=url, api_key=key, cache=cache, max_tokens=8, num_retries=0)
-        answers.append(lm(QUESTION)[0])  # a plain prompt: the user message
-    return answers
 
 
 async def run_group(gw: RunningGateway, group_id: str, cache: bool) -> dict[str, Any]:
