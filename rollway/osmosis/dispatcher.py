@@ -288,7 +288,7 @@ class Dispatcher:
         while True:
             tries += 1
             try:
-                async with self._session.post(url, data=body, headers=headers) as response:
+                async with self._session.post(url, data=body, headers=headers, allow_redirects=False) as response:
                     raw = await response.read()
                     status = response.status
             except (aiohttp.ClientError, TimeoutError) as exc:
@@ -299,7 +299,7 @@ class Dispatcher:
                 said = raw.decode(errors="replace").replace(str(payload["api_key"]), "rk-***")  # never echo a key
                 if server.api_key is not None and server.api_key.get_secret_value():  # plain text: mask any
                     said = said.replace(server.api_key.get_secret_value(), "***")
-                problem = f"{url} answered {status}: {said[:300]}"
+                problem = f"{url} answered {status}{v03.redirected(response)}: {said[:300]}"
                 if status not in RETRY_STATUSES:
                     raise InitFailed(problem)
             if tries > self.settings.agent_init_retries:

@@ -10,7 +10,8 @@ attempt the dispatcher has claimed, ``Controller.run``:
    key), the task's ``metadata``, its ``label`` (``input.label``, else ``metadata.label``: the server's grader
    needs a label or metadata) and ``agent_timeout_sec`` (the rollout's ``timeout_seconds``). A 202 admits it; a 429
    is waited out (its ``Retry-After``, 0.05 to 60 s) for as long as the attempt lives; 5xx and transport errors are
-   retried (``ROLLWAY_AGENT_INIT_RETRIES``); any other answer fails the attempt;
+   retried (``ROLLWAY_AGENT_INIT_RETRIES``); any other answer fails the attempt, a redirect too (never
+   followed);
 2. polls ``GET {url}/rollout/{id}/result`` with the lease header (``X-Osmosis-Rollout-Lease``). The server answers
    at once when the rollout has ended, else after up to ``result_wait_timeout_sec`` (30 s), and each poll renews
    the lease (``polling_lease_timeout_sec``, 120 s): transport errors and 502/503/504 are retried within it;
@@ -90,12 +91,23 @@ def headers_of(server: AgentServer) -> dict[str, str]:
     return out
 
 
+def redirected(response: aiohttp.ClientResponse) -> str:
+    """Where a redirect pointed, for the attempt's error; nothing for any other answer. Redirects to agent servers
+    are never followed: the admission's body carries the attempt's key, which would go wherever it points."""
+    if 300 <= response.status < 400:
+        return f" (a redirect to {response.headers.get('Location', '?')[:200]}, not followed)"
+    return ""
+
+
 async def probe(session: aiohttp.ClientSession, server: AgentServer) -> Protocol | None:
     """Which protocol ``server`` speaks: ``0.3`` when its ``/health`` is a 0.3 RolloutServer's, ``v1`` when it
     answers otherwise, None when it does not answer (ask again next time)."""
     try:
         async with session.get(
-            f"{server.url}/health", headers=headers_of(server), timeout=aiohttp.ClientTimeout(total=5)
+            f"{server.url}/health",
+            headers=headers_of(server),
+            timeout=aiohttp.ClientTimeout(total=5),
+            allow_redirects=False,
         ) as response:
             raw = await response.read()
             status = response.status
@@ -240,7 +252,9 @@ class Controller:
         while True:
             tries += 1
             try:
-                async with self._session().post(url, data=data, headers=headers_of(server)) as response:
+                async with self._session().post(
+                    url, data=data, headers=headers_of(server), allow_redirects=False
+                ) as response:
                     raw = await response.read()
                     status = response.status
                     retry_after = response.headers.get("Retry-After")
@@ -256,7 +270,7 @@ class Controller:
                         lease_seconds=float(answer.get("polling_lease_timeout_sec") or 120.0),
                     )
                 said = raw.decode(errors="replace").replace(str(body["llm_api_key"]), "rk-***")[:300]
-                problem = f"{url} answered {status}: {said}"
+                problem = f"{url} answered {status}{redirected(response)}: {said}"
                 if status == 429:  # no room now: wait as told, for as long as the attempt lives
                     await self._still_live(rollout_id, attempt_id)
                     await asyncio.sleep(_clamped(retry_after))
@@ -322,7 +336,7 @@ class Controller:
 
     async def _get(self, url: str, headers: dict[str, str], timeout: aiohttp.ClientTimeout) -> tuple[int, Any]:
         try:
-            async with self._session().get(url, headers=headers, timeout=timeout) as response:
+            async with self._session().get(url, headers=headers, timeout=timeout, allow_redirects=False) as response:
                 raw = await response.read()
                 status = response.status
         except (aiohttp.ClientError, TimeoutError):
@@ -350,6 +364,7 @@ class Controller:
                 data=orjson.dumps({"ids": [osmosis_id]}),
                 headers=headers_of(server),
                 timeout=aiohttp.ClientTimeout(total=5),
+                allow_redirects=False,
             ) as response:
                 await response.read()
         except (aiohttp.ClientError, TimeoutError) as exc:

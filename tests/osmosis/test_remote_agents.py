@@ -5,14 +5,16 @@ the mock backend process; completions, rewards, retries and faults are checked i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
 
 from rollway.mock import MockBackendProcess
 from rollway.store import AgentServer, Rollout, Span
@@ -261,6 +263,54 @@ async def test_an_init_the_agent_server_refuses_fails_the_attempt_and_retries_pe
             assert [a.status for a in attempts] == ["failed", "failed"]
             assert all("401" in (a.metadata or {})["dispatch"]["error"] for a in attempts)
             assert server.health()["inits"] == 2  # no init retries on a 4xx
+
+
+@pytest.mark.parametrize("protocol", ["v1", "0.3"])
+async def test_an_agent_server_that_redirects_is_not_followed(tmp_path: Path, protocol: str) -> None:
+    """An agent server whose admission answers a redirect fails the attempt, naming the redirect: the admission
+    carries the attempt's rollout key, so it is never sent where the redirect points."""
+    reached: list[str] = []
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        reached.append(request.path)
+        return web.json_response({"rollout_id": "x", "polling_lease_token": "t"}, status=202)
+
+    async def health(request: web.Request) -> web.Response:
+        lifecycle = {"process_id": "p-1", "lifecycle": "ready"} if protocol == "0.3" else {}
+        return web.json_response({"status": "ok", **lifecycle})
+
+    async def moved(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(f"{target}{request.path}")
+
+    async with (
+        serving(web.post("/{tail:.*}", elsewhere)) as target,
+        serving(web.get("/health", health), web.post("/{tail:.*}", moved)) as agent_url,
+        running_gateway(tmp_path) as gw,
+        httpx.AsyncClient(base_url=gw.url) as admin,
+    ):
+        await admin.put("/admin/v1/agents/moved", json={"url": agent_url})
+        task = {"rollout_id": "ro-moved", "input": "x", "agent": "moved"}
+        await admin.post("/admin/v1/rollouts", json={"tasks": [task]})
+        [rollout] = await finish(gw, ["ro-moved"], timeout=30)
+        [attempt] = await gw.store.list_attempts("ro-moved")
+    assert rollout.status == "failed" and reached == []
+    error = (attempt.metadata or {})["dispatch"]["error"]
+    assert "answered 307" in error and f"a redirect to {target}" in error and "not followed" in error
+
+
+@contextlib.asynccontextmanager
+async def serving(*routes: web.RouteDef) -> AsyncIterator[str]:
+    """An aiohttp app on a free loopback port with ``routes``: its base URL."""
+    app = web.Application()
+    app.add_routes(routes)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
 
 
 async def test_completion_auth_pins_the_rollout_and_needs_credentials_with_an_admin_token(
