@@ -11,7 +11,7 @@ attempt the dispatcher has claimed, ``Controller.run``:
    needs a label or metadata) and ``agent_timeout_sec`` (the rollout's ``timeout_seconds``). A 202 admits it; a 429
    is waited out (its ``Retry-After``, 0.05 to 60 s) for as long as the attempt lives; 5xx and transport errors are
    retried (``ROLLWAY_AGENT_INIT_RETRIES``); any other answer fails the attempt, a redirect too (never
-   followed);
+   followed), and a 409 (the id is the server's already: a run whose lease was lost) also cancels it there;
 2. polls ``GET {url}/rollout/{id}/result`` with the lease header (``X-Osmosis-Rollout-Lease``). The server answers
    at once when the rollout has ended, else after up to ``result_wait_timeout_sec`` (30 s), and each poll renews
    the lease (``polling_lease_timeout_sec``, 120 s): transport errors and 502/503/504 are retried within it;
@@ -276,6 +276,9 @@ class Controller:
                     await asyncio.sleep(_clamped(retry_after))
                     tries -= 1
                     continue
+                if status == 409:  # the id is the server's already: a run this attempt cannot poll (no lease)
+                    await self._cancel(server, attempt_id)
+                    raise Refused(f"{problem} (cancelled there: its lease was lost)")
                 if status < 500:
                     raise Refused(problem)
             if tries > self._retries:

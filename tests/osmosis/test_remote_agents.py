@@ -298,6 +298,37 @@ async def test_an_agent_server_that_redirects_is_not_followed(tmp_path: Path, pr
     assert "answered 307" in error and f"a redirect to {target}" in error and "not followed" in error
 
 
+async def test_a_03_server_holding_the_id_already_has_that_run_cancelled(tmp_path: Path) -> None:
+    """A 0.3 server that answers the admission 409 (it holds the id: an admission sent again after its answer was
+    lost with its lease) is told to cancel that run, which nothing can poll, and the attempt fails."""
+    cancelled: list[Any] = []
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "process_id": "p-1", "lifecycle": "ready"})
+
+    async def held(request: web.Request) -> web.Response:
+        return web.json_response({"detail": "rollout id already in use"}, status=409)
+
+    async def cancel(request: web.Request) -> web.Response:
+        cancelled.append(await request.json())
+        return web.json_response({"cancelled": 1})
+
+    async with (
+        serving(web.get("/health", health), web.post("/rollout", held), web.post("/rollout/cancel", cancel)) as url,
+        running_gateway(tmp_path) as gw,
+        httpx.AsyncClient(base_url=gw.url) as admin,
+    ):
+        await admin.put("/admin/v1/agents/held", json={"url": url})
+        await admin.post(
+            "/admin/v1/rollouts", json={"tasks": [{"rollout_id": "ro-held", "input": "x", "agent": "held"}]}
+        )
+        [rollout] = await finish(gw, ["ro-held"], timeout=30)
+        [attempt] = await gw.store.list_attempts("ro-held")
+    assert rollout.status == "failed"
+    assert cancelled == [{"ids": [attempt.attempt_id]}]
+    assert "answered 409" in (attempt.metadata or {})["dispatch"]["error"]
+
+
 @contextlib.asynccontextmanager
 async def serving(*routes: web.RouteDef) -> AsyncIterator[str]:
     """An aiohttp app on a free loopback port with ``routes``: its base URL."""
