@@ -84,17 +84,21 @@ def test_a_model_works_without_a_gpu(tmp_path: Path, server: GatewayProcess, moc
     assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
 
 
-def test_a_backend_that_does_not_answer_is_stored_with_a_warning(tmp_path: Path, server: GatewayProcess) -> None:
+@pytest.mark.parametrize("kind", [[], ["--kind", "vllm"]], ids=["auto", "vllm"])
+def test_a_backend_that_does_not_answer_is_stored_with_a_warning(
+    tmp_path: Path, server: GatewayProcess, kind: list[str]
+) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = sock.getsockname()[1]  # released: nothing listens there
-    put = ["models", "put", "later", "--backend", f"http://127.0.0.1:{closed}/v1", "--model", "m"]
+    put = ["models", "put", "later", "--backend", f"http://127.0.0.1:{closed}/v1", "--model", "m", *kind]
     done = run([str(BIN / "rollway"), *put], tmp_path, server)
     assert done.returncode == 0, done.stderr
     assert f"warning: the backend http://127.0.0.1:{closed}/v1 did not answer" in done.stderr
     assert httpx.get(f"{server.url}/admin/v1/models/later", timeout=30).status_code == 200
     fine = run([str(BIN / "rollway"), "models", "list"], tmp_path, server)
     assert "warning" not in fine.stderr
+    assert "down" in fine.stdout.split()  # and the table says so
 
 
 def test_serve_says_where_the_dashboard_is(tmp_path: Path) -> None:

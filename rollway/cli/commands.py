@@ -210,26 +210,49 @@ def progress_bar(counted: bool) -> Progress:
 # -- models --------------------------------------------------------------------------------------------------
 
 
-def models_table(models: list[ModelView], stacked: bool = False) -> FitTable:
-    """One row per backend; ``stacked``: each backend's URL under its model name, one column fewer (for a
-    terminal too narrow for both side by side)."""
-    head: list[tuple[str, Kind]] = [("alias", "name"), ("version", "name"), ("state", "name"), ("busy", "name")]
-    head += [("backend", "id"), ("kind", "name")]
-    tail: list[tuple[str, Kind]] = [("model / url", "name")] if stacked else [("model", "name"), ("url", "name")]
+def models_table(models: list[ModelView], layout: Literal["wide", "stacked", "narrow"] = "wide") -> FitTable:
+    """One row per backend. ``stacked``: each backend's URL under its model name, one column fewer; ``narrow``
+    (for a terminal too narrow for that): four columns, each holding what the wider layouts spread over two or
+    three, so that a list of models is a table at any usual width."""
+    narrow = layout == "narrow"
+    head: list[tuple[str, Kind]] = [("alias", "name"), ("state", "name")]
+    if not narrow:
+        head = [("alias", "name"), ("version", "name"), ("state", "name"), ("busy", "name"), ("backend", "id")]
+        head += [("kind", "name"), ("health", "name")]
+    else:
+        head.append(("backend", "name"))
+    tail: list[tuple[str, Kind]] = (
+        [("model", "name"), ("url", "name")] if layout == "wide" else [("model / url", "name")]
+    )
     table = FitTable(*head, *tail)
     for m in models:
         state = "[yellow]paused[/]" if m.state.paused else "[green]serving[/]"
+        busy = str(m.state.in_flight)
+        if narrow:
+            state += f"\n{busy} in flight"
         if m.capture.untrainable:  # completions that came back without token ids
             state += f"\n[red]{m.capture.untrainable} untrainable[/]"
         if m.capture.without_logprobs:  # token ids, but not a logprob for every output token
             state += f"\n[red]{m.capture.without_logprobs} without logprobs[/]"
         for i, b in enumerate(m.backends):
-            first = [escape(m.alias), escape(m.version), state, str(m.state.in_flight)] if i == 0 else ["", "", "", ""]
             model, url = escape(b.model), escape(b.base_url)
-            where = [f"{model}\n{url}"] if stacked else [model, url]
-            end = stacked and i == len(m.backends) - 1  # a line between aliases
-            table.add_row(*first, escape(b.backend_id), _kind(b), *where, end_section=end)
+            where = [model, url] if layout == "wide" else [f"{model}\n{url}"]
+            end = layout != "wide" and i == len(m.backends) - 1  # a line between aliases
+            if narrow:
+                first = [f"{escape(m.alias)}\n[dim]v{escape(m.version)}[/]", state] if i == 0 else ["", ""]
+                backend = f"{escape(b.backend_id)}\n{_kind(b)}\n{_health(b)}"
+                table.add_row(*first, backend, *where, end_section=end)
+                continue
+            first = [escape(m.alias), escape(m.version), state, busy] if i == 0 else ["", "", "", ""]
+            table.add_row(*first, escape(b.backend_id), _kind(b), _health(b), *where, end_section=end)
     return table
+
+
+def _health(backend: BackendView) -> str:
+    """Whether the gateway can reach and routes to the backend now: "up", "down", or "?" when it does not say."""
+    if backend.up is None:
+        return "?"
+    return "[green]up[/]" if backend.up else "[red]down[/]"
 
 
 def _kind(backend: BackendView) -> str:
@@ -244,7 +267,8 @@ def show_models(models: list[ModelView], as_json: bool) -> None:
         print_json([m.model_dump(mode="json") for m in models])
         return
     console = out_console()
-    console.print(render(console, models_table(models), models_table(models, stacked=True)))
+    layouts = (models_table(models), models_table(models, "stacked"), models_table(models, "narrow"))
+    console.print(render(console, *layouts))
 
 
 def backend_spec(
@@ -303,10 +327,11 @@ def put_model(connection: Connection, alias: str, backend: dict[str, Any], versi
 
 
 def warn_unanswered(model: ModelView) -> None:
-    """A warning on stderr for each ``auto`` backend the server could not ask what engine it is: it is stored all
-    the same (an engine still starting is usual), but its calls fail until it answers."""
+    """A warning on stderr for each backend the server cannot reach (or, of kind ``auto``, could not ask what
+    engine it is): it is stored all the same (an engine still starting is usual), but its calls fail until it
+    answers."""
     for backend in model.backends:
-        if backend.kind == "auto" and backend.detected_kind is None:
+        if backend.up is False or (backend.kind == "auto" and backend.detected_kind is None):
             click.echo(
                 f"warning: the backend {backend.base_url} did not answer the server: '{model.alias}' is stored, and "
                 "its calls fail (502) until the engine answers",

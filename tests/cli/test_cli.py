@@ -382,6 +382,11 @@ def whole(output: str, *words: str, width: int = 80) -> None:
         assert any(word in line for line in lines), f"{word!r} is not whole on one line:\n{output}"
 
 
+def tabled(output: str) -> bool:
+    """Whether the output is a table (its headers side by side on one line), not one block of lines per row."""
+    return any({"alias", "state", "backend"} <= set(line.split()) for line in output.splitlines())
+
+
 def shortened_or_whole(output: str, word: str) -> None:
     """An id appears whole, or as a prefix of it ended with an ellipsis (and then its rest nowhere)."""
     if word in output:
@@ -397,7 +402,11 @@ def test_models_list_at_80_columns_splits_no_name(gateway: GatewayProcess, mock:
     assert rollway(gateway, *put, "--backend-id", "mock", "--json").exit_code == 0
     table = rollway(gateway, "models", "list", columns=80)
     assert table.exit_code == 0, table.output
-    whole(table.stdout, "cli-policy", mock.base_url, "vllm", "mock-model", "serving")
+    whole(table.stdout, "cli-policy", mock.base_url, "vllm", "mock-model", "serving", "up")
+    assert tabled(table.stdout), table.stdout  # usual names: a table at 80 columns, as at any wider width
+    narrow = rollway(gateway, "models", "list", columns=66)
+    assert tabled(narrow.stdout), narrow.stdout
+    whole(narrow.stdout, "cli-policy", mock.base_url, "vllm", "mock-model", "serving", "up", width=66)
 
     long = ("models", "put", LONG_ALIAS, "--backend", LONG_URL, "--kind", "sglang", "--model", LONG_MODEL)
     assert rollway(gateway, *long, "--backend-id", LONG_BACKEND_ID, "--version", "step-000120").exit_code == 0
