@@ -126,12 +126,7 @@ class CallRecord:
             trainable = self._response_attributes(attributes, response)
         attributes["rollway.trainable"] = self.trainable = trainable
         if trainable:  # whether an importance ratio can be had for every output token, said apart from the ids
-            logprobs, output = attributes.get("rollway.response_logprobs"), attributes.get("rollway.response_token_ids")
-            complete = isinstance(logprobs, list) and isinstance(output, list) and len(logprobs) == len(output)
-            source = "sampled" if complete else None
-            scored = self.scored_logprobs
-            if not complete and scored is not None and isinstance(output, list) and len(scored) == len(output):
-                attributes["rollway.response_logprobs"], complete, source = scored, True, "scored"
+            complete, source = _logprobs_complete(attributes, self.scored_logprobs)
             attributes["rollway.logprobs_complete"] = self.logprobs_complete = complete
             attributes["rollway.logprobs_source"] = source
         if self.cancelled:
@@ -203,6 +198,27 @@ class CallRecord:
         if len(choices) > 1:
             attributes["rollway.choices"] = [_choice_record(self.operation, c, i) for i, c in enumerate(choices)]
         return prompt_ids is not None and response_ids is not None
+
+
+def _logprobs_complete(attributes: dict[str, Any], scored: list[float] | None) -> tuple[bool, str | None]:
+    """Whether a trainable span has a logprob for every output token, and where they come from: ``sampled`` (the
+    engine's answer), ``scored`` (the engine scored the ids after the call, ``scored``; they replace the missing
+    ones in ``attributes``) or None. With several choices (``n > 1``) each choice says so of itself
+    (``logprobs_complete``), and the span is complete only if every choice is."""
+    logprobs, output = attributes.get("rollway.response_logprobs"), attributes.get("rollway.response_token_ids")
+    complete = isinstance(logprobs, list) and isinstance(output, list) and len(logprobs) == len(output)
+    source = "sampled" if complete else None
+    if not complete and scored is not None and isinstance(output, list) and len(scored) == len(output):
+        attributes["rollway.response_logprobs"], complete, source = scored, True, "scored"
+    choices = attributes.get("rollway.choices")
+    if isinstance(choices, list) and choices:
+        if source == "scored":  # scoring fills the first choice, which the span's own fields hold
+            choices[0]["logprobs"] = scored
+        for choice in choices:
+            values, ids = choice.get("logprobs"), choice.get("token_ids")
+            choice["logprobs_complete"] = isinstance(values, list) and isinstance(ids, list) and len(values) == len(ids)
+        complete = complete and all(choice["logprobs_complete"] for choice in choices)
+    return complete, source
 
 
 def _responses_tokens(response: dict[str, Any]) -> tuple[Any, Any, list[float] | None]:

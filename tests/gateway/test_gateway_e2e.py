@@ -325,6 +325,7 @@ async def test_n_choices_are_all_recorded(gw: RunningGateway, direct: AsyncOpenA
     [span] = await gw.store.query_spans(rollout_id, attempt_id)
     choices = span.attributes["rollway.choices"]
     assert [c["token_ids"] for c in choices] == [extra(c)["token_ids"] for c in expected.choices]
+    assert [c["logprobs_complete"] for c in choices] == [True] * 3 and span.attributes["rollway.logprobs_complete"]
 
 
 @pytest.mark.parametrize("stream", [False, True])

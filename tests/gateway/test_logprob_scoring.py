@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
+from rollway.gateway.record import CallRecord
 from rollway.mock import MockBackendProcess
 from support.gateway_harness import Alias, RunningGateway, claim_one, vllm
 
@@ -92,3 +93,25 @@ async def test_a_chat_answer_with_its_logprobs_is_not_scored(gw: RunningGateway,
     assert mock.stats()["requests_total"] == before + 1
     [span] = await gw.store.query_spans(rollout_id, attempt_id)
     assert span.attributes["rollway.logprobs_source"] == "sampled"
+
+
+def test_a_call_of_several_choices_is_complete_only_if_every_choice_is() -> None:
+    """``n > 1``: scoring fills the first choice only, so a later choice without a logprob for every token keeps
+    the span incomplete, and says so of itself."""
+
+    def choice(index: int, logprobs: list[float] | None) -> dict[str, Any]:
+        content = None if logprobs is None else [{"token": "a", "logprob": v} for v in logprobs]
+        return {"index": index, "token_ids": [5, 6], "logprobs": {"content": content}, "finish_reason": "stop"}
+
+    def span_of(second: list[float] | None, scored: list[float] | None = None) -> dict[str, Any]:
+        response = {"prompt_token_ids": [1, 2], "choices": [choice(0, None), choice(1, second)]}
+        record = CallRecord("chat", "policy", {}, False, 0.0, status_code=200, response=response, end_time=1.0)
+        record.scored_logprobs = scored
+        return record.span().attributes
+
+    whole = span_of([-0.5, -0.25], scored=[-0.1, -0.2])
+    assert whole["rollway.logprobs_complete"] is True and whole["rollway.logprobs_source"] == "scored"
+    assert [c["logprobs"] for c in whole["rollway.choices"]] == [[-0.1, -0.2], [-0.5, -0.25]]
+    partial = span_of(None, scored=[-0.1, -0.2])
+    assert partial["rollway.logprobs_complete"] is False
+    assert [c["logprobs_complete"] for c in partial["rollway.choices"]] == [True, False]
