@@ -4,7 +4,9 @@
 What it adds to an ordinary call of the data plane (``dataplane.DataPlane`` serves it through ``Call`` like any
 other, so it is recorded as a span with its sequence id, streams included):
 
-- the admin token as ``Authorization: Bearer`` or ``x-api-key`` (401 otherwise), when one is set;
+- the key the ``/api/*`` routes take (``rollway.agl.server.key_accepted``, handed in by the composition root): the
+  admin token or an admin-scoped key, as ``Authorization: Bearer`` or ``x-api-key`` (401 otherwise), when a token
+  is set;
 - the rollout must be a controlled rollout that is not deleted (404);
 - while the proxy is paused (``/proxy/pause``), 429 at once with ``Retry-After`` and ``X-Agl-Paused: true``, and
   nothing recorded;
@@ -22,10 +24,9 @@ forwards nothing: the pause also pauses the aliases, whose calls then wait (``re
 
 from __future__ import annotations
 
-import hmac
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rollway.gateway.errors import CallError
@@ -38,19 +39,21 @@ PATH = re.compile(
 OPERATIONS = frozenset({"chat/completions", "completions"})
 MODES = frozenset({"train", "val"})
 TTL = 1.0
+#: Whether a call's headers carry a key the Agent-lightning API takes.
+KeyCheck = Callable[[dict[str, str]], Awaitable[bool]]
 
 
 class ControlledProxy:
     def __init__(
         self,
         store: Store,
-        admin_token: str | None,
+        accepts: KeyCheck,
         model: str | None,
         temperatures: dict[str, float],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
-        self._token = None if admin_token is None else admin_token.encode()
+        self._accepts = accepts
         self._model = model
         self._temperatures = temperatures
         self._clock = clock
@@ -61,12 +64,9 @@ class ControlledProxy:
         """Read the pause and the models again at the next call."""
         self._pause = self._models = None
 
-    def check_auth(self, headers: dict[str, str]) -> None:
-        if self._token is None:
-            return
-        value = headers.get("authorization", "")
-        given = value[7:].strip() if value[:7].lower() == "bearer " else headers.get("x-api-key", "")
-        if not hmac.compare_digest(given.encode(), self._token):
+    async def check_auth(self, headers: dict[str, str]) -> None:
+        """401 unless the call's key is one the ``/api/*`` routes take (a ``StoreError`` if keys cannot be read)."""
+        if not await self._accepts(headers):
             raise CallError.of(401, "Invalid or missing API key", "authentication_error")
 
     async def pause(self) -> ProxyPause:

@@ -171,7 +171,10 @@ class DataPlane:
             raise CallError.of(404, "the controlled proxy is not served here", "not_found_error")
         if scope["method"] != "POST":
             raise CallError.of(405, "use POST for /proxy/...", "invalid_request_error")
-        proxy.check_auth(headers)
+        try:
+            await proxy.check_auth(headers)
+        except StoreError as exc:
+            raise CallError.of_store(exc) from None
         mode, op_path = match["mode"], match["op"]
         if mode not in controlled.MODES:
             raise CallError.of(404, f"Unsupported proxy mode: {mode}", "not_found_error")
@@ -200,7 +203,7 @@ class DataPlane:
             _, alias = await proxy.target()
         except StoreError as exc:
             raise CallError.of_store(exc) from None
-        # (``check_auth`` let it in: the admin token, or none configured; an unknown alias is named in full.)
+        # (``check_auth`` let it in: an admin credential, or none configured; an unknown alias is named in full.)
         who = Attribution(rollout, None, "path", tags=((ATTEMPT_ATTR, unquote(match["attempt"])),))
         call = await _begin(gateway, op_path, proxy.prepare(parsed, mode, op_path, alias), who, headers)
         await call.run(reply, receive, _call_headers(call, rid_header))

@@ -6,25 +6,26 @@ Routes: ``/api/rollouts`` (create, list by state, the terminal log, get, patch, 
 (raw and ``format=triplet``), ``/api/models``, and ``/proxy/pause``, ``/proxy/resume``, ``/proxy/state``. The
 agents' LLM calls (``/proxy/rollout/...``) are the data plane's (``gateway.controlled``).
 
-Auth: with an admin token set, every route needs it (or an admin key) as ``Authorization: Bearer`` or
-``x-api-key``; otherwise 401 ``{"detail": "Invalid or missing API key"}``. Errors are ``{"detail": ...}`` with
-Agent-lightning's statuses: 404 unknown rollout, 409 a transition its table forbids, 422 a body or query it
-refuses.
+Auth (``key_accepted``, which the proxy route checks too): with an admin token set, every route needs it (or an
+admin-scoped key) as ``Authorization: Bearer`` or ``x-api-key``; otherwise 401 ``{"detail": "Invalid or missing
+API key"}``. Errors are ``{"detail": ...}`` with Agent-lightning's statuses: 404 unknown rollout, 409 a transition
+its table forbids, 422 a body or query it refuses.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError
 
 from rollway.admin.context import Context
 from rollway.agl import events
 from rollway.agl.listing import MAX_PAGING
-from rollway.store import Backend, NotFoundError
+from rollway.store import ApiKey, Backend, NotFoundError
 from rollway.store.controlled import (
     ControlledCreate,
     ControlledPatch,
@@ -52,19 +53,28 @@ async def detail_error(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": exc.detail}, status_code=exc.status)
 
 
+async def key_accepted(
+    headers: Mapping[str, str], admin_token: SecretStr | None, find_key: Callable[[str], Awaitable[ApiKey | None]]
+) -> bool:
+    """Whether a request may use this API, its proxy route included (``gateway.controlled`` is handed this check by
+    the composition root): the key, as ``Authorization: Bearer`` or else ``x-api-key``, is the admin token or an
+    admin-scoped key (``find_key`` looks it up). With no admin token every request may: the server listens on
+    loopback only."""
+    if admin_token is None:
+        return True
+    value = headers.get("authorization", "")
+    token = value[7:].strip() if value[:7].lower() == "bearer " else headers.get("x-api-key", "")
+    if not token:
+        return False
+    if hmac.compare_digest(token.encode(), admin_token.get_secret_value().encode()):
+        return True
+    key = await find_key(token)
+    return key is not None and key.scope == "admin"
+
+
 async def require_key(request: Request, context: Context) -> None:
-    expected = context.admin_token
-    if expected is None:
-        return  # no token: the server listens on loopback only
-    value = request.headers.get("authorization", "")
-    token = value[7:].strip() if value[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
-    if token and hmac.compare_digest(token.encode(), expected.get_secret_value().encode()):
-        return
-    if token:
-        key = await context.store.find_key(token)
-        if key is not None and key.scope == "admin":
-            return
-    raise DetailError(401, "Invalid or missing API key")
+    if not await key_accepted(request.headers, context.admin_token, context.store.find_key):
+        raise DetailError(401, "Invalid or missing API key")
 
 
 # -- bodies, as Agent-lightning's schemas take them ---------------------------------------------------------------

@@ -11,6 +11,7 @@ import.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, MutableMapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -24,7 +25,7 @@ from rollway.admin.context import AdminContext
 from rollway.agl.access import PathToken
 from rollway.agl.routes import build_router as agl_router
 from rollway.agl.routes import build_traces_router
-from rollway.agl.server import DetailError, detail_error
+from rollway.agl.server import DetailError, detail_error, key_accepted
 from rollway.agl.server import build_router as agl_server_router
 from rollway.app import errors, probes
 from rollway.app.guards import BodyLimit, HostOriginGuard
@@ -141,8 +142,9 @@ def create_app(settings: Settings) -> RollwayApp:
         reporter = ReplicaReporter(store, registry, replica, follow=updates.follow)
         await reporter.start()
         temperatures = {"train": settings.agl_train_temperature, "val": settings.agl_val_temperature}
-        token = settings.admin_token.get_secret_value() if settings.admin_token else None
-        proxy = ControlledProxy(store, token, settings.agl_model, temperatures)
+        # The proxy route takes the keys the /api/* routes take, looked up through the data plane's key cache.
+        accepts = functools.partial(key_accepted, admin_token=settings.admin_token, find_key=keys.find)
+        proxy = ControlledProxy(store, accepts, settings.agl_model, temperatures)
         registry.listen(proxy.forget)  # a pause or models changed through another replica
         api.state.rollway = AppState(
             settings=settings,

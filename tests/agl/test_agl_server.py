@@ -337,3 +337,21 @@ async def test_a_restart_loses_no_rollout_event_model_or_pause(tmp_path: Path, m
         events = (await client.get(f"/api/rollouts/{live}/events")).json()
         assert events[0]["data"]["server"]["version"] == 4
         await client.aclose()
+
+
+async def test_the_proxy_takes_an_admin_key_as_the_api_routes_do(tmp_path: Path, mock: MockBackendProcess) -> None:
+    async with running_gateway(tmp_path, admin_token=TOKEN) as gw:
+        await (await registered(gw, mock)).aclose()
+        async with gw.http(headers={"authorization": f"Bearer {TOKEN}"}, timeout=30) as admin:
+            [rid] = await running(admin, {"q": 1})
+            minted = (await admin.post("/admin/v1/keys", json={"scope": "admin"})).json()
+            other = (await admin.post("/admin/v1/keys", json={"scope": "gateway"})).json()
+        for headers in ({"x-api-key": minted["key"]}, {"authorization": f"Bearer {minted['key']}"}):
+            async with gw.http(headers=headers, timeout=30) as client:
+                assert (await client.get(f"/api/rollouts/{rid}")).status_code == 200
+                assert (await client.post(proxy_path(rid), json=ask("hi"))).status_code == 200
+        # Any other key is refused on both, the proxy's answer in OpenAI's envelope.
+        async with gw.http(headers={"x-api-key": other["key"]}, timeout=30) as client:
+            assert (await client.get(f"/api/rollouts/{rid}")).status_code == 401
+            refused = await client.post(proxy_path(rid), json=ask("hi"))
+            assert refused.status_code == 401 and refused.json()["error"]["message"] == "Invalid or missing API key"
