@@ -324,6 +324,36 @@ def test_a_swap_from_the_model_page_installs_the_new_version(demo: Filled, page:
     assert page.problems() == []
 
 
+def test_a_call_without_a_logprob_for_every_token_is_flagged(demo: Filled, page: Watched) -> None:
+    """A trainable call whose logprobs do not cover its output (``rollway.logprobs_complete`` false, as the gateway
+    records a call the engine answered with ids and too few logprobs) has a "no logprobs" badge; a complete one
+    has none."""
+    call = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": "policy",
+        "rollway.request": {"messages": [{"role": "user", "content": "hi"}]},
+        "rollway.response": {"choices": [{"index": 0, "message": {"role": "assistant", "content": "a b c"}}]},
+        "rollway.prompt_token_ids": [1, 2],
+        "rollway.response_token_ids": [11, 12, 13],
+        "rollway.trainable": True,
+    }
+    complete = {"rollway.response_logprobs": [-0.1, -0.2, -0.3], "rollway.logprobs_complete": True}
+    incomplete = {"rollway.response_logprobs": None, "rollway.logprobs_complete": False}
+    spans = [
+        {"name": "chat policy", "attributes": call | complete},
+        {"name": "chat policy", "attributes": call | incomplete},
+    ]
+    with demo.admin() as admin:
+        started = admin.post("/admin/v1/rollouts/start", json={"input": "q", "worker_id": "ui-logprobs"})
+        rollout_id = started.json()["rollout"]["rollout_id"]
+        admin.post(f"/admin/v1/rollouts/{rollout_id}/spans", json={"spans": spans}).raise_for_status()
+    page.page.goto(f"{demo.url}/ui/rollouts/{rollout_id}")
+    loaded(page.page)
+    expect(page.page.locator("#call-2 .no-logprobs")).to_have_text("no logprobs")
+    expect(page.page.locator("#call-1 .no-logprobs")).to_have_count(0)
+    assert page.problems() == []
+
+
 def test_a_dead_backend_shows_as_down(demo: Filled, page: Watched) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
