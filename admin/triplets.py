@@ -81,23 +81,35 @@ def removed(rollouts: list[ExportRollout], dedupe: bool) -> int:
     return sum(deduped(r.spans, r.latest_attempt_id) for r in rollouts) if dedupe else 0
 
 
-def made_by(versions: frozenset[str], render: Renderer) -> Renderer:
-    """``render`` of the rollouts whose every LLM call (of the latest attempt) was answered by one of
-    ``versions``; a call whose version is unknown is none of them. The page's cursor still moves past the others."""
+#: Whether an exported rollout's rows go into the page (the ``model_version`` filter); it reads the spans. The
+#: page's cursor still moves past the rollouts it leaves out, and they count in none of the page's totals.
+Keep = Callable[[ExportRollout], bool]
 
-    def kept(rollouts: list[ExportRollout]) -> list[bytes]:
-        return render(
-            [
-                r
-                for r in rollouts
-                if all(
-                    c.span.attributes.get("rollway.model_version") in versions
-                    for c in llm_calls(r.spans, r.latest_attempt_id)
-                )
-            ]
+
+def made_by(versions: frozenset[str]) -> Keep:
+    """The rollouts whose every LLM call (of the latest attempt) was answered by one of ``versions``; a call whose
+    version is unknown is none of them."""
+
+    def kept(rollout: ExportRollout) -> bool:
+        return all(
+            c.span.attributes.get("rollway.model_version") in versions
+            for c in llm_calls(rollout.spans, rollout.latest_attempt_id)
         )
 
     return kept
+
+
+def kept(rollouts: list[ExportRollout], keep: Keep | None) -> list[ExportRollout]:
+    """The rollouts ``keep`` lets into the page (all of them without a filter)."""
+    return rollouts if keep is None else [r for r in rollouts if keep(r)]
+
+
+def _rendered_chunk(
+    render: Renderer, keep: Keep | None, dedupe: bool, chunk: list[ExportRollout]
+) -> tuple[list[bytes], int]:
+    """The rows of the chunk's kept rollouts, and the calls de-duplication removed from those (run in a thread)."""
+    rollouts = kept(chunk, keep)
+    return render(rollouts), removed(rollouts, dedupe)
 
 
 async def _rendered(
@@ -105,19 +117,22 @@ async def _rendered(
     page: ExportPage,
     render: Renderer,
     loaded: bool,
+    keep: Keep | None,
     tally: tuple[bool, list[int]] | None = None,
     groups: ExportedGroups | None = None,
 ) -> AsyncIterator[list[bytes]]:
-    """The page's rows, ``CHUNK`` rollouts at a time (reading their spans first unless ``loaded``); ``tally``
-    (whether the page is de-duplicated, and a list) collects, per chunk, the calls de-duplication removed;
-    ``groups`` counts the page's groups by health once every chunk is rendered."""
+    """The rows of the page's rollouts that ``keep`` lets in, ``CHUNK`` rollouts at a time (reading their spans
+    first unless ``loaded``); ``tally`` (whether the page is de-duplicated, and a list) collects, per chunk, the
+    calls de-duplication removed from the rollouts kept; ``groups`` counts the page's groups by health once every
+    chunk is rendered."""
+    dedupe = tally is not None and tally[0]
     for start in range(0, len(page.rollouts), CHUNK):
         chunk = page.rollouts[start : start + CHUNK]
         if not loaded:
             await store.export_spans(chunk)  # of the attempts the page read
-        docs = await asyncio.to_thread(render, chunk)
+        docs, calls = await asyncio.to_thread(_rendered_chunk, render, keep, dedupe, chunk)
         if tally is not None:
-            tally[1].append(removed(chunk, tally[0]))
+            tally[1].append(calls)
         if groups is not None:
             groups.add(chunk)
         yield docs
@@ -132,11 +147,11 @@ def _failure(exc: Exception) -> bytes:
 
 
 async def _lines(
-    store: Store, page: ExportPage, render: Renderer, loaded: bool, groups: ExportedGroups | None
+    store: Store, page: ExportPage, render: Renderer, loaded: bool, keep: Keep | None, groups: ExportedGroups | None
 ) -> AsyncIterator[bytes]:
     """JSON Lines; a failure once the stream has begun ends it with an ``{"error": …}`` line."""
     try:
-        async for docs in _rendered(store, page, render, loaded, groups=groups):
+        async for docs in _rendered(store, page, render, loaded, keep, groups=groups):
             if docs:
                 yield b"\n".join(docs) + b"\n"
     except Exception as exc:
@@ -144,7 +159,13 @@ async def _lines(
 
 
 async def _document(
-    store: Store, page: ExportPage, render: Renderer, loaded: bool, dedupe: bool, groups: ExportedGroups | None
+    store: Store,
+    page: ExportPage,
+    render: Renderer,
+    loaded: bool,
+    keep: Keep | None,
+    dedupe: bool,
+    groups: ExportedGroups | None,
 ) -> AsyncIterator[bytes]:
     """``{"items": [...], "next_cursor": …, "deduped_calls": …}`` in pieces; a failure once the stream has begun
     closes the items and ends the document with ``"next_cursor": null`` and an ``"error"`` member."""
@@ -152,7 +173,7 @@ async def _document(
     separator = b""
     tally: list[int] = []
     try:
-        async for docs in _rendered(store, page, render, loaded, (dedupe, tally), groups):
+        async for docs in _rendered(store, page, render, loaded, keep, (dedupe, tally), groups):
             if docs:
                 yield separator + b",".join(docs)
                 separator = b","
@@ -186,19 +207,19 @@ async def respond(
     store = context.store
     groups = None if query.one_by_one else ExportedGroups(context.groups_exported)
     loaded = query.limit <= CHUNK
-    if query.model_versions is not None:
-        render = made_by(frozenset(query.model_versions), render)
+    keep = None if query.model_versions is None else made_by(frozenset(query.model_versions))
     page = await store.export_rollouts(query, with_spans=loaded)
     headers = {CURSOR_HEADER: page.next_cursor} if page.next_cursor else {}
-    if loaded:
-        headers[DEDUPED_HEADER] = str(removed(page.rollouts, query.dedupe))
     if format_ == "jsonl":
-        return StreamingResponse(_lines(store, page, render, loaded, groups), media_type=JSONL, headers=headers)
+        if loaded:
+            headers[DEDUPED_HEADER] = str(removed(kept(page.rollouts, keep), query.dedupe))
+        lines = _lines(store, page, render, loaded, keep, groups)
+        return StreamingResponse(lines, media_type=JSONL, headers=headers)
     if len(page.rollouts) > CHUNK:
-        pieces = _document(store, page, render, loaded, query.dedupe, groups)
+        pieces = _document(store, page, render, loaded, keep, query.dedupe, groups)
         return StreamingResponse(pieces, media_type=JSON, headers=headers)
     tally: list[int] = []
-    rendered = _rendered(store, page, render, loaded, (query.dedupe, tally), groups)
+    rendered = _rendered(store, page, render, loaded, keep, (query.dedupe, tally), groups)
     docs = [doc async for chunk in rendered for doc in chunk]
     headers[DEDUPED_HEADER] = str(sum(tally))
     body = b'{"items":[' + b",".join(docs) + b'],"next_cursor":' + orjson.dumps(page.next_cursor)

@@ -583,3 +583,26 @@ async def test_an_export_by_metadata_and_model_version_takes_only_those_rollouts
     assert await exported(model_version=["v4"], metadata="step=4") == [ids[3]]
     for bad in ("step", "=3", 'k"q=1'):
         assert (await client.get("/admin/v1/triplets", params={"metadata": bad})).status_code == 400, bad
+
+
+async def test_the_dedupe_totals_count_only_the_rollouts_the_model_version_filter_keeps(
+    app_store: Store, client: httpx.AsyncClient
+) -> None:
+    """Each rollout asks one prompt twice (one call removed); only the rollout of version v3 is exported, so the
+    page, its header and the JSON Lines header say 1, not 2."""
+    ids = await enqueue(app_store, {}, {})
+    for rollout_id, version in zip(ids, ("v3", "v2"), strict=True):
+        attempt = (await app_store.get_attempt(rollout_id)).attempt_id
+        spans = [call(1, [1, 2], [9], attempt=attempt), call(2, [1, 2], [8], attempt=attempt)]
+        for span in spans:
+            span.attributes["rollway.model_version"] = version
+        await app_store.add_spans([s.model_copy(update={"rollout_id": rollout_id, "sequence_id": None}) for s in spans])
+        await app_store.update_attempt(rollout_id, attempt, status="succeeded")
+    response = await client.get("/admin/v1/triplets", params={"model_version": "v3"})
+    body = response.json()
+    assert rollouts_in(body["items"]) == [ids[0]]
+    assert body["deduped_calls"] == 1 and response.headers["x-rollway-deduped-calls"] == "1"
+    lines = await client.get("/admin/v1/triplets", params={"model_version": "v3", "format": "jsonl"})
+    assert len(lines.text.splitlines()) == 1 and lines.headers["x-rollway-deduped-calls"] == "1"
+    verl = (await client.get("/admin/v1/exports/verl", params={"model_version": "v3"})).json()
+    assert [r["rollout_id"] for r in verl["items"]] == [ids[0]] and verl["deduped_calls"] == 1
