@@ -108,3 +108,6 @@ def test_serve_says_where_the_dashboard_is(tmp_path: Path) -> None:
     with GatewayProcess(f"sqlite:///{tmp_path / 'ui.db'}", port=port) as server:
         assert f"rollway: the dashboard is at {server.url}/ui" in list(server.output)
         assert httpx.get(f"{server.url}/ui", timeout=30).status_code == 200
+    # Bound to every interface: the address given is one this machine's browser opens.
+    with GatewayProcess(f"sqlite:///{tmp_path / 'ui.db'}", host="0.0.0.0", port=port, admin_token="t") as server:
+        assert f"rollway: the dashboard is at http://127.0.0.1:{port}/ui" in list(server.output)

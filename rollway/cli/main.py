@@ -96,7 +96,8 @@ def serve(
     from rollway.app.serving import serve as run_server
 
     if settings.port:  # (port 0: the address is only known once bound; uvicorn's own line gives it)
-        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host, settings.host)  # (all: here)
+        host = f"[{host}]" if ":" in host else host
         click.echo(f"rollway: the dashboard is at http://{host}:{settings.port}/ui", err=True)
     sys.exit(run_server(settings))
 
