@@ -1,9 +1,10 @@
 """The export side of the admin client: triplets and trainer records, page after page (``next_cursor`` sent
 back as ``since``), as JSON pages or streamed JSON Lines.
 
-Each export hands back ``ExportRecords``: its records, and the cursor a later export picks up from. A trainer
-reads a step's records, keeps ``next_cursor``, and asks the next step for ``since=`` that cursor: it gets only
-what finished in between, with nothing left out and nothing twice."""
+Each export hands back ``ExportRecords``: its records, the cursor a later export picks up from, and the running
+total of the calls de-duplication removed (``deduped_calls``). A trainer reads a step's records, keeps
+``next_cursor``, and asks the next step for ``since=`` that cursor: it gets only what finished in between, with
+nothing left out and nothing twice."""
 
 from __future__ import annotations
 
@@ -25,7 +26,24 @@ U = TypeVar("U")
 
 @dataclass
 class _Cursor:
+    """Where an export stands: its cursor, and the calls de-duplication removed from the rollouts read so far."""
+
     value: str | None
+    deduped_calls: int = 0
+    rollout: tuple[Any, Any] | None = None  # the rollout and attempt of the last record read
+
+    def count(self, record: Any) -> None:
+        """Add the record's ``deduped_calls`` (a SLIME sample's in its ``metadata``) once per rollout: every record
+        of a rollout carries its rollout's count, and a rollout's records come one after another."""
+        if not isinstance(record, dict):
+            return
+        source = record if "deduped_calls" in record else record.get("metadata")
+        if not isinstance(source, dict) or not isinstance(source.get("deduped_calls"), int):
+            return
+        rollout = (source.get("rollout_id"), source.get("attempt_id"))
+        if rollout != self.rollout:
+            self.rollout = rollout
+            self.deduped_calls += source["deduped_calls"]
 
 
 class ExportRecords(Generic[T]):
@@ -40,6 +58,12 @@ class ExportRecords(Generic[T]):
     @property
     def next_cursor(self) -> str | None:
         return self._cursor.value
+
+    @property
+    def deduped_calls(self) -> int:
+        """The calls de-duplication removed from the rollouts of the records read so far (the sum of their
+        ``deduped_calls``, each rollout once; a rollout that comes again along the cursor counts again)."""
+        return self._cursor.deduped_calls
 
     def __aiter__(self) -> ExportRecords[T]:
         return self
@@ -148,12 +172,14 @@ class ExportsMixin:
                         error = record["error"] if isinstance(record["error"], dict) else {}
                         message = str(error.get("message", "the export failed mid-stream"))
                         raise RollwayAPIError(500, message, type=error.get("type"), code=error.get("code"))
+                    read.count(record)
                     yield record
                 next_cursor = next_cursor or sent.get("cursor")
             else:
                 page = (await self._t.request("GET", path, params=params)).json()
                 next_cursor = page.get("next_cursor")
                 for record in page.get("items", []):
+                    read.count(record)
                     yield record
             # A page may be empty yet move the cursor (its rollouts gave no records: cancelled before any call):
             # the end is a cursor that no longer moves.

@@ -67,7 +67,8 @@ def _exporting(
 
 
 class SyncExportRecords(Generic[T]):
-    """An export's records for synchronous code (``for``), and ``next_cursor``, as ``ExportRecords`` has it."""
+    """An export's records for synchronous code (``for``), ``next_cursor`` and ``deduped_calls``, as
+    ``ExportRecords`` has them."""
 
     def __init__(self, client: RollwayClient, records: ExportRecords[T]) -> None:
         self._records = records
@@ -76,6 +77,10 @@ class SyncExportRecords(Generic[T]):
     @property
     def next_cursor(self) -> str | None:
         return self._records.next_cursor
+
+    @property
+    def deduped_calls(self) -> int:
+        return self._records.deduped_calls
 
     def __iter__(self) -> Iterator[T]:
         return self

@@ -14,6 +14,7 @@ import click
 from rich.markup import escape
 
 from rollway.admin.client import AsyncRollwayClient
+from rollway.admin.client_exports import ExportRecords
 from rollway.cli.commands import Connection, err_console, progress_bar, run
 
 if TYPE_CHECKING:
@@ -60,15 +61,20 @@ def _export(
     out: str,
     label: str,
     noun: str,
-    records: Callable[[AsyncRollwayClient], AsyncIterator[dict[str, Any]]],
+    records: Callable[[AsyncRollwayClient], ExportRecords[dict[str, Any]]],
 ) -> None:
-    async def work(client: AsyncRollwayClient) -> int:
-        with _output(out) as handle, progress_bar(counted=False) as progress:
-            return await write_lines(records(client), handle, progress, label)
+    """Write the records to ``out``, then say how many, and how many repeated calls the de-duplication removed
+    from their rollouts (the sum of the rows' ``deduped_calls``, each rollout once)."""
 
-    count = run(connection, work)
+    async def work(client: AsyncRollwayClient) -> tuple[int, int]:
+        with _output(out) as handle, progress_bar(counted=False) as progress:
+            exported = records(client)
+            return await write_lines(exported, handle, progress, label), exported.deduped_calls
+
+    count, deduped = run(connection, work)
     where = "stdout" if out == "-" else escape(out)
-    err_console().print(f"Wrote [bold]{count}[/] {noun} to {where}")
+    removed = f" ({deduped} repeated calls removed; --keep-retries keeps them)" if deduped else ""
+    err_console().print(f"Wrote [bold]{count}[/] {noun} to {where}{removed}")
 
 
 def filters(query: dict[str, Any]) -> dict[str, Any]:
@@ -103,7 +109,7 @@ def trainer_export(connection: Connection, kind: Literal["slime", "verl"], out: 
     """Write SLIME ``Sample`` records or verl rows as JSON Lines to ``out`` ('-': stdout)."""
     query = filters(query)
 
-    def records(client: AsyncRollwayClient) -> AsyncIterator[dict[str, Any]]:
+    def records(client: AsyncRollwayClient) -> ExportRecords[dict[str, Any]]:
         return client.iter_export(kind, **query)
 
     _export(connection, out, f"Exporting {kind} records", f"{kind} records", records)

@@ -2,7 +2,7 @@
 mock backend, its prompts repeated (an agent asking again, as the openai SDK's own retries and the frameworks'
 loops do), exported with the de-duplication on (each row, the page and a header count the calls it removed) and
 off (all 28 calls), as triplets, merged rows, SLIME samples and verl rows, JSON and JSON Lines, and through the
-Python client."""
+Python client, whose iterators keep the total."""
 
 from __future__ import annotations
 
@@ -70,5 +70,16 @@ async def test_28_calls_with_repeated_prompts_are_28_rows_without_dedupe(
             verl = (await admin.get("/exports/verl")).json()
             assert {r["deduped_calls"] for r in verl["items"]} == {removed} and verl["deduped_calls"] == removed
         async with AsyncRollwayClient(gw.url, transport=gw.transport) as client:
-            assert len([t async for t in client.iter_triplets(dedupe=False)]) == 28
+            every_call = client.iter_triplets(dedupe=False)
+            assert len([t async for t in every_call]) == 28 and every_call.deduped_calls == 0
             assert len([t async for t in client.iter_triplets()]) == len(PROMPTS)
+            # The iterator keeps the running total, each rollout once, from JSON pages and JSON Lines alike (which
+            # carry no total of their own), of triplets and of SLIME samples (whose count is in their metadata).
+            for records in (
+                client.iter_triplet_records(jsonl=True),
+                client.iter_triplet_records(merge=True),
+                client.iter_export("slime", jsonl=True),
+                client.iter_export("verl"),
+            ):
+                assert records.deduped_calls == 0
+                assert [r async for r in records] and records.deduped_calls == removed

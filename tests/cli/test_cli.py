@@ -260,6 +260,28 @@ def test_triplets_export_writes_json_lines(
     assert refused.exit_code == 2 and "KEY=VALUE" in refused.stderr
 
 
+def test_an_export_says_how_many_repeated_calls_it_removed(
+    gateway: GatewayProcess, admin: RollwayClient, mock: MockBackendProcess
+) -> None:
+    admin.put_model("tiny", [{"base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}])
+    claim = admin.start_rollout({"input": "What is 1 + 1?"}, worker_id="cli-worker")
+    rollout_id = claim.rollout.rollout_id
+    with OpenAI(base_url=claim.base_url, api_key=claim.api_key, max_retries=0) as llm:
+        for _ in range(3):  # the agent asks the same prompt three times: two of the calls are retries
+            llm.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "What is 1 + 1?"}])
+    admin.add_reward(rollout_id, 1.0)
+    admin.update_attempt(rollout_id, status="succeeded")
+
+    for command in (("triplets", "export"), ("export", "slime")):
+        for stream in ((), ("--stream",)):
+            result = rollway(gateway, *command, "-", "--rollout-id", rollout_id, *stream)
+            assert result.exit_code == 0, result.output
+            assert len(result.stdout.splitlines()) == 1
+            assert "(2 repeated calls removed; --keep-retries keeps them)" in result.stderr, result.stderr
+    kept = rollway(gateway, "triplets", "export", "-", "--rollout-id", rollout_id, "--keep-retries")
+    assert len(kept.stdout.splitlines()) == 3 and "Wrote 3 triplets to stdout\n" in kept.stderr
+
+
 @pytest.mark.slow
 def test_rollway_demo_runs_the_whole_loop_within_a_minute(tmp_path: Path) -> None:
     out = tmp_path / "demo-triplets.jsonl"
