@@ -52,8 +52,11 @@ class ModelControl(Protocol):
 
     async def drain(self, alias: str, timeout: float, *, old_only: bool = False) -> bool: ...
 
-    async def in_flight_everywhere(self, models: list[ModelAlias]) -> dict[str, tuple[int, int]]:
-        """Per alias: calls in flight in every replica, and those of them on an earlier configuration."""
+    async def in_flight_everywhere(
+        self, models: list[ModelAlias], *, since: int | None = None
+    ) -> dict[str, tuple[int, int]]:
+        """Per alias: calls in flight in every replica, and those of them on an earlier configuration; with
+        ``since`` (a catalog revision), a replica not heard from since it (or reports unread) counts as one."""
         ...
 
     def detected_kinds(self) -> dict[str, str]:

@@ -254,10 +254,18 @@ class ModelRegistry:
         except StoreError:
             return None
 
-    async def in_flight_everywhere(self, models: list[ModelAlias]) -> dict[str, tuple[int, int]]:
+    async def in_flight_everywhere(
+        self, models: list[ModelAlias], *, since: int | None = None
+    ) -> dict[str, tuple[int, int]]:
         """Per alias: calls in flight in every live replica (the others as of their last reports; calls not
-        leased yet included), and of those the calls leased on an earlier configuration than ``models``."""
-        reports = await self._peers() or []
+        leased yet included), and of those the calls leased on an earlier configuration than ``models``.
+
+        ``since`` (a catalog revision): a replica that has not reported since it, or reports that cannot be read,
+        count as at least one call of each alias, as in a drain: a count of 0 then means every live replica has
+        reported nothing in flight since that revision."""
+        peers = await self._peers()
+        reports = peers or []
+        unknown = since is not None and peers is None
         counts: dict[str, tuple[int, int]] = {}
         for model in models:
             current = config_key(model)
@@ -266,9 +274,11 @@ class ModelRegistry:
             old = 0
             if state is not None:
                 total, old = total + state.in_flight, state.old(current)
-            total += sum(_count(report, model.alias, None, sys.maxsize) for report in reports)
+            for report in reports:
+                n = _count(report, model.alias, None, sys.maxsize)
+                total += max(n, 1) if since is not None and report.revision < since else n
             old += sum(_count(report, model.alias, current, -1) for report in reports)
-            counts[model.alias] = (total, old)
+            counts[model.alias] = (max(total, 1) if unknown else total, old)
         return counts
 
     def snapshot(self) -> dict[str, dict[str, int]]:

@@ -352,7 +352,12 @@ async def _hold(context: Context, aliases: list[str], paused: bool) -> None:
 
 
 async def _state(context: Context, state: ProxyPause) -> dict[str, Any]:
-    """The pause and the calls of the registered models in flight in every replica."""
+    """The pause and the calls of the registered models in flight in every replica.
+
+    While paused, the count is a drain's (the trainer's ends at the first 0 it reads): another replica counts
+    as in flight until it reports after the catalog's latest change (the pause moved it; every replica reports
+    within ``rollway.app.replicas.TICK`` of a change), and so do reports that cannot be read. A report older
+    than the pause may miss a call that read the catalog before it."""
     aliases = set(state.aliases) | {alias_for(m.model) for m in await context.store.engine_models()}
     known = []
     for alias in sorted(aliases):
@@ -360,7 +365,8 @@ async def _state(context: Context, state: ProxyPause) -> dict[str, Any]:
             known.append(await context.store.get_model(alias))
         except NotFoundError:
             continue
-    counts = await context.models.in_flight_everywhere(known) if known else {}
+    since = await context.store.catalog_revision() if state.paused else None
+    counts = await context.models.in_flight_everywhere(known, since=since) if known else {}
     return {
         "paused": state.paused,
         "retry_after_seconds": state.retry_after_seconds,

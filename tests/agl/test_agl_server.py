@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from rollway.mock import MockBackendProcess
+from rollway.store import UnavailableError
 from support.gateway_harness import RunningGateway, replay, running_gateway, sse_events
 
 TOKEN = "agl1-server-token"
@@ -355,3 +357,33 @@ async def test_the_proxy_takes_an_admin_key_as_the_api_routes_do(tmp_path: Path,
             assert (await client.get(f"/api/rollouts/{rid}")).status_code == 401
             refused = await client.post(proxy_path(rid), json=ask("hi"))
             assert refused.status_code == 401 and refused.json()["error"]["message"] == "Invalid or missing API key"
+
+
+async def test_a_paused_state_counts_a_replica_not_heard_from_since_the_pause(
+    tmp_path: Path, mock: MockBackendProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes on one database: while the other one has not reported since the pause (it may hold a call
+    that read the catalog before it), or the reports cannot be read, ``inflight`` is not 0, so the trainer's drain
+    does not end on a count that predates the pause."""
+    async with running_gateway(tmp_path, admin_token=TOKEN) as gw, running_gateway(tmp_path, admin_token=TOKEN) as peer:
+        client = await registered(gw, mock)
+
+        async def silent() -> None:  # the peer's reporter writes nothing more (a slow or stalled process)
+            return None
+
+        monkeypatch.setattr(peer.state.reporter, "tick", silent)
+        await client.post("/proxy/pause", json={"reason": "weight sync"})
+        for _ in range(5):
+            assert (await client.get("/proxy/state")).json()["inflight"] >= 1
+            await asyncio.sleep(0.3)  # longer than a reporter's tick
+        monkeypatch.undo()
+        await _until(client, lambda s: s["inflight"] == 0)  # its report written after the pause says none
+
+        async def unreadable(*, exclude: str | None = None) -> list[Any]:
+            raise UnavailableError("the database is locked")
+
+        monkeypatch.setattr(gw.store, "live_replicas", unreadable)
+        assert (await client.get("/proxy/state")).json()["inflight"] >= 1
+        await client.post("/proxy/resume")
+        assert (await client.get("/proxy/state")).json()["inflight"] == 0  # not paused: nothing waits on it
+        await client.aclose()
