@@ -296,10 +296,8 @@ class Dispatcher:
             else:
                 if status in (200, 201, 202):
                     return _tools(raw), tries
-                said = raw.decode(errors="replace").replace(str(payload["api_key"]), "rk-***")  # never echo a key
-                if server.api_key is not None and server.api_key.get_secret_value():  # plain text: mask any
-                    said = said.replace(server.api_key.get_secret_value(), "***")
-                problem = f"{url} answered {status}{v03.redirected(response)}: {said[:300]}"
+                said = v03.masked(raw, server, str(payload["api_key"]))  # never echo a key
+                problem = f"{url} answered {status}{v03.redirected(response)}: {said}"
                 if status not in RETRY_STATUSES:
                     raise InitFailed(problem)
             if tries > self.settings.agent_init_retries:

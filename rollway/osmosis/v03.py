@@ -91,6 +91,17 @@ def headers_of(server: AgentServer) -> dict[str, str]:
     return out
 
 
+def masked(raw: bytes, server: AgentServer, key: str) -> str:
+    """An agent server's answer as text for the attempt's error, which is stored and logged: at most 300
+    characters, with the attempt's ``rk-`` key and the server's own api key masked (a server may echo either)."""
+    said = raw.decode(errors="replace")
+    if key:
+        said = said.replace(key, "rk-***")
+    if server.api_key is not None and (secret := server.api_key.get_secret_value()):
+        said = said.replace(secret, "***")
+    return said[:300]
+
+
 def redirected(response: aiohttp.ClientResponse) -> str:
     """Where a redirect pointed, for the attempt's error; nothing for any other answer. Redirects to agent servers
     are never followed: the admission's body carries the attempt's key, which would go wherever it points."""
@@ -269,8 +280,7 @@ class Controller:
                         wait_seconds=float(answer.get("result_wait_timeout_sec") or 30.0),
                         lease_seconds=float(answer.get("polling_lease_timeout_sec") or 120.0),
                     )
-                said = raw.decode(errors="replace").replace(str(body["llm_api_key"]), "rk-***")[:300]
-                problem = f"{url} answered {status}{redirected(response)}: {said}"
+                problem = f"{url} answered {status}{redirected(response)}: {masked(raw, server, body['llm_api_key'])}"
                 if status == 429:  # no room now: wait as told, for as long as the attempt lives
                     await self._still_live(rollout_id, attempt_id)
                     await asyncio.sleep(_clamped(retry_after))

@@ -298,6 +298,33 @@ async def test_an_agent_server_that_redirects_is_not_followed(tmp_path: Path, pr
     assert "answered 307" in error and f"a redirect to {target}" in error and "not followed" in error
 
 
+@pytest.mark.parametrize("protocol", ["v1", "0.3"])
+async def test_a_refusal_that_echoes_the_keys_is_recorded_with_both_masked(tmp_path: Path, protocol: str) -> None:
+    """An agent server whose refusal echoes what it was sent (its own api key, the attempt's rollout key) has it
+    recorded in the attempt's error with both keys masked: that text is shown by the admin API and logged."""
+
+    async def health(request: web.Request) -> web.Response:
+        lifecycle = {"process_id": "p-1", "lifecycle": "ready"} if protocol == "0.3" else {}
+        return web.json_response({"status": "ok", **lifecycle})
+
+    async def echo(request: web.Request) -> web.Response:
+        return web.Response(status=400, text=f"{request.headers['Authorization']} {await request.text()}")
+
+    async with (
+        serving(web.get("/health", health), web.post("/{tail:.*}", echo)) as url,
+        running_gateway(tmp_path) as gw,
+        httpx.AsyncClient(base_url=gw.url) as admin,
+    ):
+        await admin.put("/admin/v1/agents/echo", json={"url": url, "api_key": "srv-secret-key"})
+        task = {"rollout_id": "ro-echo", "input": "x", "agent": "echo"}
+        await admin.post("/admin/v1/rollouts", json={"tasks": [task]})
+        [rollout] = await finish(gw, ["ro-echo"], timeout=30)
+        [attempt] = await gw.store.list_attempts("ro-echo")
+    error = (attempt.metadata or {})["dispatch"]["error"]
+    assert rollout.status == "failed" and "answered 400: Bearer ***" in error, error
+    assert "srv-secret-key" not in error and "rk-***" in error and "rk-" not in error.replace("rk-***", "")
+
+
 async def test_a_03_server_holding_the_id_already_has_that_run_cancelled(tmp_path: Path) -> None:
     """A 0.3 server that answers the admission 409 (it holds the id: an admission sent again after its answer was
     lost with its lease) is told to cancel that run, which nothing can poll, and the attempt fails."""
