@@ -8,7 +8,8 @@ attempt the dispatcher has claimed, ``Controller.run``:
    keeps an id reserved for 15 minutes after it ends), ``initial_messages``, ``chat_completions_url`` (the
    attempt's own route, ``{public_url}/rollout/{rid}/attempt/{aid}/v1``), ``llm_api_key`` (the attempt's ``rk-``
    key), the task's ``metadata``, its ``label`` (``input.label``, else ``metadata.label``: the server's grader
-   needs a label or metadata) and ``agent_timeout_sec`` (the rollout's ``timeout_seconds``). A 202 admits it; a 429
+   needs a label or metadata) and ``agent_timeout_sec`` (the rollout's ``timeout_seconds``). A 202 admits it (one
+   whose body holds no polling lease is cancelled there and fails the attempt: nothing could poll that run); a 429
    is waited out (its ``Retry-After``, 0.05 to 60 s) for as long as the attempt lives; 5xx and transport errors are
    retried (``ROLLWAY_AGENT_INIT_RETRIES``); any other answer fails the attempt, a redirect too (never
    followed), and a 409 (the id is the server's already: a run whose lease was lost) also cancels it there;
@@ -78,6 +79,25 @@ class Admitted:
     lease: str
     wait_seconds: float
     lease_seconds: float
+
+
+def admitted_of(raw: bytes, attempt_id: str) -> Admitted | None:
+    """The admission a 202 answer grants, or None when its body is not a 0.3 admission (not a JSON object, no
+    ``polling_lease_token``, a wait or lease that is not a positive number): a run with no lease to poll it by."""
+    try:
+        answer = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(answer, dict) or not isinstance(lease := answer.get("polling_lease_token"), str) or not lease:
+        return None
+    try:
+        wait_seconds = float(answer.get("result_wait_timeout_sec") or 30.0)
+        lease_seconds = float(answer.get("polling_lease_timeout_sec") or 120.0)
+    except (TypeError, ValueError):
+        return None
+    if not all(math.isfinite(x) and x > 0 for x in (wait_seconds, lease_seconds)):
+        return None
+    return Admitted(str(answer.get("rollout_id") or attempt_id), lease, wait_seconds, lease_seconds)
 
 
 class Refused(Exception):
@@ -272,15 +292,13 @@ class Controller:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 problem, status = f"no answer from {url}: {type(exc).__name__}", 0
             else:
+                said = masked(raw, server, body["llm_api_key"])
                 if status == 202:
-                    answer = orjson.loads(raw)
-                    return Admitted(
-                        osmosis_id=str(answer.get("rollout_id") or attempt_id),
-                        lease=str(answer["polling_lease_token"]),
-                        wait_seconds=float(answer.get("result_wait_timeout_sec") or 30.0),
-                        lease_seconds=float(answer.get("polling_lease_timeout_sec") or 120.0),
-                    )
-                problem = f"{url} answered {status}{redirected(response)}: {masked(raw, server, body['llm_api_key'])}"
+                    if (admitted := admitted_of(raw, attempt_id)) is not None:
+                        return admitted
+                    await self._cancel(server, attempt_id)  # a run there that nothing can poll
+                    raise Refused(f"{url} answered 202 with no polling lease (cancelled there): {said}")
+                problem = f"{url} answered {status}{redirected(response)}: {said}"
                 if status == 429:  # no room now: wait as told, for as long as the attempt lives
                     await self._still_live(rollout_id, attempt_id)
                     await asyncio.sleep(_clamped(retry_after))

@@ -356,6 +356,38 @@ async def test_a_03_server_holding_the_id_already_has_that_run_cancelled(tmp_pat
     assert "answered 409" in (attempt.metadata or {})["dispatch"]["error"]
 
 
+@pytest.mark.parametrize("answer", [b"accepted", b"[]", b'{"rollout_id": "x", "status": "queued"}'])
+async def test_a_03_admission_answered_202_with_no_lease_is_cancelled_there_and_fails(
+    tmp_path: Path, answer: bytes
+) -> None:
+    """A 202 whose body is not a 0.3 admission (not JSON, not an object, no ``polling_lease_token``) leaves a run at
+    the server that nothing can poll: Rollway cancels it there and fails the attempt at once, saying why."""
+    cancelled: list[Any] = []
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "process_id": "p-1", "lifecycle": "ready"})
+
+    async def admit(request: web.Request) -> web.Response:
+        return web.Response(status=202, body=answer, content_type="application/json")
+
+    async def cancel(request: web.Request) -> web.Response:
+        cancelled.append(await request.json())
+        return web.json_response({"dispositions": {}})
+
+    async with (
+        serving(web.get("/health", health), web.post("/rollout", admit), web.post("/rollout/cancel", cancel)) as url,
+        running_gateway(tmp_path) as gw,
+        httpx.AsyncClient(base_url=gw.url) as admin,
+    ):
+        await admin.put("/admin/v1/agents/odd", json={"url": url})
+        task = {"rollout_id": "ro-odd", "input": "x", "agent": "odd"}
+        await admin.post("/admin/v1/rollouts", json={"tasks": [task]})
+        [rollout] = await finish(gw, ["ro-odd"], timeout=10)
+        [attempt] = await gw.store.list_attempts("ro-odd")
+    assert rollout.status == "failed" and cancelled == [{"ids": [attempt.attempt_id]}]
+    assert "answered 202 with no polling lease" in (attempt.metadata or {})["dispatch"]["error"]
+
+
 @contextlib.asynccontextmanager
 async def serving(*routes: web.RouteDef) -> AsyncIterator[str]:
     """An aiohttp app on a free loopback port with ``routes``: its base URL."""
