@@ -229,7 +229,7 @@ class Dispatcher:
             return known[1]
         assert self._session is not None, "dispatcher not started"
         spoken = await v03.probe(self._session, server)
-        if spoken is None:  # no answer: v1's init finds out what is wrong; ask again for the next attempt
+        if spoken is None:  # no clear answer: v1's init finds out what is wrong; ask again for the next attempt
             return "v1"
         self._protocols[server.name] = ((server.url, server.updated_time), spoken)
         return spoken

@@ -131,8 +131,10 @@ def redirected(response: aiohttp.ClientResponse) -> str:
 
 
 async def probe(session: aiohttp.ClientSession, server: AgentServer) -> Protocol | None:
-    """Which protocol ``server`` speaks: ``0.3`` when its ``/health`` is a 0.3 RolloutServer's, ``v1`` when it
-    answers otherwise, None when it does not answer (ask again next time)."""
+    """Which protocol ``server`` speaks: ``0.3`` when its ``/health`` is a 0.3 RolloutServer's, ``v1`` on a clear
+    answer that it is not (a 404, or a 200 without ``process_id`` and ``lifecycle``), None otherwise (no answer, a
+    5xx, 401, 403, 429 or any other status: a 0.3 server that is failing, busy or refusing the key says nothing
+    of its protocol), so that the caller asks again next time."""
     try:
         async with session.get(
             f"{server.url}/health",
@@ -144,8 +146,12 @@ async def probe(session: aiohttp.ClientSession, server: AgentServer) -> Protocol
             status = response.status
     except (aiohttp.ClientError, TimeoutError):
         return None
+    if status == 404:
+        return "v1"
+    if status != 200:
+        return None
     try:
-        health = orjson.loads(raw) if status == 200 else None
+        health = orjson.loads(raw)
     except orjson.JSONDecodeError:
         health = None
     return "0.3" if isinstance(health, dict) and "process_id" in health and "lifecycle" in health else "v1"

@@ -12,11 +12,13 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 from aiohttp import web
 
 from rollway.mock import MockBackendProcess
+from rollway.osmosis import v03
 from rollway.store import AgentServer, Rollout, Span
 from support.agent_server import AgentServerProcess
 from support.gateway_harness import RunningGateway, register, replay, running_gateway
@@ -386,6 +388,28 @@ async def test_a_03_admission_answered_202_with_no_lease_is_cancelled_there_and_
         [attempt] = await gw.store.list_attempts("ro-odd")
     assert rollout.status == "failed" and cancelled == [{"ids": [attempt.attempt_id]}]
     assert "answered 202 with no polling lease" in (attempt.metadata or {})["dispatch"]["error"]
+
+
+@pytest.mark.parametrize(
+    ("status", "health", "spoken"),
+    [
+        (200, {"status": "ok", "process_id": "p-1", "lifecycle": {"accepting_rollouts": True}}, "0.3"),
+        (200, {"status": "ok"}, "v1"),
+        (404, {"detail": "Not Found"}, "v1"),
+        *((status, {"detail": "no"}, None) for status in (401, 403, 429, 500, 502, 503)),
+    ],
+)
+async def test_a_protocol_is_told_only_by_a_clear_health_answer(
+    status: int, health: dict[str, Any], spoken: str | None
+) -> None:
+    """``/health`` tells a 0.3 server from a v1 one, and the dispatcher keeps the answer for the registration: a
+    5xx, 401, 403 or 429 (a 0.3 server failing, busy or refusing the key) tells nothing, so it is asked again."""
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.json_response(health, status=status)
+
+    async with serving(web.get("/health", answer)) as url, aiohttp.ClientSession() as session:
+        assert await v03.probe(session, AgentServer(name="a", url=url)) == spoken
 
 
 @contextlib.asynccontextmanager
