@@ -66,8 +66,14 @@ POLL_SLACK = 10.0
 
 
 def stale(lease: dict[str, Any], now: float) -> bool:
-    """Whether nobody has polled for ``lease`` for longer than one poll takes: its poller is gone."""
-    return float(lease.get("polled_at") or 0.0) < now - float(lease.get("wait") or 30.0) - POLL_SLACK
+    """Whether nobody has polled for ``lease`` for longer than one poll takes (the server's wait plus
+    ``POLL_SLACK``), or for half the lease, whichever is shorter: its poller is gone, and the half left is for
+    another process to resume the polls before the server lets the rollout go. With a lease under twice a poll,
+    a poll still waiting may look stale to another process, which then polls too: both renew the lease and the
+    result is recorded once."""
+    waited = now - float(lease.get("polled_at") or 0.0)
+    wait, lease_seconds = float(lease.get("wait") or 30.0), float(lease.get("lease_timeout") or 120.0)
+    return waited > min(wait + POLL_SLACK, lease_seconds / 2)
 
 
 Protocol = Literal["v1", "0.3"]

@@ -412,6 +412,18 @@ async def test_a_protocol_is_told_only_by_a_clear_health_answer(
         assert await v03.probe(session, AgentServer(name="a", url=url)) == spoken
 
 
+@pytest.mark.parametrize(
+    ("lease_timeout", "unpolled", "resumed"),
+    [(120.0, 39.0, False), (120.0, 41.0, True), (20.0, 9.0, False), (20.0, 11.0, True), (40.0, 21.0, True)],
+)
+def test_a_lease_counts_as_unpolled_after_half_its_length(lease_timeout: float, unpolled: float, resumed: bool) -> None:
+    """A lease not polled for longer than one poll takes (the server's 30 s wait plus 10 s) is another process's to
+    resume, and so is one not polled for half its length when that is shorter: a short lease (20 s) must be
+    resumed within it, not 40 s later when the server has let the rollout go."""
+    lease = {"osmosis_id": "at-1", "lease": "t", "wait": 30.0, "lease_timeout": lease_timeout, "polled_at": 1000.0}
+    assert v03.stale(lease, 1000.0 + unpolled) is resumed
+
+
 @contextlib.asynccontextmanager
 async def serving(*routes: web.RouteDef) -> AsyncIterator[str]:
     """An aiohttp app on a free loopback port with ``routes``: its base URL."""
