@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict
@@ -127,6 +127,8 @@ class Triplet(BaseModel):
     sampling: dict[str, Any] = {}
     finish_reason: str | None = None
     deduped_calls: int = 0  # calls of the rollout the export's de-duplication removed
+    logprobs_source: Literal["sampled", "scored"] | None = None  # how the logprobs were had; None: incomplete
+    logprobs_complete: bool | None = None  # one logprob for every response token (None: a server without it)
 
 
 class MergedTriplet(BaseModel):
@@ -147,6 +149,8 @@ class MergedTriplet(BaseModel):
     model_versions: list[str] = []
     sampling: dict[str, Any] = {}
     deduped_calls: int = 0  # calls of the rollout the export's de-duplication removed
+    logprobs_source: Literal["sampled", "scored"] | None = None  # "scored": some call's were scored after it
+    logprobs_complete: bool | None = None  # ``logprobs`` is there (None: a server without it)
 
 
 class Unset:

@@ -7,7 +7,9 @@ Merged rows chain the calls of one attempt while each call's prompt token ids st
 ``loss_mask`` is 1 on sampled response tokens, 0 on prompt, tool and observation tokens. ``logprobs`` is
 aligned with ``token_ids``: the sampled logprob on response tokens, ``0.0`` on tokens that were not sampled (so
 it converts to a tensor directly; ``loss_mask`` says which positions are real); it is ``None`` for the whole row
-when a call of the row has no logprobs or fewer/more than its response tokens. A call whose prompt does not
+when a call of the row has no logprobs or fewer/more than its response tokens. ``logprobs_complete`` says
+which, and ``logprobs_source`` how they were had: ``sampled``, ``scored`` when the engine scored some call's
+output after the call (``admin.adapters.triplets``, rule 7), None without them. A call whose prompt does not
 extend the row (the agent rewrote or truncated history) starts a new row; ``prefix_breaks`` — the number of
 such breaks in the attempt — is the same on every row of the rollout. A row's ``reward`` is the last reward
 matched to a call of that row (``None`` when no call of it got one); SLIME samples and verl rows, cut from these
@@ -25,7 +27,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from rollway.admin.adapters.triplets import LlmCall, SpanLike, deduped, llm_calls, match_rewards, sampling
+from rollway.admin.adapters.triplets import (
+    LlmCall,
+    LogprobsSource,
+    SpanLike,
+    deduped,
+    items_in,
+    llm_calls,
+    match_rewards,
+    sampling,
+)
 from rollway.store.exports import RawJson
 
 
@@ -45,11 +56,8 @@ class MergedRow(TypedDict):
     model_versions: list[str]  # of its calls, each once, in call order (more than one: weights changed mid-way)
     sampling: dict[str, Any]  # the last call's sampling parameters
     deduped_calls: int  # calls of the rollout's latest attempt the de-duplication removed (``triplets``, rule 3)
-
-
-def _count(array: str) -> int:
-    """The number of items in a compact JSON array of numbers."""
-    return 0 if array == "[]" else array.count(",") + 1
+    logprobs_source: LogprobsSource  # ``scored`` when some call's were scored after it, else ``sampled``; None
+    logprobs_complete: bool  # ``logprobs`` holds one for every response token (not None)
 
 
 @dataclass(slots=True)
@@ -62,6 +70,15 @@ class Segment:
     calls: list[LlmCall] = field(default_factory=list)
     reward: float | None = None
     side: bool = False  # a choice of an n > 1 call that the conversation did not continue with (module doc)
+    scored: bool = False  # some call's logprobs were scored after it (``triplets``, rule 7)
+
+    @property
+    def logprobs_source(self) -> LogprobsSource:
+        """``scored`` when a call's logprobs were scored after it, ``sampled`` when every call's came with its
+        answer, None when the row has none (a call lacks some)."""
+        if self.logprobs is None:
+            return None
+        return "scored" if self.scored else "sampled"
 
     @classmethod
     def start(cls, prompt: str) -> Segment:
@@ -87,12 +104,13 @@ class Segment:
 
     def add_response(self, call: LlmCall) -> None:
         items = call.response[1:-1]
-        n = _count(call.response)
+        n = items_in(call.response)
         self.tokens = f"{self.tokens},{items}"
         self.mask.append(",".join("1" * n))
         if self.logprobs is not None:
-            if call.logprobs is not None and _count(call.logprobs) == n:
+            if call.logprobs is not None and call.logprobs_source is not None:  # one for each response token
                 self.logprobs.append(call.logprobs[1:-1])
+                self.scored = self.scored or call.logprobs_source == "scored"
             else:
                 self.logprobs = None
         self.calls.append(call)
@@ -176,6 +194,8 @@ def row(
         model_versions=versions,
         sampling=sampling(segment.calls[-1].span.attributes) if segment.calls else {},
         deduped_calls=removed,
+        logprobs_source=segment.logprobs_source,
+        logprobs_complete=segment.logprobs is not None,
     )
 
 

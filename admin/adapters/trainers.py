@@ -26,15 +26,17 @@ reward of every ``completed``/``truncated`` sample, and its own unrewarded sampl
 ``group_index`` (the position of the rollout's group, ``ExportRollout.group_seq``: the same for every member in
 every mode, increasing along a grouped export), ``index`` (the member's index within its group, 0 without a
 group), ``prompt`` (the first call's messages, or a text completion's prompt), ``response`` (the last call's
-text; no tokenizer here) and ``metadata`` (rollout, attempt, group ids, segment numbers, finish reason, and
-``side_choice``: true on the row of a choice the conversation did not continue with). A
+text; no tokenizer here) and ``metadata`` (rollout, attempt, group ids, segment numbers, finish reason,
+``side_choice``: true on the row of a choice the conversation did not continue with, and the merged row's
+``model_version``, ``sampling``, ``deduped_calls``, ``logprobs_source`` and ``logprobs_complete``). A
 finished rollout without a trainable call gives one ``aborted`` sample with empty ``tokens``, so a group always
 has all its members.
 
 verl row (one per segment): ``uid`` (the group id, or the rollout id: what GRPO groups by), ``prompt_ids``,
 ``response_ids``, ``response_mask``, ``rollout_log_probs``, ``token_level_scores`` (zeros with the rollout's
 reward on the last response token; ``None`` when the rollout has no reward — never zeros), ``reward`` and
-``status`` (as SLIME's). Rollouts without a trainable call give no row.
+``status`` (as SLIME's), and the merged row's ``model_version``, ``sampling``, ``deduped_calls``,
+``logprobs_source`` and ``logprobs_complete``. Rollouts without a trainable call give no row.
 """
 
 from __future__ import annotations
@@ -149,6 +151,8 @@ class Segment:
             "model_versions": self.row["model_versions"],
             "sampling": self.row["sampling"],
             "deduped_calls": self.row["deduped_calls"],
+            "logprobs_source": self.row["logprobs_source"],
+            "logprobs_complete": self.row["logprobs_complete"],
         }
 
 
@@ -224,6 +228,8 @@ def slime_samples(rollout: ExportRollout, dedupe: bool = True) -> list[dict[str,
                     "model_versions": [],
                     "sampling": {},
                     "deduped_calls": 0,
+                    "logprobs_source": None,
+                    "logprobs_complete": False,
                 },
             }
         ]
@@ -274,6 +280,8 @@ def verl_rows(rollout: ExportRollout, dedupe: bool = True) -> list[dict[str, Any
                 "model_version": s.row["model_version"],
                 "sampling": s.row["sampling"],
                 "deduped_calls": s.row["deduped_calls"],
+                "logprobs_source": s.row["logprobs_source"],
+                "logprobs_complete": s.row["logprobs_complete"],
             }
         )
     return rows

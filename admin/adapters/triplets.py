@@ -32,6 +32,13 @@ The rules, in the order they apply:
    same, each choice with its own prompt (its token ids from ``rollway.choices``, its text ``n`` choices per
    prompt, in order).
 
+7. Every row says how its logprobs were had (``logprobs_source``) and whether there is one for every response
+   token (``logprobs_complete``): ``sampled`` when the engine gave them with its answer, ``scored`` when it gave
+   the ids without every logprob and the gateway had the same engine score the output right after the call
+   (``gateway.scoring``; the span's ``rollway.logprobs_source``, which speaks of a call's first choice), None
+   (and ``logprobs_complete`` false) when some are missing: ``response_logprobs`` is then null, or as the span
+   holds them, fewer than the tokens.
+
 Merged rows are ``admin.adapters.merged``'s.
 
 Token ids and logprobs stay JSON text from end to end: the store hands them over undecoded
@@ -45,7 +52,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypedDict
+from typing import Any, Literal, Protocol, TypedDict
 
 import orjson
 
@@ -54,6 +61,11 @@ from rollway.store.exports import reward_value as stored_reward_value
 
 #: The operations whose spans are LLM calls (a Responses API call is one when the engine gave its token ids).
 CALL_OPERATIONS = frozenset({"chat", "text_completion", "responses"})
+
+
+#: How a call's logprobs were had (rule 7): ``sampled`` with its answer, ``scored`` by the same engine after it;
+#: None when they do not cover every response token.
+LogprobsSource = Literal["sampled", "scored"] | None
 
 
 class StatusLike(Protocol):
@@ -99,6 +111,8 @@ class Triplet(TypedDict):
     sampling: dict[str, Any]
     finish_reason: str | None
     deduped_calls: int  # calls of the rollout's latest attempt the de-duplication removed (rule 3)
+    logprobs_source: LogprobsSource  # how ``response_logprobs`` were had (rule 7); None when they are incomplete
+    logprobs_complete: bool  # one logprob for every response token
 
 
 #: The request fields a trainer needs to know how a sample was drawn (importance ratios under a temperature, a
@@ -141,6 +155,20 @@ class LlmCall:
     logprobs: str | None
     reward: float | None = None
     choice_index: int = 0
+    logprobs_source: LogprobsSource = None  # rule 7
+
+
+def items_in(array: str) -> int:
+    """The number of items in a compact JSON array of numbers."""
+    return 0 if array == "[]" else array.count(",") + 1
+
+
+def logprobs_source(logprobs: str | None, response: str, recorded: Any = None) -> LogprobsSource:
+    """How a choice's ``logprobs`` were had, given what its span recorded (``rollway.logprobs_source``, of the
+    first choice): None unless there is one for each token of ``response``."""
+    if logprobs is None or items_in(logprobs) != items_in(response):
+        return None
+    return "scored" if recorded == "scored" else "sampled"
 
 
 def _array(value: Any) -> str | None:
@@ -169,7 +197,9 @@ def _as_calls(span: SpanLike) -> list[LlmCall]:
     if prompt is None or response is None or prompt == "[]" or response == "[]":
         return []
     sequence_id = span.sequence_id or 0
-    calls = [LlmCall(span, sequence_id, prompt, response, _array(attributes.get("rollway.response_logprobs")))]
+    logprobs = _array(attributes.get("rollway.response_logprobs"))
+    source = logprobs_source(logprobs, response, attributes.get("rollway.logprobs_source"))
+    calls = [LlmCall(span, sequence_id, prompt, response, logprobs, logprobs_source=source)]
     choices = attributes.get("rollway.choices")
     if not isinstance(choices, list) or len(choices) < 2:
         return calls
@@ -184,7 +214,10 @@ def _as_calls(span: SpanLike) -> list[LlmCall]:
         index = choice.get("index")
         index = index if isinstance(index, int) and not isinstance(index, bool) else position
         logprobs = _array(choice.get("logprobs"))
-        calls.append(LlmCall(span, sequence_id, own_prompt or prompt, tokens, logprobs, choice_index=int(index)))
+        source = logprobs_source(logprobs, tokens)  # the gateway scores the first choice only
+        own = LlmCall(span, sequence_id, own_prompt or prompt, tokens, logprobs, choice_index=int(index))
+        own.logprobs_source = source
+        calls.append(own)
     return calls
 
 
@@ -343,6 +376,8 @@ def _triplet(call: LlmCall, rollout_id: str, attempt_id: str, group_id: str | No
         sampling=sampling(attributes),
         finish_reason=finish_reason(call),
         deduped_calls=removed,
+        logprobs_source=call.logprobs_source,
+        logprobs_complete=call.logprobs_source is not None,
     )
 
 

@@ -317,3 +317,23 @@ def test_a_rollout_without_a_reward_is_never_scored_zero() -> None:
         assert [(r["reward"], r["token_level_scores"], r["status"]) for r in rows] == [(None, None, "aborted")] * len(
             rows
         )
+
+
+def test_slime_samples_and_verl_rows_say_how_their_logprobs_were_had() -> None:
+    scored = _call(2, [1, 2, 3, 4, 5], [6])
+    scored.attributes["rollway.logprobs_source"] = "scored"
+    missing = _call(3, [9, 9], [7])
+    missing.attributes["rollway.response_logprobs"] = None
+    spans = [_call(1, [1, 2], [3, 4]), scored, missing, _reward(4, 1.0)]
+    first, second = slime_samples(_rollout(spans))
+    assert (first["metadata"]["logprobs_source"], first["metadata"]["logprobs_complete"]) == ("scored", True)
+    assert (second["metadata"]["logprobs_source"], second["metadata"]["logprobs_complete"]) == (None, False)
+    assert second["rollout_log_probs"] is None
+    assert [(r["logprobs_source"], r["logprobs_complete"]) for r in verl_rows(_rollout(spans))] == [
+        ("scored", True),
+        (None, False),
+    ]
+    [sampled] = verl_rows(_rollout(spans[:1]))
+    assert (sampled["logprobs_source"], sampled["logprobs_complete"]) == ("sampled", True)
+    [empty] = slime_samples(_rollout([], status="failed"))
+    assert (empty["metadata"]["logprobs_source"], empty["metadata"]["logprobs_complete"]) == (None, False)

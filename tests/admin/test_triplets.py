@@ -141,6 +141,8 @@ def test_a_triplet_carries_the_call_and_its_context() -> None:
         "sampling": {"temperature": 0.7, "top_p": 0.9, "seed": 3},  # how it was drawn, nothing else of the request
         "finish_reason": "stop",
         "deduped_calls": 0,
+        "logprobs_source": "sampled",
+        "logprobs_complete": True,
     }
     assert second["response"] == text.attributes["rollway.response"]["choices"][0]["text"]
     assert (second["messages"], second["prompt"]) == (None, "hi")
@@ -191,6 +193,46 @@ def test_merge_has_no_logprobs_when_a_call_lacks_them() -> None:
     [row] = plain(merged_rows("ro-1", A1, [call(1, [1], [2]), missing]))
     assert row["logprobs"] is None
     assert row["reward"] is None
+
+
+def test_every_row_says_how_its_logprobs_were_had_and_whether_they_are_complete() -> None:
+    """A call's logprobs the engine gave with its answer are ``sampled``, those the gateway had it score after the
+    call (``rollway.logprobs_source: scored``) ``scored``; a call without a logprob for every token has neither."""
+    sampled = call(1, [1], [2, 3], logprobs=[-0.1, -0.2])
+    scored = call(2, [1, 2, 3, 4], [5], logprobs=[-0.3])
+    scored.attributes |= {"rollway.logprobs_source": "scored", "rollway.logprobs_complete": True}
+    short = call(3, [7], [8, 9], logprobs=[-0.4])  # fewer logprobs than tokens
+    missing = call(4, [7, 8, 9, 6], [5])
+    missing.attributes |= {"rollway.response_logprobs": None, "rollway.logprobs_source": None}
+    rows = plain(triplets("ro-1", A1, [sampled, scored, short, missing]))
+    assert [(r["logprobs_source"], r["logprobs_complete"]) for r in rows] == [
+        ("sampled", True),
+        ("scored", True),
+        (None, False),
+        (None, False),
+    ]
+    whole, partly = plain(merged_rows("ro-1", A1, [sampled, scored, short, missing]))
+    assert (whole["logprobs_source"], whole["logprobs_complete"], whole["n_calls"]) == ("scored", True, 2)
+    assert (partly["logprobs_source"], partly["logprobs_complete"], partly["logprobs"]) == (None, False, None)
+    [alone] = plain(merged_rows("ro-1", A1, [sampled]))
+    assert (alone["logprobs_source"], alone["logprobs_complete"]) == ("sampled", True)
+
+
+def test_only_the_first_choice_of_a_call_has_scored_logprobs() -> None:
+    """The gateway scores a call's first choice; another choice's logprobs are its own, sampled or missing."""
+    span = call(1, [1], [2, 3], logprobs=[-0.1, -0.2])
+    span.attributes["rollway.logprobs_source"] = "scored"
+    span.attributes["rollway.choices"] = [
+        {"index": 0, "token_ids": [2, 3], "logprobs": [-0.1, -0.2]},
+        {"index": 1, "token_ids": [4, 5], "logprobs": [-0.3, -0.4]},
+        {"index": 2, "token_ids": [6, 7], "logprobs": None},
+    ]
+    rows = plain(triplets("ro-1", A1, [span]))
+    assert [(r["choice_index"], r["logprobs_source"], r["logprobs_complete"]) for r in rows] == [
+        (0, "scored", True),
+        (1, "sampled", True),
+        (2, None, False),
+    ]
 
 
 # -- through the store and the app -------------------------------------------------------------------------
