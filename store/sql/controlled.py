@@ -39,7 +39,7 @@ from rollway.store.controlled import (
     View,
 )
 from rollway.store.db import models
-from rollway.store.db.dialect import upsert
+from rollway.store.db.dialect import lock_rows, upsert
 from rollway.store.errors import ConflictError, NotFoundError
 from rollway.store.schemas import RolloutConfig, TaskSpec
 from rollway.store.sql import agents, convert, queue, spans
@@ -216,7 +216,10 @@ def terminal(conn: Connection, after: int, limit: int) -> tuple[list[ControlledR
 def add_event(
     conn: Connection, rollout_id: str, attempt_label: str, event_type: str, data: dict[str, Any], now: float
 ) -> None:
-    """Keep one posted event: a span of the rollout's attempt, or an early event while it has none."""
+    """Keep one posted event: a span of the rollout's attempt, or an early event while it has none. The row is
+    locked before it is read (``FOR UPDATE`` on PostgreSQL; SQLite's single writer already serialises): early
+    events posted at once each extend the list the one before wrote, and none is lost."""
+    conn.execute(lock_rows(select(C.c.rollout_id).where(C.c.rollout_id == rollout_id), conn))
     current = get(conn, rollout_id)
     event = {"event_type": event_type, "attempt_id": attempt_label, "timestamp": now, "data": data}
     if current.rollout.attempt_count == 0:

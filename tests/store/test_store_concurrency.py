@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import select
 
 from rollway.store import AgentServer, AttemptStatus, RolloutStatus, Store, StoreValidationError
+from rollway.store.controlled import ControlledCreate
 from rollway.store.db import models
 from rollway.store.sql import watchdog
 from support.claiming import claim_process
@@ -296,3 +297,18 @@ async def test_two_stores_writing_one_named_thing_at_once_take_turns(two_stores:
     server = AgentServer(name="agents", url="http://127.0.0.1:9")
     await asyncio.gather(*(store.put_agent(server) for store in replicas))
     assert [a.name for a in await second.list_agents()] == ["agents"]
+
+
+async def test_events_posted_at_once_before_a_controlled_rollout_starts_are_all_kept(
+    two_stores: tuple[Store, Store],
+) -> None:
+    """Events an agent posts before the controller starts its rollout wait in the rollout's row: posted at once
+    through two replicas, each one is kept (each post locks the row before it reads it)."""
+    first, second = two_stores
+    [made] = await first.create_controlled([ControlledCreate(rollout_id="early", input=1)])
+    assert made.state == "queuing"
+    await asyncio.gather(
+        *(store.add_controlled_event("early", "0", "note", {"n": n}) for n, store in enumerate([first, second] * 20))
+    )
+    record, _ = await second.get_controlled("early")
+    assert sorted(e["data"]["n"] for e in record.early_events) == list(range(40))
