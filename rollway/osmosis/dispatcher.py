@@ -192,11 +192,18 @@ class Dispatcher:
         waits = sum(max(self.settings.retry_max_wait, 0.05 * 2.0 ** (t - 1)) for t in range(1, retries + 1))
         return float(self.settings.agent_init_timeout * (retries + 1) + waits + 1.0)
 
-    async def resend_lost(self, servers: list[AgentServer]) -> None:
-        """Send again the inits lost with the process that was sending them (``store.sql.agents.undispatched``)."""
+    async def lost_inits(self, server: AgentServer) -> list[AttemptedRollout]:
+        """The attempts of ``server`` whose init (or 0.3 admission) was lost with the process sending it: begun
+        longer than ``init_window`` ago with nothing recorded, or a 0.3 admission not marked for as long, plus
+        the two ``ADMIT_MARK_EVERY`` a mark may be late by (``store.sql.agents.undispatched``)."""
         started_before = self.store.clock() - self.init_window
+        marked_before = started_before - 2 * v03.ADMIT_MARK_EVERY
+        return await self.store.undispatched_attempts(server.name, started_before, marked_before)
+
+    async def resend_lost(self, servers: list[AgentServer]) -> None:
+        """Send again the inits lost with the process that was sending them (``lost_inits``)."""
         for server in servers:
-            for attempted in await self.store.undispatched_attempts(server.name, started_before):
+            for attempted in await self.lost_inits(server):
                 if attempted.attempt.attempt_id not in self._sending:
                     log.warning(
                         "init of rollout %s to '%s' was lost: sending it again",

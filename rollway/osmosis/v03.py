@@ -10,7 +10,9 @@ attempt the dispatcher has claimed, ``Controller.run``:
    key), the task's ``metadata``, its ``label`` (``input.label``, else ``metadata.label``: the server's grader
    needs a label or metadata) and ``agent_timeout_sec`` (the rollout's ``timeout_seconds``). A 202 admits it (one
    whose body holds no polling lease is cancelled there and fails the attempt: nothing could poll that run); a 429
-   is waited out (its ``Retry-After``, 0.05 to 60 s) for as long as the attempt lives; 5xx and transport errors are
+   is waited out (its ``Retry-After``, 0.05 to 60 s) for as long as the attempt lives, with a mark in the attempt's
+   ``dispatch`` (``admitting``) renewed every 5 s meanwhile, so that no other process takes the admission for lost
+   and sends it again (``store.sql.agents.undispatched``); 5xx and transport errors are
    retried (``ROLLWAY_AGENT_INIT_RETRIES``); any other answer fails the attempt, a redirect too (never
    followed), and a 409 (the id is the server's already: a run whose lease was lost) also cancels it there;
 2. polls ``GET {url}/rollout/{id}/result`` with the lease header (``X-Osmosis-Rollout-Lease``). The server answers
@@ -63,6 +65,8 @@ LEASE_HEADER = "X-Osmosis-Rollout-Lease"
 RETRY_POLL = frozenset({502, 503, 504})
 #: How long a poll may take beyond the server's own wait before it counts as lost.
 POLL_SLACK = 10.0
+#: Seconds between the marks of an admission waiting out 429s (``Controller._mark``).
+ADMIT_MARK_EVERY = 5.0
 
 
 def stale(lease: dict[str, Any], now: float) -> bool:
@@ -248,9 +252,8 @@ class Controller:
             body["agent_timeout_sec"] = float(timeout)
         admitted = await self._admit(server, rollout_id, attempt_id, body)
         await self._keep(rollout_id, attempt_id, admitted)
-        await self._record(
-            rollout_id, attempt_id, {"agent": server.name, "protocol": "osmosis-0.3", "osmosis_id": admitted.osmosis_id}
-        )
+        admission = {"agent": server.name, "protocol": "osmosis-0.3", "osmosis_id": admitted.osmosis_id}
+        await self._record(rollout_id, attempt_id, admission | {"admitting": None})
         await self._finish(server, rollout_id, attempt_id, admitted)
 
     async def resume(self, server: AgentServer, attempted: AttemptedRollout, lease: dict[str, Any]) -> None:
@@ -292,6 +295,7 @@ class Controller:
         url = f"{server.url}/rollout"
         data = orjson.dumps(body)
         tries = 0
+        marked: float | None = None  # when this process last marked the admission as its own (``_mark``)
         while True:
             tries += 1
             try:
@@ -312,8 +316,7 @@ class Controller:
                     raise Refused(f"{url} answered 202 with no polling lease (cancelled there): {said}")
                 problem = f"{url} answered {status}{redirected(response)}: {said}"
                 if status == 429:  # no room now: wait as told, for as long as the attempt lives
-                    await self._still_live(rollout_id, attempt_id)
-                    await asyncio.sleep(_clamped(retry_after))
+                    marked = await self._wait_out(server, rollout_id, attempt_id, _clamped(retry_after), marked)
                     tries -= 1
                     continue
                 if status == 409:  # the id is the server's already: a run this attempt cannot poll (no lease)
@@ -321,9 +324,38 @@ class Controller:
                     raise Refused(f"{problem} (cancelled there: its lease was lost)")
                 if status < 500:
                     raise Refused(problem)
+            if marked is not None:  # a 429 came first: the retries keep the mark too
+                marked = await self._mark(server, rollout_id, attempt_id, marked)
             if tries > self._retries:
                 raise Refused(f"{problem} (after {tries} tries)")
             await wait(max(backoff(tries, self._retry_max_wait), 0.05 * 2 ** (tries - 1)))
+
+    async def _wait_out(
+        self, server: AgentServer, rollout_id: str, attempt_id: str, seconds: float, marked: float | None
+    ) -> float:
+        """Wait out a 429 for ``seconds`` (``Refused`` once the attempt has ended), marking the admission as this
+        process's meanwhile: when it was last marked."""
+        marked = await self._mark(server, rollout_id, attempt_id, marked)
+        await self._still_live(rollout_id, attempt_id)
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(left, ADMIT_MARK_EVERY))
+            marked = await self._mark(server, rollout_id, attempt_id, marked)
+        return marked
+
+    async def _mark(self, server: AgentServer, rollout_id: str, attempt_id: str, marked: float | None) -> float:
+        """Record in the attempt's ``dispatch`` that this process is admitting it (``admitting``: the store's clock
+        time), unless it did less than ``ADMIT_MARK_EVERY`` seconds ago: an admission that waits out 429s for
+        longer than an init may take is not taken for lost and sent again by another process, which would get a
+        409 and cancel the run this one is about to have (``store.sql.agents.undispatched``). Returns when the
+        admission was last marked."""
+        now = self._store.clock()
+        if marked is not None and now - marked < ADMIT_MARK_EVERY:
+            return marked
+        mark = {"agent": server.name, "protocol": "osmosis-0.3", "admitting": now}
+        with contextlib.suppress(StoreError):  # the database is down: only another process's resend needs it
+            await self._record(rollout_id, attempt_id, mark)
+        return now
 
     async def _still_live(self, rollout_id: str, attempt_id: str) -> bool:
         """Whether the attempt has not ended in the store; raises ``Refused`` once it has."""

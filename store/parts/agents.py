@@ -29,9 +29,12 @@ class AgentsMixin(StorePlumbing):
         now = self.clock()
         return await self._write(lambda conn: agents.claim(conn, name, limit, now))
 
-    async def undispatched_attempts(self, name: str, started_before: float) -> list[AttemptedRollout]:
+    async def undispatched_attempts(
+        self, name: str, started_before: float, marked_before: float | None = None
+    ) -> list[AttemptedRollout]:
         """Attempts of server ``name`` whose init was lost with the process sending it (``agents.undispatched``)."""
-        return await self._read(lambda conn: agents.undispatched(conn, name, started_before))
+        marked = started_before if marked_before is None else marked_before
+        return await self._read(lambda conn: agents.undispatched(conn, name, started_before, marked))
 
     async def record_dispatch(self, rollout_id: str, attempt_id: str, info: dict[str, Any]) -> bool:
         """Merge dispatch facts (tools, tries, error) into the attempt's metadata under ``dispatch``."""

@@ -124,21 +124,28 @@ def _latest_attempts(
             continue
 
 
-def undispatched(conn: Connection, name: str, started_before: float) -> list[AttemptedRollout]:
+def undispatched(conn: Connection, name: str, started_before: float, marked_before: float) -> list[AttemptedRollout]:
     """The attempts dispatched to server ``name`` whose init left no trace: still ``preparing``, the latest of
-    their rollout, no ``dispatch`` in their metadata (the dispatcher records every init's outcome there), begun
-    before ``started_before``. The process sending their init ended (crash, restart) before it could record
-    anything, and nothing else would send it again: the rollout would wait for ever (or for its timeout) and
-    hold a slot of the server's ``max_concurrent``. Sending the init again is safe: its idempotency key is the
-    attempt id, so a server that got the first one starts nothing new."""
+    their rollout, keeping no polling lease, and either no ``dispatch`` in their metadata (the dispatcher records
+    every init's outcome there) and begun before ``started_before``, or an Osmosis 0.3 admission still in
+    progress whose mark (``dispatch.admitting``, renewed while it waits out 429s) is older than
+    ``marked_before``. The process sending their init ended (crash, restart) before it could record anything,
+    and nothing else would send it again: the rollout would wait for ever (or for its timeout) and hold a slot
+    of the server's ``max_concurrent``. Sending the init again is safe: its idempotency key is the attempt id,
+    so a server that got the first one starts nothing new."""
     found = []
     for rollout, attempt in _latest_attempts(conn, name, [RolloutStatus.PREPARING]):
         metadata = attempt["metadata"] if isinstance(attempt["metadata"], dict) else {}
+        dispatch = metadata.get("dispatch")
+        mark = dispatch.get("admitting") if isinstance(dispatch, dict) else None
         if (
             attempt["status"] == AttemptStatus.PREPARING.value
             and attempt["worker_id"] == worker_id(name)
-            and attempt["start_time"] < started_before
-            and "dispatch" not in metadata
+            and attempt["agent_lease"] is None
+            and (
+                (dispatch is None and attempt["start_time"] < started_before)
+                or (isinstance(mark, int | float) and mark < marked_before)
+            )
         ):
             found.append(AttemptedRollout(rollout=convert.rollout(rollout), attempt=convert.attempt(attempt)))
     return found

@@ -19,6 +19,8 @@ from aiohttp import web
 
 from rollway.mock import MockBackendProcess
 from rollway.osmosis import v03
+from rollway.osmosis.dispatcher import Dispatcher
+from rollway.settings import Settings
 from rollway.store import AgentServer, Rollout, Span
 from support.agent_server import AgentServerProcess
 from support.gateway_harness import RunningGateway, register, replay, running_gateway
@@ -388,6 +390,52 @@ async def test_a_03_admission_answered_202_with_no_lease_is_cancelled_there_and_
         [attempt] = await gw.store.list_attempts("ro-odd")
     assert rollout.status == "failed" and cancelled == [{"ids": [attempt.attempt_id]}]
     assert "answered 202 with no polling lease" in (attempt.metadata or {})["dispatch"]["error"]
+
+
+async def test_a_03_admission_waiting_out_429s_is_not_taken_for_lost_by_another_process(tmp_path: Path) -> None:
+    """A 0.3 server that answers 429 for longer than an init may take (here 2 s): the admission marks itself in
+    progress meanwhile, so another process's look for lost inits leaves it alone (it would be admitted twice: the
+    second admission's 409 would cancel the first one's run), and it is admitted once when the server has room."""
+    first_try: list[float] = []
+    admitted: list[str] = []
+    past_window = asyncio.Event()  # set once the 429s have gone on for longer than an init may take
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "process_id": "p-1", "lifecycle": "ready"})
+
+    async def admit(request: web.Request) -> web.Response:
+        first_try.append(first_try[0] if first_try else time.monotonic())
+        if time.monotonic() - first_try[0] >= 3.0:
+            past_window.set()
+        if time.monotonic() - first_try[0] < 4.0:
+            return web.json_response({"detail": "busy"}, status=429, headers={"Retry-After": "0.2"})
+        admitted.append((await request.json())["rollout_id"])
+        return web.json_response({"rollout_id": admitted[-1], "polling_lease_token": "t"}, status=202)
+
+    async def result(request: web.Request) -> web.Response:
+        sample: dict[str, Any] = {"reward": None, "messages": []}
+        return web.json_response({"rollout_id": request.match_info["id"], "status": "success", "sample": sample})
+
+    routes = [web.get("/health", health), web.post("/rollout", admit), web.get("/rollout/{id}/result", result)]
+    settings: dict[str, Any] = {"agent_init_timeout": 1.0, "agent_init_retries": 0}  # an init may take 2 s
+    async with (
+        serving(*routes) as url,
+        running_gateway(tmp_path, **settings) as gw,
+        httpx.AsyncClient(base_url=gw.url) as admin,
+    ):
+        await admin.put("/admin/v1/agents/busy", json={"url": url})
+        await admin.post(
+            "/admin/v1/rollouts", json={"tasks": [{"rollout_id": "ro-busy", "input": "x", "agent": "busy"}]}
+        )
+        other = Dispatcher(Settings(**settings), gw.store)  # another gateway process on the database
+        server = await gw.store.get_agent("busy")
+        await asyncio.wait_for(past_window.wait(), 10)
+        assert await other.lost_inits(server) == []
+        [rollout] = await finish(gw, ["ro-busy"], timeout=20)
+        [attempt] = await gw.store.list_attempts("ro-busy")
+    assert rollout.status == "succeeded" and admitted == [attempt.attempt_id]
+    dispatch = (attempt.metadata or {})["dispatch"]
+    assert dispatch["osmosis_id"] == attempt.attempt_id and dispatch["admitting"] is None
 
 
 @pytest.mark.parametrize(

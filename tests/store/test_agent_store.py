@@ -130,6 +130,25 @@ async def test_dispatch_facts_merge_into_metadata_without_losing_a_completion(st
     assert attempt.metadata["completion"]["status"] == "COMPLETED"
 
 
+async def test_an_admission_in_progress_is_lost_only_once_its_mark_is_old(store: Store, clock: FakeClock) -> None:
+    """An attempt whose 0.3 admission is marked in progress (``dispatch.admitting``) is not an init to send again
+    while the mark is fresh, however old the attempt; once the mark is old (its process gone) it is. An admitted
+    attempt (the mark cleared) never is."""
+    await store.put_agent(AgentServer(name="a", url="http://127.0.0.1:9"))
+    await store.enqueue([{"input": "x", "agent": "a", "rollout_id": "ro-1"}])
+    [claimed] = await store.claim_for_agent("a")
+    attempt_id = claimed.attempt.attempt_id
+    clock.advance(100)
+    now = clock()
+    assert [a.attempt.attempt_id for a in await store.undispatched_attempts("a", now - 10, now - 20)] == [attempt_id]
+    await store.record_dispatch("ro-1", attempt_id, {"agent": "a", "protocol": "osmosis-0.3", "admitting": now - 15})
+    assert await store.undispatched_attempts("a", now - 10, now - 20) == []  # marked 15 s ago: in progress
+    lost = await store.undispatched_attempts("a", now - 10, now - 14)  # a mark older than 14 s is lost
+    assert [a.attempt.attempt_id for a in lost] == [attempt_id]
+    await store.record_dispatch("ro-1", attempt_id, {"osmosis_id": attempt_id, "admitting": None})
+    assert await store.undispatched_attempts("a", now, now) == []
+
+
 def test_values_the_columns_cannot_hold_are_refused_before_they_reach_the_database() -> None:
     from pydantic import ValidationError
 
