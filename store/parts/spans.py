@@ -12,7 +12,7 @@ from rollway.store.db import limits
 from rollway.store.parts.keepalive import CallsInFlight
 from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.schemas import Span
-from rollway.store.sql import calls, convert, pg_calls, spans
+from rollway.store.sql import calls, convert, pg_calls, sequences, spans
 
 _SPAN_LIST: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
 
@@ -25,7 +25,7 @@ class SpansMixin(StorePlumbing):
         self, rollout_id: str | None, attempt_id: str | None = "latest", count: int = 1
     ) -> tuple[str | None, int]:
         """Reserve sequence ids when a request arrives: (the attempt id they belong to, the first id)."""
-        return await self._write(lambda conn: spans.allocate(conn, rollout_id, attempt_id, count))
+        return await self._write(lambda conn: sequences.allocate(conn, rollout_id, attempt_id, count))
 
     async def begin_call(self, rollout_id: str | None, attempt_id: str | None = None) -> calls.CallTicket:
         """An LLM call arrived: check its attempt is live, allocate its sequence id, tell its deadline. From here

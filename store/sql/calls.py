@@ -13,7 +13,7 @@ from rollway.store.db import models
 from rollway.store.db.dialect import sqlite_driver
 from rollway.store.errors import ConflictError, NotFoundError
 from rollway.store.schemas import RolloutConfig, Span
-from rollway.store.sql import catalog, spans
+from rollway.store.sql import catalog, sequences, spans
 from rollway.store.sql.lifecycle import load_attempt, load_rollout, record_heartbeat
 from rollway.store.states import ATTEMPT_TERMINAL, FINISHED, AttemptStatus, RolloutStatus
 
@@ -92,14 +92,14 @@ def _load_target(conn: Connection, rollout_id: str, attempt_id: str | None) -> T
 def begin(conn: Connection, rollout_id: str | None, attempt_id: str | None) -> CallTicket:
     """Check the attempt can take calls and allocate the call's sequence id (``check``)."""
     if not rollout_id:
-        _, first = spans.allocate(conn, None, None)
+        _, first = sequences.allocate(conn, None, None)
         return CallTicket(None, None, first, catalog_revision=catalog.revision(conn))
     target = _load_target(conn, rollout_id, attempt_id)
     check(target, rollout_id, attempt_id)
     assert target.attempt_id is not None
     raw = sqlite_driver(conn)
     if raw is None:
-        first = spans.advance(conn, rollout_id, target.attempt_id, 1)
+        first = sequences.advance(conn, rollout_id, target.attempt_id, 1)
     else:
         first = raw.execute(_NEXT_SEQUENCE_SQLITE, (rollout_id, target.attempt_id)).fetchone()[0]
     timeout = target.timeout_seconds

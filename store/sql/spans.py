@@ -1,8 +1,7 @@
-"""Spans: sequence ids and writes.
+"""Spans: their writes, numbered by ``store.sql.sequences``.
 
-Sequence ids are allocated per (rollout, attempt) from a counter row, starting at 1, gap-free and in the
-order requests reach the store. A span may arrive with a sequence id it was given earlier (the gateway
-allocates one when a call *arrives* and writes the span when it ends); the counter then only moves forward.
+Each span gets the next sequence id of its (rollout, attempt), or keeps one it was given earlier (the gateway
+takes one when a call *arrives* and writes the span when it ends); the counter then only moves forward.
 Every span is a heartbeat for its attempt. Writes to a stale attempt are refused. A primary reward written to
 a finished rollout gives it a new finish position (``store.sql.exports``): it is exported again, with the reward.
 """
@@ -14,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Collection
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Integer, RowMapping, bindparam, case, select, update
+from sqlalchemy import Connection, bindparam, select, update
 
 from rollway.store import ids
 from rollway.store.db import models
@@ -24,8 +23,9 @@ from rollway.store.errors import ConflictError, StoreValidationError
 from rollway.store.exports import reward_value
 from rollway.store.schemas import Span
 from rollway.store.sql import convert
-from rollway.store.sql.lifecycle import load_attempt, load_rollout, next_finish_seq, record_heartbeat, require_latest
+from rollway.store.sql.lifecycle import load_attempt, load_rollout, next_finish_seq, record_heartbeat
 from rollway.store.sql.replays import other_request
+from rollway.store.sql.sequences import UNATTRIBUTED, advance, target
 
 S = models.spans
 R = models.rollouts
@@ -106,65 +106,7 @@ def taken(conn: Connection, rows: list[tuple[Span, str, str, int]]) -> ConflictE
     return ConflictError("a sequence_id of the spans is already taken")
 
 
-Q = models.span_sequences
 A = models.attempts
-UNATTRIBUTED = ""
-
-
-def _build_advance(conn: Connection) -> Any:
-    """The counter upsert."""
-    floor = bindparam("floor", type_=Integer)
-    current = case((Q.c.last_value >= floor, Q.c.last_value), else_=floor)
-    return (
-        upsert(conn, Q)
-        .values(rollout_id=bindparam("rid"), attempt_id=bindparam("aid"), last_value=bindparam("initial"))
-        .on_conflict_do_update(
-            index_elements=["rollout_id", "attempt_id"],
-            set_={"last_value": current + bindparam("count", type_=Integer)},
-        )
-        .returning(Q.c.last_value)
-    )
-
-
-_ADVANCE_SQLITE = (
-    "INSERT INTO span_sequences (rollout_id, attempt_id, last_value) VALUES (?, ?, ?) "
-    "ON CONFLICT (rollout_id, attempt_id) DO UPDATE SET "
-    "last_value = (CASE WHEN last_value >= ? THEN last_value ELSE ? END) + ? RETURNING last_value"
-)
-
-
-def advance(conn: Connection, rollout_id: str, attempt_id: str, count: int, floor: int = 0) -> int:
-    """Raise the counter to at least ``floor``, reserve ``count`` ids after it; return the counter's new value."""
-    raw = sqlite_driver(conn)
-    if raw is not None:
-        row = raw.execute(_ADVANCE_SQLITE, (rollout_id, attempt_id, floor + count, floor, floor, count)).fetchone()
-        return int(row[0])
-    params = {"rid": rollout_id, "aid": attempt_id, "initial": floor + count, "floor": floor, "count": count}
-    return int(conn.execute(prebuilt(conn, "advance", _build_advance), params).scalar_one())
-
-
-def _target(conn: Connection, rollout_id: str | None, attempt_id: str | None) -> tuple[RowMapping, RowMapping] | None:
-    """The rollout and attempt a span belongs to (locked), or None when unattributed."""
-    if not rollout_id:
-        if attempt_id:
-            raise StoreValidationError("a span with an attempt_id needs a rollout_id")
-        return None
-    rollout = load_rollout(conn, rollout_id)
-    attempt = load_attempt(conn, rollout, attempt_id or "latest")
-    require_latest(rollout, attempt)
-    return rollout, attempt
-
-
-def allocate(
-    conn: Connection, rollout_id: str | None, attempt_id: str | None, count: int = 1
-) -> tuple[str | None, int]:
-    """Reserve ``count`` sequence ids; return the attempt id they belong to and the first id."""
-    if count < 1:
-        raise StoreValidationError("count must be at least 1")
-    target = _target(conn, rollout_id, attempt_id)
-    rid, aid = (UNATTRIBUTED, UNATTRIBUTED) if target is None else (rollout_id or "", target[1]["attempt_id"])
-    last = advance(conn, rid, aid, count)
-    return (aid or None), last - count + 1
 
 
 def add(conn: Connection, spans: list[Span], now: float, *, shared: bool = False) -> list[Span]:
@@ -353,12 +295,12 @@ def _add_group(
     running = None
     if raw is not None and rollout_id:
         running = raw.execute(_RUNNING_TARGET_SQLITE, (attempt_id, rollout_id)).fetchone()
-    target = None
+    found = None
     if running is not None:
         aid = running[0]
     else:
-        target = _target(conn, rollout_id, attempt_id)
-        aid = UNATTRIBUTED if target is None else target[1]["attempt_id"]
+        found = target(conn, rollout_id, attempt_id)
+        aid = UNATTRIBUTED if found is None else found[1]["attempt_id"]
     ids = list({s.span_id for s in group})
     if raw is not None:  # one JSON parameter instead of one bound parameter per id
         known: Any = raw.execute(_KNOWN_SQLITE, (rollout_id, aid, dumps(ids)))
@@ -391,8 +333,8 @@ def _add_group(
     if running is not None:
         assert raw is not None  # ``running`` is only looked up on SQLite
         raw.execute(_HEARTBEAT_SQLITE, (now, running[1]))
-    elif target is not None:
-        record_heartbeat(conn, target[0], target[1], now)
+    elif found is not None:
+        record_heartbeat(conn, found[0], found[1], now)
     if rollout_id and any(reward_value(s.name, s.attributes) is not None for s in fresh):
         _finish_again(conn, rollout_id)
     return fresh

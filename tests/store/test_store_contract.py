@@ -30,6 +30,7 @@ from rollway.store import (
 )
 from rollway.store.signals import Signal
 from rollway.store.sql import lifecycle
+from rollway.store.sql import sequences as sequences_module
 from rollway.store.sql import spans as spans_module
 from support.store_helpers import enqueue_one, filled, span
 
@@ -579,13 +580,14 @@ async def test_a_batch_of_several_rollouts_locks_them_in_id_order_and_answers_in
     first, second, third = (await store.enqueue([{"input": i} for i in range(3)]))[::-1]  # ids not in order
     await store.claim("w1", limit=3)
     locked: list[str] = []
-    original = lifecycle.load_rollout  # the one spans_module imports and calls
+    original = lifecycle.load_rollout  # the one the span writes and their sequence ids import and call
 
     def recording(conn: Any, rollout_id: str, **kwargs: Any) -> Any:
         locked.append(rollout_id)
         return original(conn, rollout_id, **kwargs)
 
     monkeypatch.setattr(spans_module, "load_rollout", recording)
+    monkeypatch.setattr(sequences_module, "load_rollout", recording)
     monkeypatch.setattr(spans_module, "sqlite_driver", lambda conn: None)  # the general path, on both engines
     batch = [span(r.rollout_id, name=f"{r.rollout_id}-{n}") for n in range(2) for r in (first, second, third)]
     batch.insert(1, span(None, name="unattributed"))
