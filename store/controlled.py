@@ -17,7 +17,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, Field
 
-from rollway.store.schemas import Rollout
+from rollway.store.schemas import Backend, Rollout
 from rollway.store.states import RolloutStatus
 
 View = Literal["queuing", "running", "succeeded", "failed"]
@@ -132,6 +132,15 @@ class EngineModel(BaseModel):
     model: str = Field(min_length=1, max_length=256)
     endpoint: str = Field(min_length=1, max_length=2048)
     version: int = 0
+
+
+def backends_of(name: str, registered: list[EngineModel]) -> list[Backend]:
+    """The backends of the alias that serves model ``name`` (``alias_for``): one per endpoint registered for it."""
+    return [
+        Backend(backend_id=backend_id_for(m.endpoint), base_url=m.endpoint, model=name, version=str(m.version))
+        for m in registered
+        if m.model == name
+    ]
 
 
 class ProxyPause(BaseModel):

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, Valid
 from rollway.admin.context import Context
 from rollway.agl import events
 from rollway.agl.listing import MAX_PAGING
-from rollway.store import ApiKey, Backend, NotFoundError
+from rollway.store import ApiKey, NotFoundError
 from rollway.store.controlled import (
     ControlledCreate,
     ControlledPatch,
@@ -34,7 +34,7 @@ from rollway.store.controlled import (
     ProxyPause,
     View,
     alias_for,
-    backend_id_for,
+    backends_of,
 )
 from rollway.store.errors import ConflictError, StoreValidationError
 
@@ -294,16 +294,13 @@ def build_router() -> APIRouter:
     @router.post("/api/models", status_code=201)
     async def register(request: Request, context: Context) -> Any:
         given = await _body(request, MODELS)
-        await context.store.put_engine_models(given)
+        # The store checks every alias before it keeps any endpoint: a refused one (a base URL no call could
+        # reach) is a 422 that changes nothing, and then no alias is put.
+        await _found(context.store.put_engine_models(given))
         registered = await context.store.engine_models()
         for name in sorted({m.model for m in given}):
-            mine = [m for m in registered if m.model == name]
-            backends = [
-                Backend(backend_id=backend_id_for(m.endpoint), base_url=m.endpoint, model=name, version=str(m.version))
-                for m in mine
-            ]
-            version = str(max(m.version for m in mine))
-            await context.models.put(alias_for(name), backends, version=version)
+            version = str(max(m.version for m in registered if m.model == name))
+            await _found(context.models.put(alias_for(name), backends_of(name, registered), version=version))
         context.proxy_changed()
         return [m.model_dump() for m in given]
 

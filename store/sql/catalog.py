@@ -174,6 +174,28 @@ def put_model(
     Puts of one alias take turns (``serialize_key``: PostgreSQL's advisory lock on it; SQLite's single writer
     already orders them): two at once from two replicas would both find no alias and the second insert be
     refused as a duplicate, or both find version n and both write n + 1."""
+    check_model(alias, backends)
+    serialize_key(conn, "model:" + alias)
+    row = (conn.execute(select(M).where(M.c.alias == alias))).mappings().first()
+    if version is None:
+        version = "1" if row is None else next_version(row["version"])
+    values = {
+        "backends": [_backend_json(b, cipher) for b in backends],
+        "version": version,
+        "sampling": sampling,
+        "updated_time": now,
+    }
+    if row is None:
+        conn.execute(M.insert().values(alias=alias, paused=False, created_time=now, **values))
+    else:
+        conn.execute(update(M).where(M.c.alias == alias).values(**values))
+    bump_revision(conn)
+    return get_model(conn, alias, cipher)
+
+
+def check_model(alias: str, backends: list[Backend]) -> None:
+    """Refuse (``StoreValidationError``) what ``put_model`` refuses, before anything is written: a name no URL
+    path can hold, no backend, two with one id, a base URL no call could reach."""
     if not alias:
         raise StoreValidationError("a model alias must not be empty")
     if not _addressable(alias):
@@ -191,22 +213,6 @@ def put_model(
         raise StoreValidationError(f"model '{alias}' has two backends with the same backend_id")
     for backend in backends:
         _check_base_url(backend)
-    serialize_key(conn, "model:" + alias)
-    row = (conn.execute(select(M).where(M.c.alias == alias))).mappings().first()
-    if version is None:
-        version = "1" if row is None else next_version(row["version"])
-    values = {
-        "backends": [_backend_json(b, cipher) for b in backends],
-        "version": version,
-        "sampling": sampling,
-        "updated_time": now,
-    }
-    if row is None:
-        conn.execute(M.insert().values(alias=alias, paused=False, created_time=now, **values))
-    else:
-        conn.execute(update(M).where(M.c.alias == alias).values(**values))
-    bump_revision(conn)
-    return get_model(conn, alias, cipher)
 
 
 def _addressable(alias: str) -> bool:

@@ -37,12 +37,14 @@ from rollway.store.controlled import (
     EngineModel,
     ProxyPause,
     View,
+    alias_for,
+    backends_of,
 )
 from rollway.store.db import models
 from rollway.store.db.dialect import lock_rows, upsert
 from rollway.store.errors import ConflictError, NotFoundError
 from rollway.store.schemas import RolloutConfig, TaskSpec
-from rollway.store.sql import agents, convert, queue, spans
+from rollway.store.sql import agents, catalog, convert, queue, spans
 from rollway.store.sql.lifecycle import apply_attempt_status, bump_counter, load_attempt, load_rollout
 from rollway.store.states import AttemptStatus
 
@@ -245,6 +247,11 @@ def _finite(value: Any) -> float | None:
 
 
 def put_models(conn: Connection, given: list[EngineModel], now: float) -> None:
+    """Upsert endpoints by (model, endpoint). The alias each model name becomes (``backends_of``) is checked
+    first, with every endpoint it will have: an endpoint no alias could hold is refused, and nothing is written."""
+    merged = {(m.model, m.endpoint): m for m in [*engine_models(conn), *given]}
+    for name in sorted({m.model for m in given}):
+        catalog.check_model(alias_for(name), backends_of(name, list(merged.values())))
     for model in given:
         stmt = upsert(conn, M).values(
             model=model.model, endpoint=model.endpoint, version=model.version, created_time=now

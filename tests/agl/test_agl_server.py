@@ -16,6 +16,7 @@ import pytest
 
 from rollway.mock import MockBackendProcess
 from rollway.store import UnavailableError
+from rollway.store.controlled import EngineModel
 from support.gateway_harness import RunningGateway, replay, running_gateway, sse_events
 
 TOKEN = "agl1-server-token"
@@ -386,4 +387,29 @@ async def test_a_paused_state_counts_a_replica_not_heard_from_since_the_pause(
         assert (await client.get("/proxy/state")).json()["inflight"] >= 1
         await client.post("/proxy/resume")
         assert (await client.get("/proxy/state")).json()["inflight"] == 0  # not paused: nothing waits on it
+        await client.aclose()
+
+
+async def test_a_refused_model_registration_changes_nothing_and_answers_detail(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    async with running_gateway(tmp_path, admin_token=TOKEN) as gw:
+        client = await registered(gw, mock, version=3)
+        [rid] = await running(client, {"q": 1})
+        aliases = await gw.store.list_models()
+        # A URL no call could reach (here one holding a password) beside a good update: neither is applied.
+        bad = [
+            {"model": MODEL, "endpoint": mock.base_url, "version": 4},
+            {"model": "other", "endpoint": "http://user:secret@127.0.0.1:9/v1"},
+        ]
+        for body in (bad, [{"model": "third", "endpoint": "ftp://127.0.0.1/v1"}]):
+            refused = await client.post("/api/models", json=body)
+            assert refused.status_code == 422, refused.text
+            [error] = refused.json()["detail"]
+            assert error["loc"] == ["body"] and "base_url" in error["msg"] and "secret" not in refused.text
+        assert await gw.store.engine_models() == [EngineModel(model=MODEL, endpoint=mock.base_url, version=3)]
+        assert await gw.store.list_models() == aliases
+        assert (await client.post(proxy_path(rid), json=ask("hi"))).status_code == 200
+        [event] = (await client.get(f"/api/rollouts/{rid}/events")).json()
+        assert event["data"]["model_version"] == 3
         await client.aclose()
