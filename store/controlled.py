@@ -149,5 +149,6 @@ class ProxyPause(BaseModel):
     paused: bool = False
     retry_after_seconds: int = 5
     reason: str | None = None
-    #: The model aliases the pause also holds, so calls that reach another replica before it sees the pause wait.
+    #: The model aliases the pause also holds, so calls that reach another replica before it sees the pause wait:
+    #: those it paused, and so those its resume resumes (not one an admin had paused already).
     aliases: list[str] = Field(default_factory=list)

@@ -313,7 +313,9 @@ def build_router() -> APIRouter:
     @router.post("/proxy/pause")
     async def pause(request: Request, context: Context) -> Any:
         body = await _body(request, PAUSE)
-        aliases = sorted({alias_for(m.model) for m in await context.store.engine_models()})
+        before = await context.store.proxy_pause()
+        registered = {alias_for(m.model) for m in await context.store.engine_models()}
+        aliases = await _to_hold(context, registered, set(before.aliases) if before.paused else set())
         state = await context.store.set_proxy_pause(
             ProxyPause(paused=True, retry_after_seconds=body.retry_after_seconds, reason=body.reason, aliases=aliases)
         )
@@ -324,12 +326,11 @@ def build_router() -> APIRouter:
     @router.post("/proxy/resume")
     async def resume(context: Context) -> Any:
         before = await context.store.proxy_pause()
-        aliases = set(before.aliases) | {alias_for(m.model) for m in await context.store.engine_models()}
         state = await context.store.set_proxy_pause(
             ProxyPause(paused=False, retry_after_seconds=before.retry_after_seconds, reason=None, aliases=[])
         )
         context.proxy_changed()
-        await _hold(context, sorted(aliases), False)
+        await _hold(context, before.aliases, False)  # only what the pause paused: an admin's pause stays
         return await _state(context, state)
 
     @router.get("/proxy/state")
@@ -337,6 +338,20 @@ def build_router() -> APIRouter:
         return await _state(context, await context.store.proxy_pause())
 
     return router
+
+
+async def _to_hold(context: Context, registered: set[str], held: set[str]) -> list[str]:
+    """The aliases a pause holds (and its resume resumes): those it holds already (``held``, when it is asked
+    again: the trainer's client retries any failure) and the registered ones not paused yet. One an admin paused
+    through ``/admin/v1`` is not the proxy's to resume; one deleted since is skipped."""
+    chosen = set(held)
+    for alias in registered - held:
+        try:
+            if not (await context.store.get_model(alias)).paused:
+                chosen.add(alias)
+        except NotFoundError:
+            continue
+    return sorted(chosen)
 
 
 async def _hold(context: Context, aliases: list[str], paused: bool) -> None:

@@ -245,6 +245,11 @@ async def test_the_proxy_checks_in_order_and_answers_as_the_mode_says(tmp_path: 
         assert (await client.post(proxy_path(rid, mode="test"), json=ask("hi"))).status_code == 404
         assert (await client.post(proxy_path(rid, op="embeddings"), json=ask("hi"))).status_code == 404
         assert (await client.post(proxy_path("missing"), json=ask("hi"))).status_code == 404
+        # A rollout its controller has not started, or one that ended, takes no calls (agl-server forwards them).
+        await client.post("/api/rollouts", json=[{"input": 1, "rollout_id": "later"}])
+        assert (await client.post(proxy_path("later"), json=ask("hi"))).status_code == 404
+        await client.patch("/api/rollouts/later", json={"status": {"state": "failed"}})
+        assert (await client.post(proxy_path("later"), json=ask("hi"))).status_code == 409
         bad = await client.post(proxy_path(rid), content=b"{nope", headers={"content-type": "application/json"})
         assert bad.status_code == 400
         assert (await client.post(proxy_path(rid), json=[1])).status_code == 400
@@ -412,4 +417,24 @@ async def test_a_refused_model_registration_changes_nothing_and_answers_detail(
         assert (await client.post(proxy_path(rid), json=ask("hi"))).status_code == 200
         [event] = (await client.get(f"/api/rollouts/{rid}/events")).json()
         assert event["data"]["model_version"] == 3
+        await client.aclose()
+
+
+async def test_resume_leaves_paused_an_alias_an_admin_paused_before(tmp_path: Path, mock: MockBackendProcess) -> None:
+    """``/proxy/resume`` resumes the aliases ``/proxy/pause`` paused, and no other: one an admin had paused through
+    ``/admin/v1`` stays paused, even when the trainer's pause is sent twice (its client retries any failure)."""
+    async with running_gateway(tmp_path, admin_token=TOKEN, agl_model=MODEL) as gw:
+        client = await registered(gw, mock)
+        await client.post("/api/models", json=[{"model": "held", "endpoint": mock.base_url}])
+        [policy] = [m.alias for m in await gw.store.list_models() if m.alias != "held"]
+        admin = gw.http(headers={"authorization": f"Bearer {TOKEN}"}, timeout=30)
+        assert (await admin.post("/admin/v1/models/held/pause")).status_code == 200
+        for _ in range(2):
+            assert (await client.post("/proxy/pause", json={"reason": "sync"})).json()["paused"] is True
+        assert [m.paused for m in await gw.store.list_models()] == [True, True]
+        assert (await client.post("/proxy/resume")).json()["paused"] is False
+        assert {m.alias: m.paused for m in await gw.store.list_models()} == {policy: False, "held": True}
+        [rid] = await running(client, {"q": 1})
+        assert (await client.post(proxy_path(rid), json=ask("after"))).status_code == 200
+        await admin.aclose()
         await client.aclose()
