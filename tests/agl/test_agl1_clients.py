@@ -117,8 +117,9 @@ def test_a_training_iterations_rollouts_run_through_rollway(tmp_path: Path, mock
 
 
 def test_rollway_killed_between_iterations_loses_nothing(tmp_path: Path, mock: MockBackendProcess) -> None:
-    """``rollway serve`` is killed (SIGKILL) after an iteration and started again on the same database and port,
-    while the controller keeps polling: the next iteration runs, and the first one's records are all there."""
+    """``rollway serve`` is killed (SIGKILL) after an iteration, with the controller stopped and one rollout
+    created and left queuing, and started again on the same database and port: a new controller runs the queued
+    rollout through the new process, the next iteration runs, and the first one's records are all there."""
     database, port = f"sqlite:///{tmp_path / 'rollway.db'}", free_port()
     first = GatewayProcess(database, port=port, admin_token=KEY).start()
     controller = Controller(first.url, KEY, tmp_path).start()
