@@ -8,7 +8,8 @@
   the four data-plane operations, ``status`` an HTTP status (499: the client went away). Never rollout ids.
 - Scrape time: ``refresh`` reads rollouts/attempts by status, the queue depth and the model list from the
   store (reader thread or asyncpg, never the loop), bounded by a timeout; when the store is slow or down the
-  last snapshot is served and ``rollway_store_up`` says 0. Backend health comes from the router.
+  last snapshot is served and ``rollway_store_up`` says 0. Backend health comes from the router. Those gauges
+  are ``gateway.scrape``'s.
 - Several worker processes: with ``PROMETHEUS_MULTIPROC_DIR`` set (before the process starts), counters and
   histograms are kept in that directory by prometheus_client and every scrape merges all processes.
 """
@@ -19,18 +20,18 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from rollway.gateway.capture import OPERATIONS
 from rollway.gateway.record import CallRecord
 from rollway.gateway.routing import Router
-from rollway.store import ModelAlias, Store
+from rollway.gateway.scrape import Snapshot, StateCollector
+from rollway.store import Store
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -58,14 +59,6 @@ class _ModelSeries:
     untrainable: Any
     without_logprobs: Any
     scored_logprobs: Any
-
-
-@dataclass
-class _Snapshot:
-    rollouts: dict[str, int]
-    attempts: dict[str, int]
-    models: list[ModelAlias]
-    taken_at: float
 
 
 class Metrics:
@@ -216,7 +209,7 @@ class Metrics:
         self.exported = self.export_spans.labels("exported")
         self.dropped = self.export_spans.labels("dropped")
         self.export_failed = self.export_spans.labels("failed")
-        self._state = _StateCollector()
+        self._state = StateCollector()
         self.registry.register(self._state)
 
     # -- call path ------------------------------------------------------------------------------------
@@ -357,7 +350,7 @@ class Metrics:
             self._state.store_up = False
             return
         self._state.store_up = True
-        self._state.snapshot = _Snapshot(rollouts, attempts, models, time.time())
+        self._state.snapshot = Snapshot(rollouts, attempts, models, time.time())
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric (of every process, in multiprocess mode)."""
@@ -375,76 +368,6 @@ class Metrics:
 
             with contextlib.suppress(OSError):
                 multiprocess.mark_process_dead(os.getpid(), self.multiprocess_dir)  # type: ignore[no-untyped-call]
-
-
-class _StateCollector:
-    """Gauges computed at scrape time: from the store snapshot and the router's passive health."""
-
-    def __init__(self) -> None:
-        self.snapshot: _Snapshot | None = None
-        self.store_up: bool | None = None
-        self.router: Router | None = None
-        #: (alias, backend, whether its engine reports another weight version): ``gateway.versions``.
-        self.engine_versions: Callable[[], Iterable[tuple[str, str, bool]]] | None = None
-
-    def describe(self) -> Iterable[Metric]:
-        return list(self._families())
-
-    def collect(self) -> Iterable[Metric]:
-        return list(self._families())
-
-    def _families(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily("rollway_store_up", "1 when the last scrape could read the store in time.")
-        up.add_metric([], 1.0 if self.store_up or self.store_up is None else 0.0)
-        yield up
-        snap = self.snapshot
-        rollouts = GaugeMetricFamily("rollway_rollouts", "Rollouts by status.", labels=["status"])
-        attempts = GaugeMetricFamily("rollway_attempts", "Attempts by status.", labels=["status"])
-        queue = GaugeMetricFamily("rollway_queue_depth", "Rollouts waiting for a worker (queuing, requeuing).")
-        paused = GaugeMetricFamily("rollway_model_paused", "1 when the model alias is paused.", labels=["alias"])
-        updating = GaugeMetricFamily(
-            "rollway_model_updating", "1 while a weight update holds the model alias.", labels=["alias"]
-        )
-        backend_up = GaugeMetricFamily(
-            "rollway_backend_up",
-            "1 when this process routes to the backend (not ejected by passive health checks).",
-            labels=["alias", "backend"],
-        )
-        outstanding = GaugeMetricFamily(
-            "rollway_backend_outstanding_requests",
-            "Tries in flight to the backend from this process.",
-            labels=["alias", "backend"],
-        )
-        waiting = GaugeMetricFamily(
-            "rollway_requests_waiting",
-            "Calls waiting in this process for a backend slot: every backend of the alias at its max_concurrency.",
-            labels=["alias"],
-        )
-        if snap is not None:
-            for status, n in snap.rollouts.items():
-                rollouts.add_metric([status], n)
-            for status, n in snap.attempts.items():
-                attempts.add_metric([status], n)
-            queue.add_metric([], snap.rollouts.get("queuing", 0) + snap.rollouts.get("requeuing", 0))
-            router = self.router
-            for model in snap.models:
-                paused.add_metric([model.alias], 1.0 if model.paused else 0.0)
-                updating.add_metric([model.alias], 0.0 if model.update_id is None else 1.0)
-                waiting.add_metric([model.alias], 0 if router is None else router.waiting(model.alias))
-                for backend in model.backends:
-                    labels = [model.alias, backend.backend_id]
-                    healthy = router is None or router.is_up(backend.backend_id)
-                    backend_up.add_metric(labels, 1.0 if healthy else 0.0)
-                    busy = 0 if router is None else router.health(backend.backend_id).outstanding
-                    outstanding.add_metric(labels, busy)
-        differs = GaugeMetricFamily(
-            "rollway_engine_version_mismatch",
-            "1 while the backend's engine reports another weight version than its calls are recorded under.",
-            labels=["alias", "backend"],
-        )
-        for alias, backend_id, mismatch in self.engine_versions() if self.engine_versions is not None else ():
-            differs.add_metric([alias, backend_id], 1.0 if mismatch else 0.0)
-        yield from (rollouts, attempts, queue, paused, updating, backend_up, outstanding, waiting, differs)
 
 
 def _multiproc_dir() -> str | None:
