@@ -20,16 +20,19 @@ from rollway.admin.client_transport import Transport, query
 from rollway.admin.client_types import MergedTriplet, RollwayAPIError, Triplet
 
 CURSOR_HEADER = "x-rollway-next-cursor"
+REMOVED_HEADER = "x-rollway-removed-samples"
 T = TypeVar("T")
 U = TypeVar("U")
 
 
 @dataclass
 class _Cursor:
-    """Where an export stands: its cursor, and the calls de-duplication removed from the rollouts read so far."""
+    """Where an export stands: its cursor, the calls de-duplication removed from the rollouts read so far, and
+    the rollouts the pages read left out as samples their agent server dropped."""
 
     value: str | None
     deduped_calls: int = 0
+    removed_samples: int = 0
     rollout: tuple[Any, Any] | None = None  # the rollout and attempt of the last record read
 
     def count(self, record: Any) -> None:
@@ -65,6 +68,12 @@ class ExportRecords(Generic[T]):
         ``deduped_calls``, each rollout once; a rollout that comes again along the cursor counts again)."""
         return self._cursor.deduped_calls
 
+    @property
+    def removed_samples(self) -> int:
+        """The rollouts the pages read so far left out because their agent server asked to drop their sample
+        (``keep_removed=False``; a streamed JSON Lines page of more than 500 rollouts does not say, and counts 0)."""
+        return self._cursor.removed_samples
+
     def __aiter__(self) -> ExportRecords[T]:
         return self
 
@@ -95,6 +104,7 @@ class ExportFilters(TypedDict, total=False):
     since: str | None  # the cursor to continue from (``next_cursor``; ``"now"``: from now on)
     partial: bool  # each rollout as it finishes, not whole complete groups
     dedupe: bool  # False: keep the calls a later call repeats with the same prompt (default: drop them, and count)
+    keep_removed: bool  # True: keep the rollouts whose agent server dropped their sample (merged, SLIME, verl)
 
 
 def _filter_params(filters: ExportFilters) -> dict[str, Any]:
@@ -104,6 +114,7 @@ def _filter_params(filters: ExportFilters) -> dict[str, Any]:
         mode=filters.get("mode"),
         partial=filters.get("partial"),
         dedupe=filters.get("dedupe"),
+        keep_removed=filters.get("keep_removed"),
         metadata=[f"{k}={json.dumps(v)}" for k, v in metadata.items()] if metadata is not None else None,
         model_version=[versions] if isinstance(versions, str) else None if versions is None else list(versions),
     )
@@ -162,7 +173,7 @@ class ExportsMixin:
             params["format"] = "jsonl" if jsonl else "json"
             next_cursor: str | None = None
             if jsonl:
-                sent: dict[str, str | None] = {}  # the cursor header, also of a page with no lines
+                sent: dict[str, str | None] = {}  # the cursor and count headers, also of a page with no lines
                 request = self._t.build("GET", path, params=params)
                 async for record in self._t.json_lines(request, functools.partial(_keep_cursor, sent)):
                     if isinstance(record, dict) and record.keys() == {"next_cursor"}:
@@ -175,9 +186,11 @@ class ExportsMixin:
                     read.count(record)
                     yield record
                 next_cursor = next_cursor or sent.get("cursor")
+                read.removed_samples += int(sent.get("removed") or 0)
             else:
                 page = (await self._t.request("GET", path, params=params)).json()
                 next_cursor = page.get("next_cursor")
+                read.removed_samples += int(page.get("removed_samples") or 0)
                 for record in page.get("items", []):
                     read.count(record)
                     yield record
@@ -206,3 +219,4 @@ class ExportsMixin:
 
 def _keep_cursor(into: dict[str, str | None], response: httpx.Response) -> None:
     into["cursor"] = response.headers.get(CURSOR_HEADER)
+    into["removed"] = response.headers.get(REMOVED_HEADER)

@@ -67,8 +67,8 @@ def _exporting(
 
 
 class SyncExportRecords(Generic[T]):
-    """An export's records for synchronous code (``for``), ``next_cursor`` and ``deduped_calls``, as
-    ``ExportRecords`` has them."""
+    """An export's records for synchronous code (``for``), ``next_cursor``, ``deduped_calls`` and
+    ``removed_samples``, as ``ExportRecords`` has them."""
 
     def __init__(self, client: RollwayClient, records: ExportRecords[T]) -> None:
         self._records = records
@@ -81,6 +81,10 @@ class SyncExportRecords(Generic[T]):
     @property
     def deduped_calls(self) -> int:
         return self._records.deduped_calls
+
+    @property
+    def removed_samples(self) -> int:
+        return self._records.removed_samples
 
     def __iter__(self) -> Iterator[T]:
         return self

@@ -129,6 +129,7 @@ class Triplet(BaseModel):
     deduped_calls: int = 0  # calls of the rollout the export's de-duplication removed
     logprobs_source: Literal["sampled", "scored"] | None = None  # how the logprobs were had; None: incomplete
     logprobs_complete: bool | None = None  # one logprob for every response token (None: a server without it)
+    remove_sample: bool = False  # the agent server asked to drop the rollout's sample
 
 
 class MergedTriplet(BaseModel):
@@ -151,6 +152,7 @@ class MergedTriplet(BaseModel):
     deduped_calls: int = 0  # calls of the rollout the export's de-duplication removed
     logprobs_source: Literal["sampled", "scored"] | None = None  # "scored": some call's were scored after it
     logprobs_complete: bool | None = None  # ``logprobs`` is there (None: a server without it)
+    remove_sample: bool = False  # the agent server asked to drop the rollout's sample
 
 
 class Unset:

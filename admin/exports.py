@@ -43,5 +43,6 @@ async def export(
 ) -> Response:
     """Finished rollouts as SLIME `Sample` records (`slime`) or verl-style rows (`verl`), one per rollout
     segment; groups come whole and only once complete unless `partial=true`; `since` continues from a
-    previous `next_cursor`; `format=jsonl` streams one record per line."""
-    return await respond(context, query, renderer(FORMATS[kind], query.dedupe), format_)
+    previous `next_cursor`; `format=jsonl` streams one record per line. The rollouts whose agent server asked
+    to drop their sample are left out unless `keep_removed=true`."""
+    return await respond(context, query, renderer(FORMATS[kind], query.dedupe), format_, drop_removed=True)

@@ -18,6 +18,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -60,6 +61,8 @@ def known_parameters(*own: str) -> Any:
 CURSOR_HEADER = "x-rollway-next-cursor"
 #: The calls the page's de-duplication removed, when it is known before the body (a page of at most ``CHUNK``).
 DEDUPED_HEADER = "x-rollway-deduped-calls"
+#: The rollouts the page left out because their agent server asked to drop their sample (known as above).
+REMOVED_HEADER = "x-rollway-removed-samples"
 #: Turns a chunk of exported rollouts into JSON documents (triplets here; trainer records in ``admin.exports``).
 Renderer = Callable[[list[ExportRollout]], list[bytes]]
 JSON = "application/json"
@@ -71,7 +74,14 @@ def render(rollouts: list[ExportRollout], merge: bool, dedupe: bool = True) -> l
     out: list[bytes] = []
     for r in rollouts:
         build = merged_rows if merge else triplets
-        rows: list[Any] = build(r.rollout_id, r.latest_attempt_id, r.spans, group_id=r.group_id, dedupe=dedupe)
+        rows: list[Any] = build(
+            r.rollout_id,
+            r.latest_attempt_id,
+            r.spans,
+            group_id=r.group_id,
+            dedupe=dedupe,
+            remove_sample=r.remove_sample,
+        )
         out.extend(dumps(row) for row in rows)
     return out
 
@@ -81,35 +91,59 @@ def removed(rollouts: list[ExportRollout], dedupe: bool) -> int:
     return sum(deduped(r.spans, r.latest_attempt_id) for r in rollouts) if dedupe else 0
 
 
-#: Whether an exported rollout's rows go into the page (the ``model_version`` filter); it reads the spans. The
-#: page's cursor still moves past the rollouts it leaves out, and they count in none of the page's totals.
-Keep = Callable[[ExportRollout], bool]
+def made_by(rollout: ExportRollout, versions: frozenset[str]) -> bool:
+    """Whether every LLM call (of the latest attempt) was answered by one of ``versions``; a call whose version is
+    unknown is none of them."""
+    calls = llm_calls(rollout.spans, rollout.latest_attempt_id)
+    return all(c.span.attributes.get("rollway.model_version") in versions for c in calls)
 
 
-def made_by(versions: frozenset[str]) -> Keep:
-    """The rollouts whose every LLM call (of the latest attempt) was answered by one of ``versions``; a call whose
-    version is unknown is none of them."""
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Which of a page's rollouts give rows: those every call of which one of ``versions`` answered (the
+    ``model_version`` filter; None: any), less, with ``drop_removed``, those whose agent server asked to drop
+    their sample. The page's cursor moves past the others all the same; it reads the spans."""
 
-    def kept(rollout: ExportRollout) -> bool:
-        return all(
-            c.span.attributes.get("rollway.model_version") in versions
-            for c in llm_calls(rollout.spans, rollout.latest_attempt_id)
-        )
+    versions: frozenset[str] | None = None
+    drop_removed: bool = False
 
-    return kept
+    def split(self, rollouts: list[ExportRollout]) -> tuple[list[ExportRollout], int]:
+        """The rollouts kept, and how many of those the version filter let in were dropped as removed samples
+        (a rollout the version filter leaves out counts in no total)."""
+        versions = self.versions
+        chosen = rollouts if versions is None else [r for r in rollouts if made_by(r, versions)]
+        if not self.drop_removed:
+            return chosen, 0
+        kept = [r for r in chosen if not r.remove_sample]
+        return kept, len(chosen) - len(kept)
 
 
-def kept(rollouts: list[ExportRollout], keep: Keep | None) -> list[ExportRollout]:
-    """The rollouts ``keep`` lets into the page (all of them without a filter)."""
-    return rollouts if keep is None else [r for r in rollouts if keep(r)]
+@dataclass(slots=True)
+class Tally:
+    """What a page left out of its rows, summed over its chunks: the calls de-duplication removed from the
+    rollouts kept, and the rollouts dropped as removed samples."""
+
+    deduped_calls: int = 0
+    removed_samples: int = 0
+
+    def add(self, rollouts: list[ExportRollout], selection: Selection, dedupe: bool) -> list[ExportRollout]:
+        """Count ``rollouts`` in; the ones ``selection`` keeps."""
+        kept, dropped = selection.split(rollouts)
+        self.deduped_calls += removed(kept, dedupe)
+        self.removed_samples += dropped
+        return kept
+
+    def json(self) -> bytes:
+        """The page's closing members."""
+        return b'"deduped_calls":%d,"removed_samples":%d' % (self.deduped_calls, self.removed_samples)
 
 
 def _rendered_chunk(
-    render: Renderer, keep: Keep | None, dedupe: bool, chunk: list[ExportRollout]
-) -> tuple[list[bytes], int]:
-    """The rows of the chunk's kept rollouts, and the calls de-duplication removed from those (run in a thread)."""
-    rollouts = kept(chunk, keep)
-    return render(rollouts), removed(rollouts, dedupe)
+    render: Renderer, selection: Selection, dedupe: bool, chunk: list[ExportRollout]
+) -> tuple[list[bytes], Tally]:
+    """The rows of the chunk's kept rollouts, and what the chunk left out (run in a thread)."""
+    tally = Tally()
+    return render(tally.add(chunk, selection, dedupe)), tally
 
 
 async def _rendered(
@@ -117,22 +151,21 @@ async def _rendered(
     page: ExportPage,
     render: Renderer,
     loaded: bool,
-    keep: Keep | None,
-    tally: tuple[bool, list[int]] | None = None,
+    selection: Selection,
+    tally: Tally,
+    dedupe: bool,
     groups: ExportedGroups | None = None,
 ) -> AsyncIterator[list[bytes]]:
-    """The rows of the page's rollouts that ``keep`` lets in, ``CHUNK`` rollouts at a time (reading their spans
-    first unless ``loaded``); ``tally`` (whether the page is de-duplicated, and a list) collects, per chunk, the
-    calls de-duplication removed from the rollouts kept; ``groups`` counts the page's groups by health once every
-    chunk is rendered."""
-    dedupe = tally is not None and tally[0]
+    """The rows of the rollouts ``selection`` keeps, ``CHUNK`` rollouts at a time (reading their spans first
+    unless ``loaded``), counting into ``tally`` what each chunk left out; ``groups`` counts the page's groups by
+    health once every chunk is rendered."""
     for start in range(0, len(page.rollouts), CHUNK):
         chunk = page.rollouts[start : start + CHUNK]
         if not loaded:
             await store.export_spans(chunk)  # of the attempts the page read
-        docs, calls = await asyncio.to_thread(_rendered_chunk, render, keep, dedupe, chunk)
-        if tally is not None:
-            tally[1].append(calls)
+        docs, counted = await asyncio.to_thread(_rendered_chunk, render, selection, dedupe, chunk)
+        tally.deduped_calls += counted.deduped_calls
+        tally.removed_samples += counted.removed_samples
         if groups is not None:
             groups.add(chunk)
         yield docs
@@ -146,41 +179,31 @@ def _failure(exc: Exception) -> bytes:
     return orjson.dumps(envelope(message, "server_error")["error"])
 
 
-async def _lines(
-    store: Store, page: ExportPage, render: Renderer, loaded: bool, keep: Keep | None, groups: ExportedGroups | None
-) -> AsyncIterator[bytes]:
+async def _lines(rendered: AsyncIterator[list[bytes]]) -> AsyncIterator[bytes]:
     """JSON Lines; a failure once the stream has begun ends it with an ``{"error": …}`` line."""
     try:
-        async for docs in _rendered(store, page, render, loaded, keep, groups=groups):
+        async for docs in rendered:
             if docs:
                 yield b"\n".join(docs) + b"\n"
     except Exception as exc:
         yield b'{"error":' + _failure(exc) + b"}\n"
 
 
-async def _document(
-    store: Store,
-    page: ExportPage,
-    render: Renderer,
-    loaded: bool,
-    keep: Keep | None,
-    dedupe: bool,
-    groups: ExportedGroups | None,
-) -> AsyncIterator[bytes]:
-    """``{"items": [...], "next_cursor": …, "deduped_calls": …}`` in pieces; a failure once the stream has begun
-    closes the items and ends the document with ``"next_cursor": null`` and an ``"error"`` member."""
+async def _document(rendered: AsyncIterator[list[bytes]], page: ExportPage, tally: Tally) -> AsyncIterator[bytes]:
+    """``{"items": [...], "next_cursor": …, "deduped_calls": …, "removed_samples": …}`` in pieces; a failure once
+    the stream has begun closes the items and ends the document with ``"next_cursor": null`` and an ``"error"``
+    member."""
     yield b'{"items":['
     separator = b""
-    tally: list[int] = []
     try:
-        async for docs in _rendered(store, page, render, loaded, keep, (dedupe, tally), groups):
+        async for docs in rendered:
             if docs:
                 yield separator + b",".join(docs)
                 separator = b","
     except Exception as exc:
         yield b'],"next_cursor":null,"error":' + _failure(exc) + b"}"
         return
-    yield b'],"next_cursor":' + orjson.dumps(page.next_cursor) + b',"deduped_calls":' + str(sum(tally)).encode() + b"}"
+    yield b'],"next_cursor":' + orjson.dumps(page.next_cursor) + b"," + tally.json() + b"}"
 
 
 @router.get("/triplets", response_model=None, dependencies=[known_parameters("merge", "format")])
@@ -194,34 +217,46 @@ async def export_triplets(
     per multi-turn segment. `limit` counts rollouts; groups come whole and only once complete unless
     `partial=true`; `since` continues from a previous `next_cursor` (also in the `x-rollway-next-cursor`
     header). `format=jsonl` streams one row per line. Pages of more than 500 rollouts are streamed in either
-    format; a failure mid-stream ends the body with an error (see the module docstring)."""
-    return await respond(context, query, functools.partial(render, merge=merge, dedupe=query.dedupe), format_)
+    format; a failure mid-stream ends the body with an error (see the module docstring). Merged rows leave out
+    the rollouts whose agent server asked to drop their sample unless `keep_removed=true`; triplets keep them."""
+    render_page = functools.partial(render, merge=merge, dedupe=query.dedupe)
+    return await respond(context, query, render_page, format_, drop_removed=merge)
 
 
 async def respond(
-    context: AdminContext, query: ExportQuery, render: Renderer, format_: Literal["json", "jsonl"]
+    context: AdminContext,
+    query: ExportQuery,
+    render: Renderer,
+    format_: Literal["json", "jsonl"],
+    *,
+    drop_removed: bool,
 ) -> Response:
     """The export page ``query`` asks for, rendered by ``render``: a JSON document or JSON Lines, streamed when
-    large (the module docstring); shared by the triplet and trainer exports. A grouped page's groups are counted
-    by health (``admin.groups``) once it is rendered."""
+    large (the module docstring); shared by the triplet and trainer exports. ``drop_removed``: leave out the
+    rollouts whose agent server asked to drop their sample, unless the query keeps them. A grouped page's groups
+    are counted by health (``admin.groups``) once it is rendered."""
     store = context.store
     groups = None if query.one_by_one else ExportedGroups(context.groups_exported)
     loaded = query.limit <= CHUNK
-    keep = None if query.model_versions is None else made_by(frozenset(query.model_versions))
+    versions = None if query.model_versions is None else frozenset(query.model_versions)
+    selection = Selection(versions, drop_removed and not query.keep_removed)
     page = await store.export_rollouts(query, with_spans=loaded)
     headers = {CURSOR_HEADER: page.next_cursor} if page.next_cursor else {}
+    tally = Tally()
+    counted = query.dedupe and format_ == "json"  # a JSON Lines body ends with no total to count into
+    rendered = _rendered(store, page, render, loaded, selection, tally, counted, groups)
     if format_ == "jsonl":
-        if loaded:
-            headers[DEDUPED_HEADER] = str(removed(kept(page.rollouts, keep), query.dedupe))
-        lines = _lines(store, page, render, loaded, keep, groups)
-        return StreamingResponse(lines, media_type=JSONL, headers=headers)
+        if loaded:  # the totals go out before the body
+            known = Tally()
+            known.add(page.rollouts, selection, query.dedupe)
+            headers[DEDUPED_HEADER] = str(known.deduped_calls)
+            headers[REMOVED_HEADER] = str(known.removed_samples)
+        return StreamingResponse(_lines(rendered), media_type=JSONL, headers=headers)
     if len(page.rollouts) > CHUNK:
-        pieces = _document(store, page, render, loaded, keep, query.dedupe, groups)
-        return StreamingResponse(pieces, media_type=JSON, headers=headers)
-    tally: list[int] = []
-    rendered = _rendered(store, page, render, loaded, keep, (query.dedupe, tally), groups)
+        return StreamingResponse(_document(rendered, page, tally), media_type=JSON, headers=headers)
     docs = [doc async for chunk in rendered for doc in chunk]
-    headers[DEDUPED_HEADER] = str(sum(tally))
+    headers[DEDUPED_HEADER] = str(tally.deduped_calls)
+    headers[REMOVED_HEADER] = str(tally.removed_samples)
     body = b'{"items":[' + b",".join(docs) + b'],"next_cursor":' + orjson.dumps(page.next_cursor)
-    body += b',"deduped_calls":' + headers[DEDUPED_HEADER].encode() + b"}"
+    body += b"," + tally.json() + b"}"
     return Response(content=body, media_type=JSON, headers=headers)

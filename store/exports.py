@@ -67,6 +67,12 @@ class ExportQuery(BaseModel):
         "retries); every row says how many of its rollout's calls that removed (`deduped_calls`), and the page "
         "how many in all; false keeps every call",
     )
+    keep_removed: bool = Field(
+        False,
+        description="keep the rollouts whose agent server asked to drop their sample (Osmosis `remove_sample`), "
+        "which merged rows, SLIME samples and verl rows leave out by default (the page says how many: "
+        "`removed_samples`); triplets always keep them; every row says `remove_sample`",
+    )
 
     @field_validator("metadata")
     @classmethod
@@ -230,6 +236,9 @@ class ExportRollout:
     finish_seq: int
     export_seq: int
     spans: list[ExportSpan] = field(default_factory=list)
+    #: The agent server asked to drop the latest attempt's sample (Osmosis ``remove_sample``: ``true`` in the
+    #: ``extra_fields`` of the completion recorded in the attempt's metadata). ``export`` sets it.
+    remove_sample: bool = False
     #: The position of the rollout's group: the largest ``finish_seq`` of its finished members (its own without
     #: a group). Equal to ``export_seq`` in grouped mode; the same for every member of a group in one page in
     #: every mode. ``export`` sets it (0 until then).

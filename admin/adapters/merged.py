@@ -58,6 +58,7 @@ class MergedRow(TypedDict):
     deduped_calls: int  # calls of the rollout's latest attempt the de-duplication removed (``triplets``, rule 3)
     logprobs_source: LogprobsSource  # ``scored`` when some call's were scored after it, else ``sampled``; None
     logprobs_complete: bool  # ``logprobs`` holds one for every response token (not None)
+    remove_sample: bool  # the agent server asked to drop the rollout's sample (``ExportRollout.remove_sample``)
 
 
 @dataclass(slots=True)
@@ -173,7 +174,13 @@ def _joined(items: list[str]) -> RawJson:
 
 
 def row(
-    segment: Segment, rollout_id: str, attempt_id: str, group_id: str | None, breaks: int, removed: int = 0
+    segment: Segment,
+    rollout_id: str,
+    attempt_id: str,
+    group_id: str | None,
+    breaks: int,
+    removed: int = 0,
+    remove_sample: bool = False,
 ) -> MergedRow:
     versions: list[str] = []
     for call in segment.calls:
@@ -196,6 +203,7 @@ def row(
         deduped_calls=removed,
         logprobs_source=segment.logprobs_source,
         logprobs_complete=segment.logprobs is not None,
+        remove_sample=remove_sample,
     )
 
 
@@ -206,10 +214,12 @@ def merged_rows(
     *,
     group_id: str | None = None,
     dedupe: bool = True,
+    remove_sample: bool = False,
 ) -> list[MergedRow]:
-    """The calls of the latest attempt chained by token prefix: one row per segment (rules: module doc)."""
+    """The calls of the latest attempt chained by token prefix: one row per segment (rules: module doc); each
+    says ``remove_sample`` (the agent server asked to drop the sample)."""
     if attempt_id is None:
         return []
     found, breaks = segments(spans, attempt_id, dedupe=dedupe)
     removed = deduped(spans, attempt_id) if dedupe else 0
-    return [row(s, rollout_id, attempt_id, group_id, breaks, removed) for s in found]
+    return [row(s, rollout_id, attempt_id, group_id, breaks, removed, remove_sample) for s in found]

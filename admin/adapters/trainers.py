@@ -28,7 +28,8 @@ every mode, increasing along a grouped export), ``index`` (the member's index wi
 group), ``prompt`` (the first call's messages, or a text completion's prompt), ``response`` (the last call's
 text; no tokenizer here) and ``metadata`` (rollout, attempt, group ids, segment numbers, finish reason,
 ``side_choice``: true on the row of a choice the conversation did not continue with, and the merged row's
-``model_version``, ``sampling``, ``deduped_calls``, ``logprobs_source`` and ``logprobs_complete``). A
+``model_version``, ``sampling``, ``deduped_calls``, ``logprobs_source``, ``logprobs_complete`` and
+``remove_sample``). A
 finished rollout without a trainable call gives one ``aborted`` sample with empty ``tokens``, so a group always
 has all its members.
 
@@ -36,7 +37,11 @@ verl row (one per segment): ``uid`` (the group id, or the rollout id: what GRPO 
 ``response_ids``, ``response_mask``, ``rollout_log_probs``, ``token_level_scores`` (zeros with the rollout's
 reward on the last response token; ``None`` when the rollout has no reward — never zeros), ``reward`` and
 ``status`` (as SLIME's), and the merged row's ``model_version``, ``sampling``, ``deduped_calls``,
-``logprobs_source`` and ``logprobs_complete``. Rollouts without a trainable call give no row.
+``logprobs_source``, ``logprobs_complete`` and ``remove_sample``. Rollouts without a trainable call give no row.
+
+``remove_sample`` is true on every record of a rollout whose agent server asked to drop its sample (Osmosis
+``remove_sample``, ``store.exports.ExportRollout``); the export routes leave such rollouts out unless asked to keep
+them (``admin.triplets.Selection``).
 """
 
 from __future__ import annotations
@@ -153,6 +158,7 @@ class Segment:
             "deduped_calls": self.row["deduped_calls"],
             "logprobs_source": self.row["logprobs_source"],
             "logprobs_complete": self.row["logprobs_complete"],
+            "remove_sample": self.row["remove_sample"],
         }
 
 
@@ -183,7 +189,7 @@ def segments(rollout: ExportRollout, dedupe: bool = True) -> list[Segment]:
     return [
         Segment(
             rollout,
-            merged.row(s, rollout.rollout_id, attempt, rollout.group_id, breaks, removed),
+            merged.row(s, rollout.rollout_id, attempt, rollout.group_id, breaks, removed, rollout.remove_sample),
             s.calls,
             n,
             len(found),
@@ -230,6 +236,7 @@ def slime_samples(rollout: ExportRollout, dedupe: bool = True) -> list[dict[str,
                     "deduped_calls": 0,
                     "logprobs_source": None,
                     "logprobs_complete": False,
+                    "remove_sample": rollout.remove_sample,
                 },
             }
         ]
@@ -282,6 +289,7 @@ def verl_rows(rollout: ExportRollout, dedupe: bool = True) -> list[dict[str, Any
                 "deduped_calls": s.row["deduped_calls"],
                 "logprobs_source": s.row["logprobs_source"],
                 "logprobs_complete": s.row["logprobs_complete"],
+                "remove_sample": s.row["remove_sample"],
             }
         )
     return rows

@@ -113,6 +113,7 @@ class Triplet(TypedDict):
     deduped_calls: int  # calls of the rollout's latest attempt the de-duplication removed (rule 3)
     logprobs_source: LogprobsSource  # how ``response_logprobs`` were had (rule 7); None when they are incomplete
     logprobs_complete: bool  # one logprob for every response token
+    remove_sample: bool  # the agent server asked to drop the rollout's sample (``ExportRollout.remove_sample``)
 
 
 #: The request fields a trainer needs to know how a sample was drawn (importance ratios under a temperature, a
@@ -351,7 +352,9 @@ def _response_messages(request: Mapping[str, Any]) -> list[Any] | None:
     return system + items
 
 
-def _triplet(call: LlmCall, rollout_id: str, attempt_id: str, group_id: str | None, removed: int) -> Triplet:
+def _triplet(
+    call: LlmCall, rollout_id: str, attempt_id: str, group_id: str | None, removed: int, remove_sample: bool
+) -> Triplet:
     attributes = call.span.attributes
     messages, prompt = request_prompt(call)
     choice = response_choice(call)
@@ -378,6 +381,7 @@ def _triplet(call: LlmCall, rollout_id: str, attempt_id: str, group_id: str | No
         deduped_calls=removed,
         logprobs_source=call.logprobs_source,
         logprobs_complete=call.logprobs_source is not None,
+        remove_sample=remove_sample,
     )
 
 
@@ -388,16 +392,17 @@ def triplets(
     *,
     group_id: str | None = None,
     dedupe: bool = True,
+    remove_sample: bool = False,
 ) -> list[Triplet]:
     """One triplet per choice of each LLM call of the latest attempt ``attempt_id``, in sequence order, then
-    choice order (rules: module doc)."""
+    choice order (rules: module doc); each says ``remove_sample`` (the agent server asked to drop the sample)."""
     if attempt_id is None:
         return []
     every = all_calls(spans, attempt_id)
     kept = _without_retries(every) if dedupe else every
     calls = match_rewards(kept, spans, attempt_id)
     removed = len(every) - len(kept)
-    return [_triplet(call, rollout_id, attempt_id, group_id, removed) for call in calls]
+    return [_triplet(call, rollout_id, attempt_id, group_id, removed, remove_sample) for call in calls]
 
 
 def _fragment(value: Any) -> orjson.Fragment:

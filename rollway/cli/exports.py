@@ -63,26 +63,34 @@ def _export(
     noun: str,
     records: Callable[[AsyncRollwayClient], ExportRecords[dict[str, Any]]],
 ) -> None:
-    """Write the records to ``out``, then say how many, and how many repeated calls the de-duplication removed
-    from their rollouts (the sum of the rows' ``deduped_calls``, each rollout once)."""
+    """Write the records to ``out``, then say how many, how many repeated calls the de-duplication removed from
+    their rollouts (the sum of the rows' ``deduped_calls``, each rollout once), and how many rollouts were left
+    out as samples their agent server dropped."""
 
-    async def work(client: AsyncRollwayClient) -> tuple[int, int]:
+    async def work(client: AsyncRollwayClient) -> tuple[int, int, int]:
         with _output(out) as handle, progress_bar(counted=False) as progress:
             exported = records(client)
-            return await write_lines(exported, handle, progress, label), exported.deduped_calls
+            count = await write_lines(exported, handle, progress, label)
+            return count, exported.deduped_calls, exported.removed_samples
 
-    count, deduped = run(connection, work)
+    count, deduped, dropped = run(connection, work)
     where = "stdout" if out == "-" else escape(out)
-    removed = f" ({deduped} repeated calls removed; --keep-retries keeps them)" if deduped else ""
-    err_console().print(f"Wrote [bold]{count}[/] {noun} to {where}{removed}")
+    notes = [f"{deduped} repeated calls removed; --keep-retries keeps them"] if deduped else []
+    if dropped:
+        notes.append(f"{dropped} rollouts left out as their agent server asked; --keep-removed keeps them")
+    summary = f" ({'; '.join(notes)})" if notes else ""
+    err_console().print(f"Wrote [bold]{count}[/] {noun} to {where}{summary}")
 
 
 def filters(query: dict[str, Any]) -> dict[str, Any]:
     """The command's filter options as the client takes them: ``--metadata KEY=VALUE`` (the value read as JSON
-    when it parses) into a mapping, repeated ``--model-version`` into a list."""
+    when it parses) into a mapping, repeated ``--model-version`` into a list; ``--keep-retries`` and
+    ``--keep-removed`` only when given."""
     pairs, versions = query.pop("metadata", ()), query.pop("model_version", ())
     if query.pop("keep_retries", False):
         query["dedupe"] = False
+    if query.pop("keep_removed", False):
+        query["keep_removed"] = True
     if pairs:
         metadata: dict[str, Any] = {}
         for pair in pairs:

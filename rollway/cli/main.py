@@ -308,6 +308,12 @@ def _export_filters(command: Callable[..., None]) -> Callable[..., None]:
         click.option(
             "--keep-retries/--dedupe", "keep_retries", default=False, help="Keep calls a later one repeats exactly."
         ),
+        click.option(
+            "--keep-removed",
+            "keep_removed",
+            is_flag=True,
+            help="Keep rollouts whose agent server dropped their sample (merged rows, SLIME, verl).",
+        ),
     ]
     for option in reversed(options):
         command = option(command)

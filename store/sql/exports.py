@@ -1,6 +1,7 @@
 """Reads for training-data exports: finished rollouts in the order they finished, with the spans of each
-rollout's latest attempt, in two queries per page (rollouts, then their spans; a third for the groups' positions
-when rollouts are taken one by one) — never one per rollout.
+rollout's latest attempt, in three queries per page (rollouts, the attempts whose agent server asked to drop their
+sample, then their spans; a fourth for the groups' positions when rollouts are taken one by one) — never one per
+rollout.
 
 Order and cursor. Every rollout has a ``finish_seq`` (``store.sql.lifecycle.next_finish_seq``) once it finished.
 An export walks *units* in the order of their ``export_seq``:
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Select, Text, cast, func, select, union_all
+from sqlalchemy import ColumnElement, Connection, Select, Text, cast, func, select, union_all
 
 from rollway.store.db import models
 from rollway.store.db.dialect import decode_cursor, encode_cursor
@@ -53,6 +54,13 @@ from rollway.store.sql.lifecycle import FINISH_COUNTER
 
 R = models.rollouts
 S = models.spans
+A = models.attempts
+
+#: Where an attempt's metadata holds an agent server's "drop this sample" (``store.sql.agents.complete`` keeps
+#: the completion under ``completion``, an Osmosis 0.3 result's flag in its ``extra_fields``).
+REMOVE_SAMPLE_PATH = ("completion", "extra_fields", "remove_sample")
+#: Attempt ids asked about per query (well within SQLite's bound parameters).
+ATTEMPTS_PER_QUERY = 1000
 
 _ROLLOUT_COLUMNS = (
     R.c.rollout_id,
@@ -158,6 +166,30 @@ def _group_seqs(conn: Connection, rollouts: list[ExportRollout], grouped: bool) 
             rollout.group_seq = last.get(rollout.group_id) or rollout.export_seq
 
 
+def _remove_sample(dialect: str) -> ColumnElement[bool]:
+    """Whether an attempt's metadata holds ``remove_sample: true`` (``REMOVE_SAMPLE_PATH``)."""
+    if dialect == "sqlite":
+        return func.json_extract(A.c.metadata, "$." + ".".join(REMOVE_SAMPLE_PATH)) == 1  # JSON true reads as 1
+    *objects, key = REMOVE_SAMPLE_PATH
+    value: Any = A.c.metadata
+    for name in objects:
+        value = value.op("->")(name)
+    return cast(value.op("->>")(key), Text) == "true"
+
+
+def _removed_samples(conn: Connection, rollouts: list[ExportRollout]) -> None:
+    """Set ``remove_sample`` on the rollouts whose latest attempt (as the page read it) carries the flag; the
+    query hands back the flagged attempts only."""
+    attempts = [r.latest_attempt_id for r in rollouts if r.latest_attempt_id is not None]
+    flagged: set[str] = set()
+    for start in range(0, len(attempts), ATTEMPTS_PER_QUERY):
+        asked = attempts[start : start + ATTEMPTS_PER_QUERY]
+        stmt = select(A.c.attempt_id).where(A.c.attempt_id.in_(asked), _remove_sample(conn.dialect.name))
+        flagged.update(conn.execute(stmt).scalars())
+    for rollout in rollouts:
+        rollout.remove_sample = rollout.latest_attempt_id in flagged
+
+
 def attach_spans(conn: Connection, rollouts: list[ExportRollout]) -> None:
     """Attach the spans of each rollout's ``latest_attempt_id`` as the page read it, in sequence order (one
     query). By that attempt, not the rollout's latest now: a rollout that got a new attempt since (requeued, or
@@ -212,6 +244,7 @@ def export(conn: Connection, query: ExportQuery, *, with_spans: bool = True) -> 
         for r in rows
     ]
     _group_seqs(conn, rollouts, grouped=not query.one_by_one)
+    _removed_samples(conn, rollouts)
     if with_spans:
         attach_spans(conn, rollouts)
     next_cursor = encode_cursor(rollouts[-1].export_seq) if rollouts else (since or None)

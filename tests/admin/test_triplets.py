@@ -17,7 +17,7 @@ from rollway.admin import triplets as admin_triplets
 from rollway.admin.adapters import merged_rows, triplets
 from rollway.app.factory import RollwayApp
 from rollway.settings import Settings
-from rollway.store import ExportQuery, RolloutConfig, Span, Store, TaskSpec
+from rollway.store import ExportQuery, RemoteCompletion, RolloutConfig, Span, Store, TaskSpec
 from rollway.store.exports import RawJson, read_attributes
 from support.gateway_harness import app_lifespan
 from support.spans import A1, A2, call, conversation, other, plain, reward
@@ -143,6 +143,7 @@ def test_a_triplet_carries_the_call_and_its_context() -> None:
         "deduped_calls": 0,
         "logprobs_source": "sampled",
         "logprobs_complete": True,
+        "remove_sample": False,
     }
     assert second["response"] == text.attributes["rollway.response"]["choices"][0]["text"]
     assert (second["messages"], second["prompt"]) == (None, "hi")
@@ -330,7 +331,12 @@ async def test_incremental_pulls_return_each_finished_rollout_once(app_store: St
     assert rollouts_in(first["items"]) == [solo_1]
     assert first["next_cursor"]
     nothing_new = await export(client, since=first["next_cursor"])
-    assert nothing_new == {"items": [], "next_cursor": first["next_cursor"], "deduped_calls": 0}  # keeps its place
+    assert nothing_new == {  # keeps its place
+        "items": [],
+        "next_cursor": first["next_cursor"],
+        "deduped_calls": 0,
+        "removed_samples": 0,
+    }
 
     await run(app_store, client, solo_2)
     await run(app_store, client, pair[1])
@@ -489,6 +495,77 @@ async def test_store_export_orders_units_by_their_last_finish(store: Store) -> N
     rest = await store.export_rollouts(ExportQuery(partial=True, since=partial.next_cursor), with_spans=False)
     assert [r.rollout_id for r in rest.rollouts] == order[1:]
     assert all(r.spans == [] for r in rest.rollouts)
+
+
+async def dropped_sample(store: Store, rollout_id: str, attempt_id: str) -> None:
+    """The attempt ends as an Osmosis 0.3 agent server's "drop this sample" is recorded: succeeded, no reward,
+    ``remove_sample: true`` in its completion's ``extra_fields``."""
+    report = RemoteCompletion(rollout_id=rollout_id, status="COMPLETED", extra_fields={"remove_sample": True})
+    await store.complete_remote(report, attempt_id)
+
+
+async def test_store_export_says_which_rollouts_an_agent_server_asked_to_drop(store: Store) -> None:
+    """Read on each engine from the latest attempt's metadata (the completion's ``extra_fields``); other
+    metadata is no flag."""
+    rollouts = await store.enqueue([TaskSpec(), TaskSpec()])
+    claimed = {c.rollout.rollout_id: c.attempt.attempt_id for c in await store.claim("w", limit=2)}
+    dropped, kept = (r.rollout_id for r in rollouts)
+    for rollout_id, attempt_id in claimed.items():
+        await store.add_spans(conversation(rollout_id, attempt_id))
+    await dropped_sample(store, dropped, claimed[dropped])
+    await store.update_attempt(kept, status="succeeded", metadata={"completion": {"extra_fields": None}})
+    for with_spans in (True, False):
+        page = await store.export_rollouts(ExportQuery(partial=True), with_spans=with_spans)
+        assert {r.rollout_id: r.remove_sample for r in page.rollouts} == {dropped: True, kept: False}
+
+
+async def test_merged_and_trainer_exports_leave_out_a_sample_its_agent_server_dropped(
+    app_store: Store, client: httpx.AsyncClient
+) -> None:
+    """Triplets keep the rollout and say ``remove_sample``; merged rows, SLIME samples and verl rows leave it out
+    (and count it) unless ``keep_removed=true``, in JSON pages, JSON Lines and large streamed pages alike."""
+    ids = await enqueue(app_store, {}, {}, {})
+    dropped = ids[1]
+    for rollout_id in ids:
+        attempt = (await app_store.get_attempt(rollout_id)).attempt_id
+        if rollout_id == dropped:
+            await app_store.add_spans(conversation(rollout_id, attempt))
+            await dropped_sample(app_store, rollout_id, attempt)
+        else:
+            await run(app_store, client, rollout_id)
+
+    async def flagged(path: str, **params: Any) -> tuple[dict[str, bool], dict[str, Any], httpx.Headers]:
+        response = await client.get(f"/admin/v1{path}", params={"partial": "true", **params})
+        assert response.status_code == 200, response.text
+        if params.get("format") == "jsonl":
+            body = {"items": [orjson.loads(line) for line in response.text.splitlines()]}
+        else:
+            body = response.json()
+        rows = {}
+        for row in body["items"]:
+            meta = row.get("metadata", row)
+            rows[meta["rollout_id"]] = meta["remove_sample"]
+        return rows, body, response.headers
+
+    rows, body, headers = await flagged("/triplets")
+    assert rows == {ids[0]: False, dropped: True, ids[2]: False}
+    assert body["removed_samples"] == 0 and headers["x-rollway-removed-samples"] == "0"
+    for path, params in (
+        ("/triplets", {"merge": "true"}),
+        ("/exports/slime", {}),
+        ("/exports/verl", {}),
+        ("/exports/verl", {"limit": 600}),  # streamed in chunks
+    ):
+        rows, body, headers = await flagged(path, **params)
+        assert rows == {ids[0]: False, ids[2]: False}, path
+        assert body["removed_samples"] == 1, path
+        rows, body, _ = await flagged(path, keep_removed="true", **params)
+        assert rows == {ids[0]: False, dropped: True, ids[2]: False}, path
+        assert body["removed_samples"] == 0
+    rows, _, headers = await flagged("/exports/slime", format="jsonl")
+    assert rows == {ids[0]: False, ids[2]: False} and headers["x-rollway-removed-samples"] == "1"
+    _, body, headers = await flagged("/exports/slime", model_version="not-it")
+    assert body["items"] == [] and body["removed_samples"] == 0  # left out by the filter first
 
 
 async def test_large_pages_stream_in_chunks_with_the_same_rows(

@@ -282,6 +282,32 @@ def test_an_export_says_how_many_repeated_calls_it_removed(
     assert len(kept.stdout.splitlines()) == 3 and "Wrote 3 triplets to stdout\n" in kept.stderr
 
 
+def test_an_export_leaves_out_a_sample_its_agent_server_dropped_and_says_so(
+    gateway: GatewayProcess, admin: RollwayClient, mock: MockBackendProcess
+) -> None:
+    admin.put_model("tiny", [{"base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}])
+    claim = admin.start_rollout({"input": "What is 2 + 3?"}, worker_id="cli-worker")
+    rollout_id = claim.rollout.rollout_id
+    with OpenAI(base_url=claim.base_url, api_key=claim.api_key, max_retries=0) as llm:
+        llm.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "What is 2 + 3?"}])
+    # As an Osmosis 0.3 agent server's "drop this sample" is recorded: succeeded, no reward, the flag in the
+    # completion's extra_fields.
+    dropped = {"completion": {"status": "COMPLETED", "reward": None, "extra_fields": {"remove_sample": True}}}
+    admin.update_attempt(rollout_id, status="succeeded", metadata=dropped)
+
+    for stream in ((), ("--stream",)):
+        left_out = rollway(gateway, "export", "verl", "-", "--rollout-id", rollout_id, *stream)
+        assert left_out.exit_code == 0, left_out.output
+        assert left_out.stdout == "" and "Wrote 0 verl records" in left_out.stderr
+        assert "(1 rollouts left out as their agent server asked; --keep-removed keeps them)" in left_out.stderr
+    kept = rollway(gateway, "export", "slime", "-", "--rollout-id", rollout_id, "--keep-removed")
+    [sample] = [json.loads(line) for line in kept.stdout.splitlines()]
+    assert sample["metadata"]["remove_sample"] is True and "left out" not in kept.stderr
+    triplets = rollway(gateway, "triplets", "export", "-", "--rollout-id", rollout_id)
+    [row] = [json.loads(line) for line in triplets.stdout.splitlines()]
+    assert row["remove_sample"] is True  # triplets keep it
+
+
 @pytest.mark.slow
 def test_rollway_demo_runs_the_whole_loop_within_a_minute(tmp_path: Path) -> None:
     out = tmp_path / "demo-triplets.jsonl"
