@@ -129,6 +129,7 @@ class Dispatcher:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._loop_task = None
+        await self._controller.close()
         if self._session is not None:
             await self._session.close()
             self._session = None

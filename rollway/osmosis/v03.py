@@ -23,7 +23,8 @@ attempt the dispatcher has claimed, ``Controller.run``:
    (the server's "drop this sample"); ``failure`` → it fails, with the server's category and message, and the
    rollout's retry config decides what follows (a failure is never a reward of 0); ``cancelled`` by the server →
    it fails. A 404 for a live id (the server restarted and lost it) or a 403 (the lease is no longer valid) fails
-   it at once, rather than at the rollout's deadline;
+   it at once, rather than at the rollout's deadline, and so does a new ``process_id`` on the server's
+   ``/health``, read every 5 s while its rollouts are polled (``rollway.osmosis.restarts``);
 4. when the attempt ends in the store before the server says so (cancelled through the admin API, timed out),
    cancels it at the server: ``POST {url}/rollout/cancel {"ids": [id]}``.
 
@@ -48,6 +49,7 @@ import aiohttp
 import orjson
 
 from rollway.gateway.upstream import backoff, wait
+from rollway.osmosis.restarts import Restarts, health_of
 from rollway.store import (
     AgentServer,
     AttemptedRollout,
@@ -145,25 +147,11 @@ async def probe(session: aiohttp.ClientSession, server: AgentServer) -> Protocol
     answer that it is not (a 404, or a 200 without ``process_id`` and ``lifecycle``), None otherwise (no answer, a
     5xx, 401, 403, 429 or any other status: a 0.3 server that is failing, busy or refusing the key says nothing
     of its protocol), so that the caller asks again next time."""
-    try:
-        async with session.get(
-            f"{server.url}/health",
-            headers=headers_of(server),
-            timeout=aiohttp.ClientTimeout(total=5),
-            allow_redirects=False,
-        ) as response:
-            raw = await response.read()
-            status = response.status
-    except (aiohttp.ClientError, TimeoutError):
-        return None
+    status, health = await health_of(session, f"{server.url}/health", headers_of(server))
     if status == 404:
         return "v1"
     if status != 200:
         return None
-    try:
-        health = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        health = None
     return "0.3" if isinstance(health, dict) and "process_id" in health and "lifecycle" in health else "v1"
 
 
@@ -229,6 +217,11 @@ class Controller:
         self._store, self._session = store, session
         self._retries, self._retry_max_wait = retries, retry_max_wait
         self._record = record  # the dispatcher's record of dispatch facts in the attempt's metadata
+        self._restarts = Restarts(session)
+
+    async def close(self) -> None:
+        """Stop reading the servers' ``/health`` (``rollway.osmosis.restarts``)."""
+        await self._restarts.close()
 
     async def run(
         self, server: AgentServer, attempted: AttemptedRollout, messages: list[Any], chat_url: str, key: str
@@ -375,6 +368,14 @@ class Controller:
     async def _poll(
         self, server: AgentServer, rollout_id: str, attempt_id: str, admitted: Admitted
     ) -> RemoteCompletion | None:
+        with self._restarts.watching((server.name, server.url), headers_of(server), admitted.osmosis_id) as restarted:
+            return await self._poll_until(server, rollout_id, attempt_id, admitted, restarted)
+
+    async def _poll_until(
+        self, server: AgentServer, rollout_id: str, attempt_id: str, admitted: Admitted, restarted: asyncio.Event
+    ) -> RemoteCompletion | None:
+        """Poll the result until the rollout ends there or here, the lease is lost, or ``restarted`` is set (the
+        server's ``process_id`` changed: its rollout is gone)."""
         url = f"{server.url}/rollout/{admitted.osmosis_id}/result"
         headers = headers_of(server) | {LEASE_HEADER: admitted.lease}
         timeout = aiohttp.ClientTimeout(total=admitted.wait_seconds + POLL_SLACK)
@@ -384,13 +385,20 @@ class Controller:
             sent = time.monotonic()
             ended = asyncio.ensure_future(self._ended_in_store(rollout_id, attempt_id, admitted.wait_seconds))
             polled = asyncio.ensure_future(self._get(url, headers, timeout))
-            done, _ = await asyncio.wait({ended, polled}, return_when=asyncio.FIRST_COMPLETED)
+            gone = asyncio.ensure_future(restarted.wait())
+            done, _ = await asyncio.wait({ended, polled, gone}, return_when=asyncio.FIRST_COMPLETED)
             if ended in done and ended.result():  # cancelled or timed out here: tell the server
                 polled.cancel()
+                gone.cancel()
                 await self._cancel(server, admitted.osmosis_id)
                 return None
+            if gone in done and polled not in done:
+                polled.cancel()
+                ended.cancel()
+                return _lost(rollout_id, "the agent server restarted (its /health shows a new process_id)")
             answer = await polled
             ended.cancel()
+            gone.cancel()
             status, result = answer
             if status == 200 and isinstance(result, dict):
                 lease_until = sent + admitted.lease_seconds  # the server renewed it when the poll arrived

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -18,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from rollway.mock import MockBackendProcess
-from rollway.osmosis import v03
+from rollway.osmosis import restarts, v03
 from rollway.osmosis.dispatcher import Dispatcher
 from rollway.settings import Settings
 from rollway.store import AgentServer, Rollout, Span
@@ -436,6 +437,57 @@ async def test_a_03_admission_waiting_out_429s_is_not_taken_for_lost_by_another_
     assert rollout.status == "succeeded" and admitted == [attempt.attempt_id]
     dispatch = (attempt.metadata or {})["dispatch"]
     assert dispatch["osmosis_id"] == attempt.attempt_id and dispatch["admitting"] is None
+
+
+async def test_a_03_server_whose_process_id_changes_has_its_polled_rollouts_failed_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While rollouts of a 0.3 server are polled, one reader per server re-reads its ``/health``; a new
+    ``process_id`` (the server restarted: its rollouts are gone) fails the attempts admitted before it at once,
+    though their polls still answer ``running`` (as a new process would only say 404 at the next answer)."""
+    monkeypatch.setattr(restarts, "HEALTH_EVERY", 0.3)
+    ids = ["ro-r1", "ro-r2"]
+    polled: set[str] = set()
+    reads: list[float] = []
+    process = ["p-1"]
+    confirmed: list[float] = []  # the reads that answered p-1 after both rollouts were polled
+
+    async def health(request: web.Request) -> web.Response:
+        reads.append(time.monotonic())
+        answer = {"status": "ok", "process_id": process[0], "lifecycle": {"accepting_rollouts": True}}
+        if len(polled) == len(ids):  # both polled (so watched) before the second such read was sent
+            confirmed.append(reads[-1])
+            if len(confirmed) == 2:  # the server restarts: the next reads show the new process
+                process[0] = "p-2"
+        return web.json_response(answer)
+
+    async def admit(request: web.Request) -> web.Response:
+        rollout_id = (await request.json())["rollout_id"]
+        return web.json_response(
+            {"rollout_id": rollout_id, "polling_lease_token": "t", "result_wait_timeout_sec": 0.5}, status=202
+        )
+
+    async def result(request: web.Request) -> web.Response:
+        polled.add(request.match_info["id"])
+        await asyncio.sleep(0.5)
+        return web.json_response({"rollout_id": request.match_info["id"], "status": "running"})
+
+    routes = [web.get("/health", health), web.post("/rollout", admit), web.get("/rollout/{id}/result", result)]
+    async with (
+        serving(*routes) as url,
+        running_gateway(tmp_path) as gw,
+        httpx.AsyncClient(base_url=gw.url) as admin,
+    ):
+        await admin.put("/admin/v1/agents/flaky", json={"url": url})
+        await admin.post(
+            "/admin/v1/rollouts", json={"tasks": [{"rollout_id": i, "input": "x", "agent": "flaky"} for i in ids]}
+        )
+        rollouts = await finish(gw, ids, timeout=15)
+        attempts = [(await gw.store.list_attempts(i))[0] for i in ids]
+    assert [r.status for r in rollouts] == ["failed", "failed"] and process == ["p-2"]
+    assert all("new process_id" in (a.metadata or {})["completion"]["error_message"] for a in attempts)
+    watched = [t for t in reads if t >= confirmed[0]]  # (not the probes): one reader, never two reads at once
+    assert all(later - earlier > 0.25 for earlier, later in itertools.pairwise(watched)), watched
 
 
 @pytest.mark.parametrize(
