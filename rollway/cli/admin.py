@@ -1,10 +1,12 @@
 """The plumbing of ``rollway``'s admin commands: each talks to a running gateway through the admin client
-(its implementation in ``rollway/cli/commands.py``, imported when the command runs)."""
+(its implementation in ``rollway/cli/commands.py``, imported when the command runs); and the check of a file
+argument a command writes to (``parent_exists``)."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -30,3 +32,13 @@ def admin_command(group: click.Group, name: str) -> Callable[[Callable[..., None
 
 
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+
+def parent_exists(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A file to write must be in a directory that exists: checked before any work (an export, a whole demo)
+    is done, rather than failing with a traceback when the result is written."""
+    if value is not None and value != "-":
+        folder = Path(value).expanduser().parent
+        if not folder.is_dir():
+            raise click.BadParameter(f"the directory {folder} does not exist", ctx=ctx, param=param)
+    return value

@@ -9,13 +9,13 @@ from __future__ import annotations
 import errno
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
-from rollway.cli.admin import JSON_OPTION, admin_command
+from rollway.cli.admin import JSON_OPTION, admin_command, parent_exists
+from rollway.cli.export_commands import export, triplets
 from rollway.cli.models import models
 
 if TYPE_CHECKING:
@@ -153,16 +153,6 @@ def port_in_use(host: str, port: int) -> str | None:
     return None
 
 
-def parent_exists(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """A file to write must be in a directory that exists: checked before any work (an export, a whole demo)
-    is done, rather than failing with a traceback when the result is written."""
-    if value is not None and value != "-":
-        folder = Path(value).expanduser().parent
-        if not folder.is_dir():
-            raise click.BadParameter(f"the directory {folder} does not exist", ctx=ctx, param=param)
-    return value
-
-
 @main.command("mock-backend")
 @click.option(
     "--flavor",
@@ -297,82 +287,8 @@ def rollouts_list(
 main.add_command(models)
 
 
-def _export_filters(command: Callable[..., None]) -> Callable[..., None]:
-    """The options every export takes to pick rollouts by mode, task metadata and model version."""
-    options = [
-        click.option("--mode", type=click.Choice(["train", "val", "test"]), default=None, help="Only this mode."),
-        click.option("--metadata", multiple=True, help="Only tasks whose metadata has KEY=VALUE (repeatable)."),
-        click.option(
-            "--model-version", "model_version", multiple=True, help="Only rollouts this version made (repeatable)."
-        ),
-        click.option(
-            "--keep-retries/--dedupe", "keep_retries", default=False, help="Keep calls a later one repeats exactly."
-        ),
-        click.option(
-            "--keep-removed",
-            "keep_removed",
-            is_flag=True,
-            help="Keep rollouts whose agent server dropped their sample (merged rows, SLIME, verl).",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
-@main.group()
-def triplets() -> None:
-    """Export training data."""
-
-
-@admin_command(triplets, "export")
-@click.argument("out", type=click.Path(dir_okay=False, allow_dash=True), callback=parent_exists)
-@click.option("--merge", is_flag=True, help="One multi-turn row per rollout segment (token_ids + loss_mask).")
-@click.option("--rollout-id", "rollout_id", multiple=True, help="Only this rollout (repeatable).")
-@click.option("--group-id", default=None, help="Only this group.")
-@click.option("--since", default=None, help="Only what finished after this cursor.")
-@click.option("--partial", is_flag=True, help="Also incomplete groups.")
-@click.option("--page-size", type=click.IntRange(1, 10_000), default=500, show_default=True, help="Rollouts per call.")
-@click.option("--stream", "jsonl", is_flag=True, help="Fetch pages as streamed JSON Lines.")
-@_export_filters
-def triplets_export(connection: Connection, out: str, rollout_id: tuple[str, ...], **query: Any) -> None:
-    """Write triplets (per LLM call, with token ids, logprobs and rewards) as JSON Lines to OUT ('-': stdout)."""
-    from rollway.cli.exports import triplets_export as export
-
-    export(connection, out, rollout_id=list(rollout_id) or None, **query)
-
-
-@main.group()
-def export() -> None:
-    """Export training data for a trainer (SLIME samples, verl rows)."""
-
-
-def _trainer_export(kind: Literal["slime", "verl"], what: str) -> None:
-    def command(connection: Connection, out: str, rollout_id: tuple[str, ...], **query: Any) -> None:
-        from rollway.cli.exports import trainer_export
-
-        trainer_export(connection, kind, out, rollout_id=list(rollout_id) or None, **query)
-
-    command.__doc__ = f"Write {what} of finished rollouts (whole groups) as JSON Lines to OUT ('-': stdout)."
-    options = [
-        click.argument("out", type=click.Path(dir_okay=False, allow_dash=True), callback=parent_exists),
-        click.option("--rollout-id", "rollout_id", multiple=True, help="Only this rollout (repeatable)."),
-        click.option("--group-id", default=None, help="Only this group."),
-        click.option("--since", default=None, help="Only what finished after this cursor."),
-        click.option("--partial", is_flag=True, help="Also incomplete groups."),
-        click.option(
-            "--page-size", type=click.IntRange(1, 10_000), default=500, show_default=True, help="Rollouts/call."
-        ),
-        click.option("--stream", "jsonl", is_flag=True, help="Fetch pages as streamed JSON Lines."),
-    ]
-    decorated: Callable[..., None] = _export_filters(command)
-    for option in reversed(options):
-        decorated = option(decorated)
-    admin_command(export, kind)(decorated)
-
-
-_trainer_export("slime", "SLIME Sample records (tokens, response_length, loss_mask, reward, log probs)")
-_trainer_export("verl", "verl-style rows (prompt/response ids, response mask, token-level scores)")
+main.add_command(triplets)
+main.add_command(export)
 
 
 @main.group()
