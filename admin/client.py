@@ -44,6 +44,7 @@ from rollway.admin.client_types import (
     WeightUpdateFailed,
 )
 from rollway.admin.client_updates import UpdatesMixin
+from rollway.admin.model_schemas import ModelPage, ModelView
 from rollway.admin.schemas import (
     AgentPage,
     AgentView,
@@ -51,8 +52,6 @@ from rollway.admin.schemas import (
     ClaimsResponse,
     GroupView,
     MintedKey,
-    ModelPage,
-    ModelView,
     ResourcesPage,
     RolloutPage,
     RolloutsResponse,

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from rollway.admin.client_transport import Transport, path_segment, query
 from rollway.admin.client_types import RollwayAPIError, WeightUpdateFailed
-from rollway.admin.schemas import UpdatePage
+from rollway.admin.model_schemas import UpdatePage
 from rollway.store import WeightUpdate
 
 

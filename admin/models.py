@@ -12,8 +12,7 @@ from fastapi.responses import JSONResponse
 
 from rollway.admin.auth import admin_by
 from rollway.admin.context import AdminContext, Context
-from rollway.admin.route import AdminRoute
-from rollway.admin.schemas import (
+from rollway.admin.model_schemas import (
     CaptureView,
     DrainRequest,
     EngineVersionView,
@@ -24,6 +23,7 @@ from rollway.admin.schemas import (
     UpdatePage,
     UpdateRequest,
 )
+from rollway.admin.route import AdminRoute
 from rollway.envelope import envelope
 from rollway.store import ModelAlias, WeightUpdate
 from rollway.store.sql.catalog import action_path

@@ -6,9 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Response
 
 from rollway.admin.context import Context
+from rollway.admin.model_schemas import AbortRequest, UpdatePage
 from rollway.admin.models import update_answer
 from rollway.admin.route import AdminRoute
-from rollway.admin.schemas import AbortRequest, UpdatePage
 from rollway.store import WeightUpdate
 
 router = APIRouter(tags=["models"], route_class=AdminRoute)

@@ -22,7 +22,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from rollway.admin.client import AsyncRollwayClient, RollwayAPIError, RollwayError
-from rollway.admin.schemas import AgentView, BackendView, ModelView
+from rollway.admin.model_schemas import BackendView, ModelView
+from rollway.admin.schemas import AgentView
 from rollway.cli.tables import FitTable, Kind, render
 from rollway.store import Rollout
 

@@ -25,7 +25,8 @@ from rollway.admin.client import (
     Triplet,
 )
 from rollway.admin.client_sync import RollwayClient
-from rollway.admin.schemas import Claim, GroupView, MintedKey, ModelView, RolloutPage, StatsView, WaitResponse
+from rollway.admin.model_schemas import ModelView
+from rollway.admin.schemas import Claim, GroupView, MintedKey, RolloutPage, StatsView, WaitResponse
 from rollway.mock import MockBackendProcess
 from rollway.store import Attempt, ResourcesUpdate, Rollout, Span
 from rollway.store.db import models
