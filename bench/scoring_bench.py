@@ -13,6 +13,10 @@ The difference between the last two is scoring's cost per call, here a prefill o
 two CPU cores; on a GPU the prefill is a small share of a generation's time.
 
     .venv/bin/python bench/scoring_bench.py --calls 30
+    .venv/bin/python bench/scoring_bench.py --calls 20 --prompt-words 600   # a long prompt (about 1,200 tokens)
+
+``--prompt-words N`` makes the prompt ``"hello world"`` N times over: scoring prefills the prompt again (vLLM
+computes prompt logprobs without its prefix cache), so its cost grows with the prompt.
 """
 
 from __future__ import annotations
@@ -38,17 +42,23 @@ from support.vllm_env import CHAT_ARGS, CHAT_MODEL, START_TIMEOUT, _start, _wait
 ASK: dict[str, Any] = {"input": "hello world", "max_output_tokens": 32, "temperature": 1.0, "stream": True}
 
 
-async def timed_calls(client: AsyncOpenAI, model: str, calls: int) -> list[float]:
+def ask(prompt_words: int) -> dict[str, Any]:
+    return ASK | {"input": " ".join(["hello world"] * prompt_words)}
+
+
+async def timed_calls(client: AsyncOpenAI, model: str, calls: int, prompt_words: int = 1) -> list[float]:
     seconds = []
     for n in range(calls):
         began = time.perf_counter()
-        async for _ in await client.responses.create(model=model, extra_body={"seed": n}, **ASK):
+        async for _ in await client.responses.create(model=model, extra_body={"seed": n}, **ask(prompt_words)):
             pass
         seconds.append(time.perf_counter() - began)
     return seconds
 
 
-async def through_rollway(engine_url: str, calls: int, scoring: bool, folder: Path) -> tuple[list[float], str]:
+async def through_rollway(
+    engine_url: str, calls: int, scoring: bool, folder: Path, prompt_words: int
+) -> tuple[list[float], str]:
     env = {"ROLLWAY_SCORE_MISSING_LOGPROBS": "true" if scoring else "false"}
     with GatewayProcess(f"sqlite:///{folder / f'scoring-{scoring}.db'}", env=env) as gateway:
         async with AsyncRollwayClient(gateway.url) as admin:
@@ -57,8 +67,8 @@ async def through_rollway(engine_url: str, calls: int, scoring: bool, folder: Pa
             await admin.enqueue([{"input": {"n": 0}}])
             [claim] = await admin.claim(limit=1)
             async with AsyncOpenAI(base_url=claim.base_url, api_key=claim.api_key, max_retries=0) as client:
-                await timed_calls(client, "policy", 2)  # warm-up
-                seconds = await timed_calls(client, "policy", calls)
+                await timed_calls(client, "policy", 2, prompt_words)  # warm-up
+                seconds = await timed_calls(client, "policy", calls, prompt_words)
             spans = await admin.get_spans(claim.rollout.rollout_id)
     sources = {str(span.attributes.get("rollway.logprobs_source")) for span in spans}
     return seconds, ",".join(sorted(sources))
@@ -67,6 +77,7 @@ async def through_rollway(engine_url: str, calls: int, scoring: bool, folder: Pa
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--prompt-words", type=int, default=1, help='the prompt: "hello world" this many times')
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -74,10 +85,10 @@ async def main() -> None:
         try:
             await asyncio.to_thread(_wait_healthy, [engine], START_TIMEOUT)
             async with AsyncOpenAI(base_url=f"{engine.url}/v1", api_key="unused", max_retries=0) as direct:
-                await timed_calls(direct, CHAT_MODEL, 2)
-                floor = await timed_calls(direct, CHAT_MODEL, args.calls)
-            off, off_sources = await through_rollway(engine.url, args.calls, False, folder)
-            on, on_sources = await through_rollway(engine.url, args.calls, True, folder)
+                await timed_calls(direct, CHAT_MODEL, 2, args.prompt_words)
+                floor = await timed_calls(direct, CHAT_MODEL, args.calls, args.prompt_words)
+            off, off_sources = await through_rollway(engine.url, args.calls, False, folder, args.prompt_words)
+            on, on_sources = await through_rollway(engine.url, args.calls, True, folder, args.prompt_words)
         finally:
             engine.stop()
     rows = [
