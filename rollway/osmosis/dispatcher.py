@@ -35,8 +35,8 @@ import aiohttp
 import orjson
 
 from rollway.gateway.upstream import backoff, wait
-from rollway.osmosis import v03
-from rollway.osmosis.v03 import Protocol
+from rollway.osmosis import v03, wire
+from rollway.osmosis.wire import Protocol
 from rollway.settings import Settings
 from rollway.store import AgentServer, AttemptedRollout, ConflictError, NotFoundError, Store, StoreError
 from rollway.store.signals import Signal
@@ -231,12 +231,12 @@ class Dispatcher:
             self.store.failures.log(log, "dispatch", "result polls of '%s' failed: %s", server.name, exc.message)
 
     async def protocol(self, server: AgentServer) -> Protocol:
-        """The protocol ``server`` speaks, asked once per registration (``v03.probe``)."""
+        """The protocol ``server`` speaks, asked once per registration (``wire.probe``)."""
         known = self._protocols.get(server.name)
         if known is not None and known[0] == (server.url, server.updated_time):
             return known[1]
         assert self._session is not None, "dispatcher not started"
-        spoken = await v03.probe(self._session, server)
+        spoken = await wire.probe(self._session, server)
         if spoken is None:  # no clear answer: v1's init finds out what is wrong; ask again for the next attempt
             return "v1"
         self._protocols[server.name] = ((server.url, server.updated_time), spoken)
@@ -304,8 +304,8 @@ class Dispatcher:
             else:
                 if status in (200, 201, 202):
                     return _tools(raw), tries
-                said = v03.masked(raw, server, str(payload["api_key"]))  # never echo a key
-                problem = f"{url} answered {status}{v03.redirected(response)}: {said}"
+                said = wire.masked(raw, server, str(payload["api_key"]))  # never echo a key
+                problem = f"{url} answered {status}{wire.redirected(response)}: {said}"
                 if status not in RETRY_STATUSES:
                     raise InitFailed(problem)
             if tries > self.settings.agent_init_retries:

@@ -1,7 +1,7 @@
 """Rollway as the controller of an Osmosis 0.3 agent server (``osmosis-ai`` 0.3's ``RolloutServer``).
 
 A 0.3 server never calls back: the controller admits a rollout and then polls for its result. It is told apart
-from a v1 server by its ``GET /health``, which carries ``process_id`` and ``lifecycle`` (``probe``). For each
+from a v1 server by its ``GET /health``, which carries ``process_id`` and ``lifecycle`` (``wire.probe``). For each
 attempt the dispatcher has claimed, ``Controller.run``:
 
 1. admits it: ``POST {url}/rollout`` with ``rollout_id`` (the attempt id: a fresh one per attempt, as the server
@@ -18,7 +18,7 @@ attempt the dispatcher has claimed, ``Controller.run``:
 2. polls ``GET {url}/rollout/{id}/result`` with the lease header (``X-Osmosis-Rollout-Lease``). The server answers
    at once when the rollout has ended, else after up to ``result_wait_timeout_sec`` (30 s), and each poll renews
    the lease (``polling_lease_timeout_sec``, 120 s): transport errors and 502/503/504 are retried within it;
-3. records the result (``result_report``): ``success`` → the attempt succeeds with the grader's reward;
+3. records the result (``wire.result_report``): ``success`` → the attempt succeeds with the grader's reward;
    ``success`` with ``remove_sample`` → it succeeds with no reward and ``remove_sample: true`` in its completion
    (the server's "drop this sample"); ``failure`` → it fails, with the server's category and message, and the
    rollout's retry config decides what follows (a failure is never a reward of 0); ``cancelled`` by the server →
@@ -39,17 +39,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 import orjson
 
 from rollway.gateway.upstream import backoff, wait
-from rollway.osmosis.restarts import Restarts, health_of
+from rollway.osmosis.restarts import Restarts
+from rollway.osmosis.wire import (
+    LEASE_HEADER,
+    Admitted,
+    admitted_of,
+    headers_of,
+    label_of,
+    masked,
+    redirected,
+    result_report,
+)
 from rollway.store import (
     AgentServer,
     AttemptedRollout,
@@ -63,7 +71,6 @@ from rollway.store.states import ATTEMPT_TERMINAL, FINISHED
 
 log = logging.getLogger("rollway.dispatcher")
 
-LEASE_HEADER = "X-Osmosis-Rollout-Lease"
 RETRY_POLL = frozenset({502, 503, 504})
 #: How long a poll may take beyond the server's own wait before it counts as lost.
 POLL_SLACK = 10.0
@@ -82,124 +89,8 @@ def stale(lease: dict[str, Any], now: float) -> bool:
     return waited > min(wait + POLL_SLACK, lease_seconds / 2)
 
 
-Protocol = Literal["v1", "0.3"]
-
-
-@dataclass(frozen=True, slots=True)
-class Admitted:
-    osmosis_id: str
-    lease: str
-    wait_seconds: float
-    lease_seconds: float
-
-
-def admitted_of(raw: bytes, attempt_id: str) -> Admitted | None:
-    """The admission a 202 answer grants, or None when its body is not a 0.3 admission (not a JSON object, no
-    ``polling_lease_token``, a wait or lease that is not a positive number): a run with no lease to poll it by."""
-    try:
-        answer = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(answer, dict) or not isinstance(lease := answer.get("polling_lease_token"), str) or not lease:
-        return None
-    try:
-        wait_seconds = float(answer.get("result_wait_timeout_sec") or 30.0)
-        lease_seconds = float(answer.get("polling_lease_timeout_sec") or 120.0)
-    except (TypeError, ValueError):
-        return None
-    if not all(math.isfinite(x) and x > 0 for x in (wait_seconds, lease_seconds)):
-        return None
-    return Admitted(str(answer.get("rollout_id") or attempt_id), lease, wait_seconds, lease_seconds)
-
-
 class Refused(Exception):
     """The agent server did not take (or lost) the rollout: the attempt fails with this message."""
-
-
-def headers_of(server: AgentServer) -> dict[str, str]:
-    out = {"Content-Type": "application/json"}
-    if server.api_key is not None:
-        out["Authorization"] = f"Bearer {server.api_key.get_secret_value()}"
-    return out
-
-
-def masked(raw: bytes, server: AgentServer, key: str) -> str:
-    """An agent server's answer as text for the attempt's error, which is stored and logged: at most 300
-    characters, with the attempt's ``rk-`` key and the server's own api key masked (a server may echo either)."""
-    said = raw.decode(errors="replace")
-    if key:
-        said = said.replace(key, "rk-***")
-    if server.api_key is not None and (secret := server.api_key.get_secret_value()):
-        said = said.replace(secret, "***")
-    return said[:300]
-
-
-def redirected(response: aiohttp.ClientResponse) -> str:
-    """Where a redirect pointed, for the attempt's error; nothing for any other answer. Redirects to agent servers
-    are never followed: the admission's body carries the attempt's key, which would go wherever it points."""
-    if 300 <= response.status < 400:
-        return f" (a redirect to {response.headers.get('Location', '?')[:200]}, not followed)"
-    return ""
-
-
-async def probe(session: aiohttp.ClientSession, server: AgentServer) -> Protocol | None:
-    """Which protocol ``server`` speaks: ``0.3`` when its ``/health`` is a 0.3 RolloutServer's, ``v1`` on a clear
-    answer that it is not (a 404, or a 200 without ``process_id`` and ``lifecycle``), None otherwise (no answer, a
-    5xx, 401, 403, 429 or any other status: a 0.3 server that is failing, busy or refusing the key says nothing
-    of its protocol), so that the caller asks again next time."""
-    status, health = await health_of(session, f"{server.url}/health", headers_of(server))
-    if status == 404:
-        return "v1"
-    if status != 200:
-        return None
-    return "0.3" if isinstance(health, dict) and "process_id" in health and "lifecycle" in health else "v1"
-
-
-def label_of(task_input: Any, metadata: dict[str, Any]) -> str | None:
-    for source in (task_input, metadata):
-        if isinstance(source, dict) and source.get("label") is not None:
-            value = source["label"]
-            return value if isinstance(value, str) else orjson.dumps(value).decode()
-    return None
-
-
-def result_report(rollout_id: str, result: dict[str, Any]) -> RemoteCompletion | None:
-    """A 0.3 result as the completion Rollway records (None while the rollout has not ended)."""
-    status = result.get("status")
-    sample = result.get("sample") if isinstance(result.get("sample"), dict) else {}
-    assert isinstance(sample, dict)
-    metrics = sample.get("metrics") if isinstance(sample.get("metrics"), dict) else None
-    messages = sample.get("messages") if isinstance(sample.get("messages"), list) else []
-    extra = dict(sample.get("extra_fields") or {}) if isinstance(sample.get("extra_fields"), dict) else {}
-    if status == "success":
-        removed = bool(sample.get("remove_sample"))
-        if removed:
-            extra["remove_sample"] = True
-        reward = sample.get("reward")
-        if removed or isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-            reward = None  # the server sends null unless a success keeps its sample
-        return RemoteCompletion(
-            rollout_id=rollout_id,
-            status="COMPLETED",
-            final_messages=messages,
-            finish_reason="remove_sample" if removed else "success",
-            reward=None if reward is None else float(reward),
-            metrics=metrics,
-            extra_fields=extra,
-        )
-    if status in ("failure", "cancelled"):
-        category = result.get("err_category") or status
-        message = result.get("err_message") or ("cancelled by the agent server" if status == "cancelled" else "")
-        return RemoteCompletion(
-            rollout_id=rollout_id,
-            status="ERROR",
-            final_messages=messages,
-            finish_reason=str(category),
-            error_message=f"{category}: {message}" if message else str(category),
-            metrics=metrics,
-            extra_fields=extra,
-        )
-    return None
 
 
 class Controller:

@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from rollway.mock import MockBackendProcess
-from rollway.osmosis import restarts, v03
+from rollway.osmosis import restarts, v03, wire
 from rollway.osmosis.dispatcher import Dispatcher
 from rollway.settings import Settings
 from rollway.store import AgentServer, Rollout, Span
@@ -509,7 +509,7 @@ async def test_a_protocol_is_told_only_by_a_clear_health_answer(
         return web.json_response(health, status=status)
 
     async with serving(web.get("/health", answer)) as url, aiohttp.ClientSession() as session:
-        assert await v03.probe(session, AgentServer(name="a", url=url)) == spoken
+        assert await wire.probe(session, AgentServer(name="a", url=url)) == spoken
 
 
 @pytest.mark.parametrize(
