@@ -31,7 +31,8 @@ import httpx
 
 from rollway.admin.client_batch import AttemptBatcher
 from rollway.admin.client_exports import ExportsMixin
-from rollway.admin.client_transport import Transport, dump_backend, dump_body, path_segment, query
+from rollway.admin.client_models import ModelsMixin
+from rollway.admin.client_transport import Transport, dump_body, path_segment, query
 from rollway.admin.client_types import (
     UNSET,
     MergedTriplet,
@@ -44,7 +45,6 @@ from rollway.admin.client_types import (
     WeightUpdateFailed,
 )
 from rollway.admin.client_updates import UpdatesMixin
-from rollway.admin.model_schemas import ModelPage, ModelView
 from rollway.admin.schemas import (
     AgentPage,
     AgentView,
@@ -61,7 +61,7 @@ from rollway.admin.schemas import (
     UnattributedSpanPage,
     WaitResponse,
 )
-from rollway.store import Attempt, Backend, ResourcesUpdate, Rollout, Span, TaskSpec, WeightUpdate
+from rollway.store import Attempt, ResourcesUpdate, Rollout, Span, TaskSpec, WeightUpdate
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 MAX_WAIT_SECONDS = 60.0  # the server's bound on one long poll (claims, waits)
@@ -73,7 +73,7 @@ def _fresh_key() -> dict[str, str]:
     return {"Idempotency-Key": uuid.uuid4().hex}
 
 
-class AsyncRollwayClient(ExportsMixin, UpdatesMixin):
+class AsyncRollwayClient(ExportsMixin, ModelsMixin, UpdatesMixin):
     """The admin API of one Rollway server. ``url`` is the server's root (``/admin/v1`` is added); ``token`` is
     the admin token. Use as an async context manager, or call ``aclose()``."""
 
@@ -330,60 +330,6 @@ class AsyncRollwayClient(ExportsMixin, UpdatesMixin):
 
     async def list_resources(self, limit: int = 100, cursor: str | None = None) -> ResourcesPage:
         return await self._t.model(ResourcesPage, "GET", "/resources", params=query(limit=limit, cursor=cursor))
-
-    # -- models ----------------------------------------------------------------------------------------------
-
-    async def list_models(self) -> list[ModelView]:
-        return (await self._t.model(ModelPage, "GET", "/models")).items
-
-    async def get_model(self, alias: str) -> ModelView:
-        return await self._t.model(ModelView, "GET", f"/models/{path_segment(alias)}")
-
-    async def put_model(
-        self,
-        alias: str,
-        backends: Sequence[Backend | Mapping[str, Any]],
-        *,
-        version: str | None = None,
-        sampling: Mapping[str, Any] | None = None,
-    ) -> ModelView:
-        """Create or replace an alias (version + 1 unless given). Backend API keys are sent, never shown."""
-        body: dict[str, Any] = {"backends": [dump_backend(b) for b in backends]}
-        body |= query(version=version, sampling=None if sampling is None else dict(sampling))
-        return await self._t.model(ModelView, "PUT", f"/models/{path_segment(alias)}", json=body)
-
-    async def delete_model(self, alias: str) -> None:
-        await self._t.request("DELETE", f"/models/{path_segment(alias)}")
-
-    async def pause_model(self, alias: str) -> ModelView:
-        return await self._t.model(ModelView, "POST", f"/models/{path_segment(alias)}/pause", repeatable=True)
-
-    async def resume_model(self, alias: str) -> ModelView:
-        return await self._t.model(ModelView, "POST", f"/models/{path_segment(alias)}/resume", repeatable=True)
-
-    async def drain_model(self, alias: str, timeout_seconds: float = 30.0) -> ModelView:
-        """Wait until no call of ``alias`` is in flight in any gateway replica (``drained`` says whether that
-        happened within ``timeout_seconds``). Pause the alias first, or new calls keep coming."""
-        body = {"timeout_seconds": timeout_seconds}
-        path = f"/models/{path_segment(alias)}/drain"
-        return await self._t.model(ModelView, "POST", path, json=body, wait=timeout_seconds, repeatable=True)
-
-    async def swap_model(
-        self,
-        alias: str,
-        backends: Sequence[Backend | Mapping[str, Any]] | None = None,
-        *,
-        version: str | None = None,
-        drain_timeout_seconds: float | None = None,
-    ) -> ModelView:
-        """New backends and/or version for new calls; with ``drain_timeout_seconds``, also wait for the old."""
-        body = query(
-            backends=None if backends is None else [dump_backend(b) for b in backends],
-            version=version,
-            drain_timeout_seconds=drain_timeout_seconds,
-        )
-        wait = drain_timeout_seconds or 0.0
-        return await self._t.model(ModelView, "POST", f"/models/{path_segment(alias)}/swap", json=body, wait=wait)
 
     # -- remote agent servers -------------------------------------------------------------------------------
 
