@@ -50,6 +50,7 @@ class _Watch:
     """The reader of one server's ``/health`` and the rollouts polled under it: for each, when its poll began
     and the event that tells its poller the server restarted."""
 
+    headers: dict[str, str]  # the latest poll's: a server's api key may change while it is watched
     polled: dict[str, tuple[float, asyncio.Event]] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
 
@@ -68,10 +69,11 @@ class Restarts:
         ``process_id`` changes. The first poll of a server starts its reader; the last one to end stops it."""
         watch = self._watches.get(server)
         if watch is None:
-            watch = self._watches[server] = _Watch()
-            watch.task = asyncio.create_task(self._read(server, headers, watch), name="rollway-agent-health")
+            watch = self._watches[server] = _Watch(headers)
+            watch.task = asyncio.create_task(self._read(server, watch), name="rollway-agent-health")
             self._tasks.add(watch.task)
             watch.task.add_done_callback(self._tasks.discard)
+        watch.headers = headers
         restarted = asyncio.Event()
         watch.polled[rollout] = (time.monotonic(), restarted)
         try:
@@ -83,13 +85,17 @@ class Restarts:
                 if watch.task is not None:
                     watch.task.cancel()
 
-    async def _read(self, server: tuple[str, str], headers: dict[str, str], watch: _Watch) -> None:
+    async def _read(self, server: tuple[str, str], watch: _Watch) -> None:
         name, url = server
         known: str | None = None  # the process_id last read
         confirmed = 0.0  # when the last read that showed it was sent
         while True:
             sent = time.monotonic()
-            status, health = await health_of(self._session(), f"{url}/health", headers)
+            try:
+                status, health = await health_of(self._session(), f"{url}/health", watch.headers)
+            except Exception:  # a read that fails otherwise is no answer: the next one may do
+                log.exception("reading the /health of agent server '%s' failed", name)
+                status, health = 0, None
             found = health.get("process_id") if status == 200 and isinstance(health, dict) else None
             if isinstance(found, str) and found:  # else no answer now: keep what was known
                 if known is not None and found != known:

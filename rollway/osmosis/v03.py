@@ -41,7 +41,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import orjson
@@ -137,7 +137,8 @@ class Controller:
         admitted = await self._admit(server, rollout_id, attempt_id, body)
         await self._keep(rollout_id, attempt_id, admitted)
         admission = {"agent": server.name, "protocol": "osmosis-0.3", "osmosis_id": admitted.osmosis_id}
-        await self._record(rollout_id, attempt_id, admission | {"admitting": None})
+        with contextlib.suppress(StoreError):  # the database is down: the polls go on, as with the lease
+            await self._record(rollout_id, attempt_id, admission | {"admitting": None})
         await self._finish(server, rollout_id, attempt_id, admitted)
 
     async def resume(self, server: AgentServer, attempted: AttemptedRollout, lease: dict[str, Any]) -> None:
@@ -274,23 +275,13 @@ class Controller:
         failures = 0
         while True:
             sent = time.monotonic()
-            ended = asyncio.ensure_future(self._ended_in_store(rollout_id, attempt_id, admitted.wait_seconds))
-            polled = asyncio.ensure_future(self._get(url, headers, timeout))
-            gone = asyncio.ensure_future(restarted.wait())
-            done, _ = await asyncio.wait({ended, polled, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if ended in done and ended.result():  # cancelled or timed out here: tell the server
-                polled.cancel()
-                gone.cancel()
+            raced = await self._raced_poll(url, headers, timeout, rollout_id, attempt_id, admitted, restarted)
+            if raced == "ended":  # cancelled or timed out here: tell the server
                 await self._cancel(server, admitted.osmosis_id)
                 return None
-            if gone in done and polled not in done:
-                polled.cancel()
-                ended.cancel()
+            if raced == "restarted":
                 return _lost(rollout_id, "the agent server restarted (its /health shows a new process_id)")
-            answer = await polled
-            ended.cancel()
-            gone.cancel()
-            status, result = answer
+            status, result = raced
             if status == 200 and isinstance(result, dict):
                 lease_until = sent + admitted.lease_seconds  # the server renewed it when the poll arrived
                 failures = 0
@@ -307,6 +298,38 @@ class Controller:
             if (status != 0 and status not in RETRY_POLL) or time.monotonic() >= lease_until:
                 return _lost(rollout_id, f"result polls failed ({status or 'no answer'}) until the lease ran out")
             await asyncio.sleep(min(0.25 * 2 ** (failures - 1), 8.0, max(lease_until - time.monotonic(), 0.0)))
+
+    async def _raced_poll(
+        self,
+        url: str,
+        headers: dict[str, str],
+        timeout: aiohttp.ClientTimeout,
+        rollout_id: str,
+        attempt_id: str,
+        admitted: Admitted,
+        restarted: asyncio.Event,
+    ) -> Literal["ended", "restarted"] | tuple[int, Any]:
+        """One long poll raced against the attempt's end in the store and the server's restart: the poll's
+        (status, body), unless the attempt ended here first (``ended``) or the server restarted before the poll
+        answered (``restarted``). Whatever is left of the race is cancelled, also when the store's read fails."""
+        polled = asyncio.ensure_future(self._get(url, headers, timeout))
+        ended = asyncio.ensure_future(self._ended_in_store(rollout_id, attempt_id, admitted.wait_seconds))
+        gone = asyncio.ensure_future(restarted.wait())
+        pending: set[asyncio.Future[Any]] = {polled, ended, gone}
+        try:
+            while True:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if ended in done and ended.result():
+                    return "ended"
+                if polled in done:
+                    answer: tuple[int, Any] = polled.result()
+                    return answer
+                if gone in done:
+                    return "restarted"
+                # the store saw no end within the server's wait: the poll or a restart decides
+        finally:
+            for task in (polled, ended, gone):
+                task.cancel()
 
     async def _get(self, url: str, headers: dict[str, str], timeout: aiohttp.ClientTimeout) -> tuple[int, Any]:
         try:

@@ -131,8 +131,10 @@ def undispatched(conn: Connection, name: str, started_before: float, marked_befo
     progress whose mark (``dispatch.admitting``, renewed while it waits out 429s) is older than
     ``marked_before``. The process sending their init ended (crash, restart) before it could record anything,
     and nothing else would send it again: the rollout would wait for ever (or for its timeout) and hold a slot
-    of the server's ``max_concurrent``. Sending the init again is safe: its idempotency key is the attempt id,
-    so a server that got the first one starts nothing new."""
+    of the server's ``max_concurrent``. Sending a v1 init again is safe: its idempotency key is the attempt id,
+    so a server that got the first one starts nothing new. A 0.3 server that got the first admission answers the
+    second 409; that run, whose lease was lost, is then cancelled there and the attempt fails, for the rollout's
+    retry config to start another."""
     found = []
     for rollout, attempt in _latest_attempts(conn, name, [RolloutStatus.PREPARING]):
         metadata = attempt["metadata"] if isinstance(attempt["metadata"], dict) else {}

@@ -17,6 +17,7 @@ models and the pause of the proxy their agents call through.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import uuid
 from typing import Any
@@ -41,7 +42,7 @@ from rollway.store.controlled import (
     backends_of,
 )
 from rollway.store.db import models
-from rollway.store.db.dialect import lock_rows, upsert
+from rollway.store.db.dialect import upsert
 from rollway.store.errors import ConflictError, NotFoundError
 from rollway.store.schemas import RolloutConfig, TaskSpec
 from rollway.store.sql import agents, catalog, convert, queue, spans
@@ -218,10 +219,13 @@ def terminal(conn: Connection, after: int, limit: int) -> tuple[list[ControlledR
 def add_event(
     conn: Connection, rollout_id: str, attempt_label: str, event_type: str, data: dict[str, Any], now: float
 ) -> None:
-    """Keep one posted event: a span of the rollout's attempt, or an early event while it has none. The row is
-    locked before it is read (``FOR UPDATE`` on PostgreSQL; SQLite's single writer already serialises): early
-    events posted at once each extend the list the one before wrote, and none is lost."""
-    conn.execute(lock_rows(select(C.c.rollout_id).where(C.c.rollout_id == rollout_id), conn))
+    """Keep one posted event: a span of the rollout's attempt, or an early event while it has none. The rollout's
+    row is locked before anything is read (``FOR UPDATE`` on PostgreSQL; SQLite's single writer already
+    serialises), first as every write locks it (``store.sql.lifecycle``), so that early events posted at once
+    each extend the list the one before wrote, none is lost, and a controller's change at the same time waits
+    its turn rather than deadlocking with it."""
+    with contextlib.suppress(NotFoundError):  # (an unknown rollout: ``get`` says so, in its own words)
+        load_rollout(conn, rollout_id)
     current = get(conn, rollout_id)
     event = {"event_type": event_type, "attempt_id": attempt_label, "timestamp": now, "data": data}
     if current.rollout.attempt_count == 0:

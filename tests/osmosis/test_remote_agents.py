@@ -393,10 +393,14 @@ async def test_a_03_admission_answered_202_with_no_lease_is_cancelled_there_and_
     assert "answered 202 with no polling lease" in (attempt.metadata or {})["dispatch"]["error"]
 
 
-async def test_a_03_admission_waiting_out_429s_is_not_taken_for_lost_by_another_process(tmp_path: Path) -> None:
+async def test_a_03_admission_waiting_out_429s_is_not_taken_for_lost_by_another_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A 0.3 server that answers 429 for longer than an init may take (here 2 s): the admission marks itself in
     progress meanwhile, so another process's look for lost inits leaves it alone (it would be admitted twice: the
-    second admission's 409 would cancel the first one's run), and it is admitted once when the server has room."""
+    second admission's 409 would cancel the first one's run), and it is admitted once when the server has room.
+    The marks are renewed every 0.3 s here, so a first mark never renewed would be lost by the look at 3 s."""
+    monkeypatch.setattr(v03, "ADMIT_MARK_EVERY", 0.3)
     first_try: list[float] = []
     admitted: list[str] = []
     past_window = asyncio.Event()  # set once the 429s have gone on for longer than an init may take
