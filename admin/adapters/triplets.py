@@ -216,9 +216,10 @@ def _as_calls(span: SpanLike) -> list[LlmCall]:
         index = index if isinstance(index, int) and not isinstance(index, bool) else position
         logprobs = _array(choice.get("logprobs"))
         source = logprobs_source(logprobs, tokens)  # the gateway scores the first choice only
-        own = LlmCall(span, sequence_id, own_prompt or prompt, tokens, logprobs, choice_index=int(index))
-        own.logprobs_source = source
-        calls.append(own)
+        own_call = LlmCall(
+            span, sequence_id, own_prompt or prompt, tokens, logprobs, choice_index=int(index), logprobs_source=source
+        )
+        calls.append(own_call)
     return calls
 
 

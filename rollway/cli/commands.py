@@ -1,4 +1,5 @@
-"""What the admin commands of ``rollway`` do (``rollway/cli/main.py`` declares them and imports this lazily):
+"""What the admin commands of ``rollway`` do (``rollway/cli/main.py`` and its neighbours ``models.py`` and
+``export_commands.py`` declare them, and import this lazily):
 calls through the admin client, rich tables for people, ``--json`` for scripts, progress bars on long work.
 
 Results go to stdout; progress, notes and errors to stderr. Tables never split a word across lines
