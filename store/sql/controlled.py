@@ -164,9 +164,19 @@ def ended(conn: Connection, rollout_id: str) -> None:
     conn.execute(update(C).where(C.c.rollout_id == rollout_id).values(terminal_seq=seq))
 
 
+def locked(conn: Connection, rollout_id: str) -> ControlledRollout:
+    """The rollout as ``get`` reads it, its row locked first (``FOR UPDATE`` on PostgreSQL; SQLite's single writer
+    already serialises), and first of all the rows a write locks, as ``store.sql.lifecycle`` orders them: a write
+    that reads and then changes it waits for any other doing the same, and cannot deadlock with one."""
+    with contextlib.suppress(NotFoundError):  # (an unknown rollout: ``get`` says so, in its own words)
+        load_rollout(conn, rollout_id)
+    return get(conn, rollout_id)
+
+
 def patch(conn: Connection, rollout_id: str, change: ControlledPatch, now: float) -> ControlledRollout:
-    """Apply a controller's change (``change.model_fields_set``); an empty one changes nothing."""
-    current = get(conn, rollout_id)
+    """Apply a controller's change (``change.model_fields_set``); an empty one changes nothing. The rollout is read
+    locked (``locked``): two changes at once are checked against the transition table one after the other."""
+    current = locked(conn, rollout_id)
     named = change.model_fields_set
     if not named:
         return current
@@ -219,14 +229,10 @@ def terminal(conn: Connection, after: int, limit: int) -> tuple[list[ControlledR
 def add_event(
     conn: Connection, rollout_id: str, attempt_label: str, event_type: str, data: dict[str, Any], now: float
 ) -> None:
-    """Keep one posted event: a span of the rollout's attempt, or an early event while it has none. The rollout's
-    row is locked before anything is read (``FOR UPDATE`` on PostgreSQL; SQLite's single writer already
-    serialises), first as every write locks it (``store.sql.lifecycle``), so that early events posted at once
-    each extend the list the one before wrote, none is lost, and a controller's change at the same time waits
-    its turn rather than deadlocking with it."""
-    with contextlib.suppress(NotFoundError):  # (an unknown rollout: ``get`` says so, in its own words)
-        load_rollout(conn, rollout_id)
-    current = get(conn, rollout_id)
+    """Keep one posted event: a span of the rollout's attempt, or an early event while it has none. The rollout is
+    read locked (``locked``): early events posted at once each extend the list the one before wrote, and none is
+    lost."""
+    current = locked(conn, rollout_id)
     event = {"event_type": event_type, "attempt_id": attempt_label, "timestamp": now, "data": data}
     if current.rollout.attempt_count == 0:
         early = [*current.early_events, event]

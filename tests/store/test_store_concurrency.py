@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from sqlalchemy import select
 
-from rollway.store import AgentServer, AttemptStatus, RolloutStatus, Store, StoreValidationError
-from rollway.store.controlled import ControlledCreate
+from rollway.store import AgentServer, AttemptStatus, ConflictError, RolloutStatus, Store, StoreValidationError
+from rollway.store.controlled import ControlledCreate, ControlledPatch
 from rollway.store.db import models
 from rollway.store.sql import watchdog
 from support.claiming import claim_process
@@ -312,3 +312,20 @@ async def test_events_posted_at_once_before_a_controlled_rollout_starts_are_all_
     )
     record, _ = await second.get_controlled("early")
     assert sorted(e["data"]["n"] for e in record.early_events) == list(range(40))
+
+
+async def test_a_controlled_rollout_started_twice_at_once_starts_once(two_stores: tuple[Store, Store]) -> None:
+    """Two controllers (or a controller's retry) moving one queued rollout to running at once through two replicas:
+    one change is applied and the other is refused by the transition table, so the rollout has one attempt."""
+    first, second = two_stores
+    await first.create_controlled([ControlledCreate(rollout_id=f"twice-{n}", input=n) for n in range(10)])
+    for n in range(10):
+        change = ControlledPatch(state="running", last_attempt_id="0")
+        outcomes = await asyncio.gather(
+            first.patch_controlled(f"twice-{n}", change),
+            second.patch_controlled(f"twice-{n}", change),
+            return_exceptions=True,
+        )
+        assert sorted(type(o).__name__ for o in outcomes) == ["ConflictError", "ControlledRollout"], outcomes
+        assert all(isinstance(o, ConflictError) for o in outcomes if isinstance(o, Exception))
+        assert len(await second.list_attempts(f"twice-{n}")) == 1
