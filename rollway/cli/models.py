@@ -66,7 +66,7 @@ def backend_options(required: bool) -> Callable[[Callable[..., None]], Callable[
 @JSON_OPTION
 def models_put(connection: Connection, alias: str, version: str | None, as_json: bool, **backend: Any) -> None:
     """Create or replace ALIAS with one backend."""
-    from rollway.cli.commands import backend_spec, put_model
+    from rollway.cli.model_commands import backend_spec, put_model
 
     spec = backend_spec(backend.pop("base_url"), backend.pop("kind"), backend.pop("upstream_model"), **backend)
     put_model(connection, alias, spec, version, as_json)
@@ -82,7 +82,7 @@ def models_swap(
     connection: Connection, alias: str, version: str | None, drain_timeout: float | None, as_json: bool, **backend: Any
 ) -> None:
     """Swap ALIAS atomically to a new backend (--backend/--model) and/or --version."""
-    from rollway.cli.commands import backend_spec, swap_model
+    from rollway.cli.model_commands import backend_spec, swap_model
 
     base_url, kind, upstream_model = backend.pop("base_url"), backend.pop("kind"), backend.pop("upstream_model")
     if (base_url is None) != (upstream_model is None):
@@ -95,7 +95,7 @@ def models_swap(
 @JSON_OPTION
 def models_list(connection: Connection, as_json: bool) -> None:
     """List model aliases, their backends and state."""
-    from rollway.cli.commands import model_action
+    from rollway.cli.model_commands import model_action
 
     model_action(connection, "list", None, as_json)
 
@@ -105,7 +105,7 @@ def _model_action(name: str, action: str, help_text: str) -> None:
     @click.argument("alias")
     @JSON_OPTION
     def command(connection: Connection, alias: str, as_json: bool) -> None:
-        from rollway.cli.commands import model_action
+        from rollway.cli.model_commands import model_action
 
         model_action(connection, action, alias, as_json)
 
@@ -123,7 +123,7 @@ _model_action("delete", "delete", "Delete ALIAS.")
 @JSON_OPTION
 def models_drain(connection: Connection, alias: str, timeout: float, as_json: bool) -> None:
     """Wait until no call of ALIAS is in flight in any gateway replica (pause it first); exit 1 on timeout."""
-    from rollway.cli.commands import drain_model
+    from rollway.cli.model_commands import drain_model
 
     drain_model(connection, alias, timeout, as_json)
 
