@@ -9,7 +9,7 @@ from typing import Any
 from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.replicas import ReplicaInfo, ReplicaReport
 from rollway.store.schemas import ApiKey, AttemptedRollout, Backend, KeyScope, ModelAlias, Page, ResourcesUpdate
-from rollway.store.sql import catalog, replicas, resources
+from rollway.store.sql import catalog, keys, replicas, resources
 
 
 class CatalogMixin(StorePlumbing):
@@ -80,7 +80,7 @@ class CatalogMixin(StorePlumbing):
     ) -> tuple[ApiKey, str]:
         now = self.clock()
         return await self._write(
-            lambda conn: catalog.mint_key(
+            lambda conn: keys.mint_key(
                 conn,
                 scope,
                 now,
@@ -94,19 +94,19 @@ class CatalogMixin(StorePlumbing):
     async def mint_attempt_key(self, handed: AttemptedRollout, *, arrived: float | None = None) -> str:
         """A rollout-scoped key for an attempt a start handed out. ``arrived``: when the start arrived, if it
         carried an idempotency key: the keys an earlier try of it got for the attempt are revoked
-        (``catalog.attempt_keys``)."""
+        (``keys.attempt_keys``)."""
         now = self.clock()
-        [minted] = await self._write(lambda conn: catalog.attempt_keys(conn, [handed], now, arrived=arrived))
+        [minted] = await self._write(lambda conn: keys.attempt_keys(conn, [handed], now, arrived=arrived))
         self._keys_minted([minted])
         return minted[1]
 
     async def find_key(self, plain: str) -> ApiKey | None:
         now = self.clock()
-        return await self._read(lambda conn: catalog.find_key(conn, plain, now))
+        return await self._read(lambda conn: keys.find_key(conn, plain, now))
 
     async def revoke_key(self, key_id: str) -> ApiKey:
         now = self.clock()
-        return await self._write(lambda conn: catalog.revoke_key(conn, key_id, now))
+        return await self._write(lambda conn: keys.revoke_key(conn, key_id, now))
 
     # -- gateway replicas -------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.parts.reads import MAX_WAIT_SECONDS
 from rollway.store.schemas import ApiKey, AttemptedRollout, ClaimFilter, Rollout, TaskSpec
 from rollway.store.signals import Signal
-from rollway.store.sql import catalog, convert, matching, queue
+from rollway.store.sql import convert, keys, matching, queue
 
 T = TypeVar("T")
 
@@ -69,7 +69,7 @@ class QueueMixin(StorePlumbing):
     ) -> list[tuple[AttemptedRollout, str]]:
         """``claim``, and in the same transaction a rollout-scoped gateway key for each attempt (the key itself,
         returned only here: the store keeps its hash). A repeated claim gets new keys, and those that earlier
-        tries got are revoked (``catalog.attempt_keys``). ``where``: only the rollouts it admits."""
+        tries got are revoked (``keys.attempt_keys``). ``where``: only the rollouts it admits."""
         limits.check_worker_id(worker_id)
         if where is not None:
             matching.checked(where.metadata)
@@ -78,8 +78,8 @@ class QueueMixin(StorePlumbing):
         def op(conn: Connection) -> list[tuple[AttemptedRollout, ApiKey, str]]:
             now = self.clock()
             claimed = queue.claim(conn, worker_id, limit, now, key=idempotency_key, where=where)
-            keys = catalog.attempt_keys(conn, claimed, now, arrived=arrived)
-            return [(a, record, plain) for a, (record, plain) in zip(claimed, keys, strict=True)]
+            minted = keys.attempt_keys(conn, claimed, now, arrived=arrived)
+            return [(a, record, plain) for a, (record, plain) in zip(claimed, minted, strict=True)]
 
         handed = await self._claim_waiting(limit, wait_seconds, op)
         self._keys_minted([(record, plain) for _, record, plain in handed])
