@@ -22,7 +22,7 @@ from rollway.mock import MockBackendProcess
 from rollway.osmosis import restarts, v03, wire
 from rollway.osmosis.dispatcher import Dispatcher
 from rollway.settings import Settings
-from rollway.store import AgentServer, Rollout, Span
+from rollway.store import AgentServer, Attempt, Rollout, Span
 from support.agent_server import AgentServerProcess
 from support.gateway_harness import RunningGateway, register, replay, running_gateway
 
@@ -280,24 +280,14 @@ async def test_an_agent_server_that_redirects_is_not_followed(tmp_path: Path, pr
         reached.append(request.path)
         return web.json_response({"rollout_id": "x", "polling_lease_token": "t"}, status=202)
 
-    async def health(request: web.Request) -> web.Response:
-        lifecycle = {"process_id": "p-1", "lifecycle": "ready"} if protocol == "0.3" else {}
-        return web.json_response({"status": "ok", **lifecycle})
-
     async def moved(request: web.Request) -> web.Response:
         raise web.HTTPTemporaryRedirect(f"{target}{request.path}")
 
     async with (
         serving(web.post("/{tail:.*}", elsewhere)) as target,
-        serving(web.get("/health", health), web.post("/{tail:.*}", moved)) as agent_url,
-        running_gateway(tmp_path) as gw,
-        httpx.AsyncClient(base_url=gw.url) as admin,
+        serving(health_route(protocol), web.post("/{tail:.*}", moved)) as agent_url,
     ):
-        await admin.put("/admin/v1/agents/moved", json={"url": agent_url})
-        task = {"rollout_id": "ro-moved", "input": "x", "agent": "moved"}
-        await admin.post("/admin/v1/rollouts", json={"tasks": [task]})
-        [rollout] = await finish(gw, ["ro-moved"], timeout=30)
-        [attempt] = await gw.store.list_attempts("ro-moved")
+        rollout, attempt = await one_task(tmp_path, agent_url, "moved")
     assert rollout.status == "failed" and reached == []
     error = (attempt.metadata or {})["dispatch"]["error"]
     assert "answered 307" in error and f"a redirect to {target}" in error and "not followed" in error
@@ -308,23 +298,11 @@ async def test_a_refusal_that_echoes_the_keys_is_recorded_with_both_masked(tmp_p
     """An agent server whose refusal echoes what it was sent (its own api key, the attempt's rollout key) has it
     recorded in the attempt's error with both keys masked: that text is shown by the admin API and logged."""
 
-    async def health(request: web.Request) -> web.Response:
-        lifecycle = {"process_id": "p-1", "lifecycle": "ready"} if protocol == "0.3" else {}
-        return web.json_response({"status": "ok", **lifecycle})
-
     async def echo(request: web.Request) -> web.Response:
         return web.Response(status=400, text=f"{request.headers['Authorization']} {await request.text()}")
 
-    async with (
-        serving(web.get("/health", health), web.post("/{tail:.*}", echo)) as url,
-        running_gateway(tmp_path) as gw,
-        httpx.AsyncClient(base_url=gw.url) as admin,
-    ):
-        await admin.put("/admin/v1/agents/echo", json={"url": url, "api_key": "srv-secret-key"})
-        task = {"rollout_id": "ro-echo", "input": "x", "agent": "echo"}
-        await admin.post("/admin/v1/rollouts", json={"tasks": [task]})
-        [rollout] = await finish(gw, ["ro-echo"], timeout=30)
-        [attempt] = await gw.store.list_attempts("ro-echo")
+    async with serving(health_route(protocol), web.post("/{tail:.*}", echo)) as url:
+        rollout, attempt = await one_task(tmp_path, url, "echo", api_key="srv-secret-key")
     error = (attempt.metadata or {})["dispatch"]["error"]
     assert rollout.status == "failed" and "answered 400: Bearer ***" in error, error
     assert "srv-secret-key" not in error and "rk-***" in error and "rk-" not in error.replace("rk-***", "")
@@ -335,9 +313,6 @@ async def test_a_03_server_holding_the_id_already_has_that_run_cancelled(tmp_pat
     lost with its lease) is told to cancel that run, which nothing can poll, and the attempt fails."""
     cancelled: list[Any] = []
 
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "process_id": "p-1", "lifecycle": "ready"})
-
     async def held(request: web.Request) -> web.Response:
         return web.json_response({"detail": "rollout id already in use"}, status=409)
 
@@ -345,17 +320,8 @@ async def test_a_03_server_holding_the_id_already_has_that_run_cancelled(tmp_pat
         cancelled.append(await request.json())
         return web.json_response({"cancelled": 1})
 
-    async with (
-        serving(web.get("/health", health), web.post("/rollout", held), web.post("/rollout/cancel", cancel)) as url,
-        running_gateway(tmp_path) as gw,
-        httpx.AsyncClient(base_url=gw.url) as admin,
-    ):
-        await admin.put("/admin/v1/agents/held", json={"url": url})
-        await admin.post(
-            "/admin/v1/rollouts", json={"tasks": [{"rollout_id": "ro-held", "input": "x", "agent": "held"}]}
-        )
-        [rollout] = await finish(gw, ["ro-held"], timeout=30)
-        [attempt] = await gw.store.list_attempts("ro-held")
+    async with serving(health_route(), web.post("/rollout", held), web.post("/rollout/cancel", cancel)) as url:
+        rollout, attempt = await one_task(tmp_path, url, "held")
     assert rollout.status == "failed"
     assert cancelled == [{"ids": [attempt.attempt_id]}]
     assert "answered 409" in (attempt.metadata or {})["dispatch"]["error"]
@@ -369,9 +335,6 @@ async def test_a_03_admission_answered_202_with_no_lease_is_cancelled_there_and_
     the server that nothing can poll: Rollway cancels it there and fails the attempt at once, saying why."""
     cancelled: list[Any] = []
 
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "process_id": "p-1", "lifecycle": "ready"})
-
     async def admit(request: web.Request) -> web.Response:
         return web.Response(status=202, body=answer, content_type="application/json")
 
@@ -379,16 +342,8 @@ async def test_a_03_admission_answered_202_with_no_lease_is_cancelled_there_and_
         cancelled.append(await request.json())
         return web.json_response({"dispositions": {}})
 
-    async with (
-        serving(web.get("/health", health), web.post("/rollout", admit), web.post("/rollout/cancel", cancel)) as url,
-        running_gateway(tmp_path) as gw,
-        httpx.AsyncClient(base_url=gw.url) as admin,
-    ):
-        await admin.put("/admin/v1/agents/odd", json={"url": url})
-        task = {"rollout_id": "ro-odd", "input": "x", "agent": "odd"}
-        await admin.post("/admin/v1/rollouts", json={"tasks": [task]})
-        [rollout] = await finish(gw, ["ro-odd"], timeout=10)
-        [attempt] = await gw.store.list_attempts("ro-odd")
+    async with serving(health_route(), web.post("/rollout", admit), web.post("/rollout/cancel", cancel)) as url:
+        rollout, attempt = await one_task(tmp_path, url, "odd", timeout=10)
     assert rollout.status == "failed" and cancelled == [{"ids": [attempt.attempt_id]}]
     assert "answered 202 with no polling lease" in (attempt.metadata or {})["dispatch"]["error"]
 
@@ -405,9 +360,6 @@ async def test_a_03_admission_waiting_out_429s_is_not_taken_for_lost_by_another_
     admitted: list[str] = []
     past_window = asyncio.Event()  # set once the 429s have gone on for longer than an init may take
 
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "process_id": "p-1", "lifecycle": "ready"})
-
     async def admit(request: web.Request) -> web.Response:
         first_try.append(first_try[0] if first_try else time.monotonic())
         if time.monotonic() - first_try[0] >= 3.0:
@@ -421,7 +373,7 @@ async def test_a_03_admission_waiting_out_429s_is_not_taken_for_lost_by_another_
         sample: dict[str, Any] = {"reward": None, "messages": []}
         return web.json_response({"rollout_id": request.match_info["id"], "status": "success", "sample": sample})
 
-    routes = [web.get("/health", health), web.post("/rollout", admit), web.get("/rollout/{id}/result", result)]
+    routes = [health_route(), web.post("/rollout", admit), web.get("/rollout/{id}/result", result)]
     settings: dict[str, Any] = {"agent_init_timeout": 1.0, "agent_init_retries": 0}  # an init may take 2 s
     async with (
         serving(*routes) as url,
@@ -526,6 +478,28 @@ def test_a_lease_counts_as_unpolled_after_half_its_length(lease_timeout: float, 
     resumed within it, not 40 s later when the server has let the rollout go."""
     lease = {"osmosis_id": "at-1", "lease": "t", "wait": 30.0, "lease_timeout": lease_timeout, "polled_at": 1000.0}
     assert v03.stale(lease, 1000.0 + unpolled) is resumed
+
+
+def health_route(protocol: str = "0.3") -> web.RouteDef:
+    """``GET /health`` as a server of ``protocol`` answers it (a 0.3 server's names its process and lifecycle)."""
+    lifecycle = {"process_id": "p-1", "lifecycle": "ready"} if protocol == "0.3" else {}
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", **lifecycle})
+
+    return web.get("/health", health)
+
+
+async def one_task(tmp_path: Path, url: str, name: str, timeout: float = 30, **agent: Any) -> tuple[Rollout, Attempt]:
+    """One task (``ro-<name>``) for the agent server at ``url``, registered as ``name`` (with ``agent``'s other
+    fields) on a gateway of its own, run to its end: the rollout and its one attempt."""
+    async with running_gateway(tmp_path) as gw, httpx.AsyncClient(base_url=gw.url) as admin:
+        await admin.put(f"/admin/v1/agents/{name}", json={"url": url, **agent})
+        task = {"rollout_id": f"ro-{name}", "input": "x", "agent": name}
+        await admin.post("/admin/v1/rollouts", json={"tasks": [task]})
+        [rollout] = await finish(gw, [f"ro-{name}"], timeout=timeout)
+        [attempt] = await gw.store.list_attempts(f"ro-{name}")
+    return rollout, attempt
 
 
 @contextlib.asynccontextmanager
