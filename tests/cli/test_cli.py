@@ -260,15 +260,21 @@ def test_triplets_export_writes_json_lines(
     assert refused.exit_code == 2 and "KEY=VALUE" in refused.stderr
 
 
+def asked(admin: RollwayClient, mock: MockBackendProcess, question: str, times: int = 1) -> str:
+    """A rollout started by a worker whose agent asks ``question`` ``times`` times through alias ``tiny`` (in
+    front of the mock): its id."""
+    admin.put_model("tiny", [{"base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}])
+    claim = admin.start_rollout({"input": question}, worker_id="cli-worker")
+    with OpenAI(base_url=claim.base_url, api_key=claim.api_key, max_retries=0) as llm:
+        for _ in range(times):
+            llm.chat.completions.create(model="tiny", messages=[{"role": "user", "content": question}])
+    return claim.rollout.rollout_id
+
+
 def test_an_export_says_how_many_repeated_calls_it_removed(
     gateway: GatewayProcess, admin: RollwayClient, mock: MockBackendProcess
 ) -> None:
-    admin.put_model("tiny", [{"base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}])
-    claim = admin.start_rollout({"input": "What is 1 + 1?"}, worker_id="cli-worker")
-    rollout_id = claim.rollout.rollout_id
-    with OpenAI(base_url=claim.base_url, api_key=claim.api_key, max_retries=0) as llm:
-        for _ in range(3):  # the agent asks the same prompt three times: two of the calls are retries
-            llm.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "What is 1 + 1?"}])
+    rollout_id = asked(admin, mock, "What is 1 + 1?", times=3)  # the same prompt thrice: two calls are retries
     admin.add_reward(rollout_id, 1.0)
     admin.update_attempt(rollout_id, status="succeeded")
 
@@ -285,11 +291,7 @@ def test_an_export_says_how_many_repeated_calls_it_removed(
 def test_an_export_leaves_out_a_sample_its_agent_server_dropped_and_says_so(
     gateway: GatewayProcess, admin: RollwayClient, mock: MockBackendProcess
 ) -> None:
-    admin.put_model("tiny", [{"base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}])
-    claim = admin.start_rollout({"input": "What is 2 + 3?"}, worker_id="cli-worker")
-    rollout_id = claim.rollout.rollout_id
-    with OpenAI(base_url=claim.base_url, api_key=claim.api_key, max_retries=0) as llm:
-        llm.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "What is 2 + 3?"}])
+    rollout_id = asked(admin, mock, "What is 2 + 3?")
     # As an Osmosis 0.3 agent server's "drop this sample" is recorded: succeeded, no reward, the flag in the
     # completion's extra_fields.
     dropped = {"completion": {"status": "COMPLETED", "reward": None, "extra_fields": {"remove_sample": True}}}
