@@ -109,6 +109,8 @@ class DataPlane:
         op_path = match["op"]
         method = scope["method"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if method == "POST":  # a call past the limit costs no more than its headers: its body is never read
+            _shed(gateway)
         if match.re is controlled.PATH:
             await self._serve_controlled(serving, scope, receive, reply, match, headers, rid_header)
             return
@@ -234,11 +236,9 @@ async def _begin(
     listed: Callable[[], bool] = lambda: True,
 ) -> Call:
     """The call begun (``Call.begin``); what refuses it before that becomes its ``CallError``. A process at its
-    ``max_calls_in_flight`` refuses it first (``Running.over``), before it takes a sequence id. ``listed``: whether
+    ``max_calls_in_flight`` refuses it first (``_shed``), before it takes a sequence id. ``listed``: whether
     an unknown alias's 404 may name the known ones (``attribution.authenticated``, asked only then)."""
-    if gateway.running.over(gateway.settings.max_calls_in_flight):
-        gateway.metrics.shed.inc()
-        raise overloaded(gateway.settings.max_calls_in_flight)
+    _shed(gateway)  # again: the calls that passed the first look while their bodies were read count now
     gateway.running.starting += 1  # counted from here: ``run`` counts it as running before its first wait
     try:
         return await Call.begin(
@@ -257,6 +257,13 @@ async def _begin(
         raise CallError.of_store(exc) from None
     finally:
         gateway.running.starting -= 1
+
+
+def _shed(gateway: Gateway) -> None:
+    """Refuse a call (``overloaded``) while the process runs its ``max_calls_in_flight``."""
+    if gateway.running.over(gateway.settings.max_calls_in_flight):
+        gateway.metrics.shed.inc()
+        raise overloaded(gateway.settings.max_calls_in_flight)
 
 
 def overloaded(limit: int) -> CallError:
