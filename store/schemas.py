@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Generic, Literal, TypeVar
@@ -125,6 +126,10 @@ _FILTER_KEY = re.compile(r"^[^\"\\]{1,128}$")
 MAX_FILTER_KEYS = 16
 
 
+def _finite(value: str | int | float) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
+
+
 def checked_metadata_filter(metadata: Mapping[str, Any] | None) -> dict[str, MetadataValue]:
     """``metadata`` as a filter (``{key: value}``), or a ``StoreValidationError`` that says what is wrong."""
     if not metadata:
@@ -134,8 +139,10 @@ def checked_metadata_filter(metadata: Mapping[str, Any] | None) -> dict[str, Met
     for key, value in metadata.items():
         if not isinstance(key, str) or not _FILTER_KEY.match(key):
             raise StoreValidationError(f"metadata filter key {key!r}: 1-128 characters, no quote or backslash")
-        if value is None or not isinstance(value, str | int | float):
-            raise StoreValidationError(f"metadata filter '{key}': the value must be a string, a number or a boolean")
+        if value is None or not isinstance(value, str | int | float) or not _finite(value):
+            raise StoreValidationError(
+                f"metadata filter '{key}': the value must be a string, a finite number or a boolean"
+            )
     return dict(metadata)
 
 

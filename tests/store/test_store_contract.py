@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import math
 import sqlite3
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +94,32 @@ async def test_a_claim_takes_only_the_rollouts_its_filter_names(store: Store) ->
     for bad in bads:
         with pytest.raises(StoreValidationError):
             await store.claim("w", where=ClaimFilter.model_construct(metadata=bad))
+
+
+async def test_a_metadata_filter_compares_json_values_by_type_on_every_engine(store: Store) -> None:
+    """``3`` matches ``3`` and ``3.0``, ``true`` only ``true`` (not ``1``), ``"1"`` only the string, and a filter
+    never matches an array or an object, the same on SQLite and PostgreSQL; the export filter agrees."""
+    values: list[Any] = [1, True, "1", 3.0, 3, [1], {"x": 1}, False, 0]
+    queued = await store.enqueue([TaskSpec(input=i, metadata={"n": v}) for i, v in enumerate(values)])
+    assert len(queued) == len(values)
+
+    async def taking(value: Any) -> list[Any]:
+        claimed = await store.claim("w", limit=10, where=ClaimFilter(metadata={"n": value}))
+        return sorted(c.rollout.input for c in claimed)
+
+    assert await taking("[1]") == []
+    assert await taking('{"x": 1}') == []
+    assert await taking(3) == [3, 4]
+    assert await taking(True) == [1]
+    assert await taking("1") == [2]
+    assert await taking(1.0) == [0]
+    assert await taking(False) == [7]
+    assert await taking(0) == [8]
+    left = await store.claim("w", limit=10)
+    assert sorted(c.rollout.input for c in left) == [5, 6]
+    for bad in (math.nan, math.inf):
+        with pytest.raises(StoreValidationError):
+            await store.claim("w", where=ClaimFilter(metadata={"n": bad}))
 
 
 async def test_claims_follow_priority_then_enqueue_order(store: Store, clock: FakeClock) -> None:
