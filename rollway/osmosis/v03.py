@@ -53,6 +53,7 @@ from rollway.osmosis.wire import (
     Admitted,
     admitted_of,
     headers_of,
+    json_of,
     label_of,
     masked,
     redirected,
@@ -338,10 +339,7 @@ class Controller:
                 status = response.status
         except (aiohttp.ClientError, TimeoutError):
             return 0, None
-        try:
-            return status, orjson.loads(raw) if raw else None
-        except orjson.JSONDecodeError:
-            return status, None
+        return status, json_of(raw)
 
     async def _ended_in_store(self, rollout_id: str, attempt_id: str, within: float) -> bool:
         """Whether the attempt ends in the store within ``within`` seconds (a cancel, a timeout)."""

@@ -5,6 +5,7 @@ completion Rollway records; and a refusal as text fit to store and log (keys mas
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -46,6 +47,22 @@ def admitted_of(raw: bytes, attempt_id: str) -> Admitted | None:
     if not all(math.isfinite(x) and x > 0 for x in (wait_seconds, lease_seconds)):
         return None
     return Admitted(str(answer.get("rollout_id") or attempt_id), lease, wait_seconds, lease_seconds)
+
+
+def json_of(raw: bytes) -> Any:
+    """An answer's JSON body, None when it is empty or not JSON. Python's own parser reads what orjson refuses:
+    ``NaN``, ``Infinity`` and ``-Infinity``, which a server written in Python sends for a metric that is not
+    finite (the store keeps them by name, ``store.db.limits.named_nonfinite``)."""
+    if not raw:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(raw)
+    except ValueError:  # (UnicodeDecodeError included)
+        return None
 
 
 def headers_of(server: AgentServer) -> dict[str, str]:

@@ -60,12 +60,30 @@ def check_finite(value: Any, what: str) -> None:
         item = pending.pop()
         if isinstance(item, float):
             if not math.isfinite(item):
-                word = "NaN" if math.isnan(item) else "Infinity" if item > 0 else "-Infinity"
-                raise StoreValidationError(f"{what} holds {word}: a JSON number must be finite")
+                raise StoreValidationError(f"{what} holds {_name(item)}: a JSON number must be finite")
         elif isinstance(item, dict):
             pending.extend(item.values())
         elif isinstance(item, list | tuple):
             pending.extend(item)
+
+
+def _name(number: float) -> str:
+    """The name Python's json module writes a number that is not finite by."""
+    return "NaN" if math.isnan(number) else "Infinity" if number > 0 else "-Infinity"
+
+
+def named_nonfinite(value: Any) -> Any:
+    """``value`` (JSON) with each number that is not finite replaced by its name as a string (``"NaN"``,
+    ``"Infinity"``, ``"-Infinity"``), for what the store keeps as it was reported rather than refuses (an agent
+    server's completion metrics): the JSON columns' encoder would write such a number as ``null``, and a NaN loss
+    would read back as no value at all."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else _name(value)
+    if isinstance(value, dict):
+        return {key: named_nonfinite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [named_nonfinite(item) for item in value]
+    return value
 
 
 def check_task(spec: Any) -> None:

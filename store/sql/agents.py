@@ -19,6 +19,7 @@ from sqlalchemy import Connection, RowMapping, delete, func, select, update
 from rollway.store.controlled import RESERVED_AGENT_PREFIX
 from rollway.store.db import models
 from rollway.store.db.dialect import lock_rows, serialize_key
+from rollway.store.db.limits import named_nonfinite
 from rollway.store.errors import ConflictError, NotFoundError, StoreValidationError, UnavailableError
 from rollway.store.exports import REWARD_SPAN
 from rollway.store.schemas import AgentServer, Attempt, AttemptedRollout, RemoteCompletion, Span
@@ -228,9 +229,9 @@ def complete(conn: Connection, report: RemoteCompletion, attempt_id: str | None,
         "finish_reason": report.finish_reason,
         "error_message": report.error_message,
         "reward": report.reward,
-        "metrics": report.metrics,
-        "final_messages": report.final_messages,
-        "extra_fields": report.extra_fields or None,
+        "metrics": named_nonfinite(report.metrics),  # a NaN loss stays "NaN", never null
+        "final_messages": named_nonfinite(report.final_messages),
+        "extra_fields": named_nonfinite(report.extra_fields) or None,
         "time": now,
     }
     metadata = dict(attempt["metadata"] or {}) | {COMPLETION_KEY: completion}

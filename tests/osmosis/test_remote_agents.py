@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
+import math
 import random
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -564,3 +566,40 @@ async def test_an_init_lost_with_the_gateway_is_sent_again_with_the_same_idempot
         assert attempt.metadata is not None and attempt.metadata["dispatch"]["init_tries"] == 1
         health = agent_server.health()
         assert (health["inits"], health["completed"]) == (1, 1), health
+
+
+async def test_a_v1_completion_keeps_its_nan_and_infinite_metrics_as_their_names(tmp_path: Path) -> None:
+    """A v1 agent server's report written by Python's json module (``NaN``, ``Infinity``) keeps those metrics as
+    the strings "NaN" and "Infinity" in the attempt's completion: not null, which would read as no value."""
+    async with running_gateway(tmp_path) as gw, httpx.AsyncClient(base_url=gw.url) as http:
+        await gw.store.enqueue([{"input": "x", "rollout_id": "ro-nan"}])
+        await gw.store.claim("w")
+        report = {"rollout_id": "ro-nan", "status": "COMPLETED", "metrics": {"loss": math.nan, "kl": math.inf}}
+        answer = await http.post(
+            "/v1/rollout/completed", content=json.dumps(report), headers={"Content-Type": "application/json"}
+        )
+        assert answer.status_code == 200, answer.text
+        [attempt] = await gw.store.list_attempts("ro-nan")
+    assert (attempt.metadata or {})["completion"]["metrics"] == {"loss": "NaN", "kl": "Infinity"}
+
+
+async def test_a_03_result_with_nan_metrics_is_recorded_with_their_names(tmp_path: Path) -> None:
+    """A 0.3 result whose sample's metrics hold ``NaN`` and ``-Infinity`` (as Python's json module writes them)
+    is a result like any other: the attempt succeeds, and its completion keeps them as "NaN" and "-Infinity"."""
+
+    async def admit(request: web.Request) -> web.Response:
+        rollout_id = (await request.json())["rollout_id"]
+        return web.json_response({"rollout_id": rollout_id, "polling_lease_token": "t"}, status=202)
+
+    async def result(request: web.Request) -> web.Response:
+        sample = {"reward": 0.5, "messages": [], "metrics": {"loss": math.nan, "margin": -math.inf, "calls": 2}}
+        body = {"rollout_id": request.match_info["id"], "status": "success", "sample": sample}
+        return web.Response(text=json.dumps(body), content_type="application/json")
+
+    routes = [health_route(), web.post("/rollout", admit), web.get("/rollout/{id}/result", result)]
+    async with serving(*routes) as url:
+        rollout, attempt = await one_task(tmp_path, url, "nan")
+    assert rollout.status == "succeeded", attempt.metadata
+    completion = (attempt.metadata or {})["completion"]
+    assert completion["metrics"] == {"loss": "NaN", "margin": "-Infinity", "calls": 2}
+    assert completion["reward"] == 0.5

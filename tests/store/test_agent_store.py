@@ -85,6 +85,32 @@ async def test_a_completion_is_recorded_once_with_its_reward_span(store: Store) 
         await store.complete_remote(RemoteCompletion(rollout_id="ro-unknown", status="COMPLETED"))
 
 
+async def test_a_completion_keeps_metrics_that_are_not_finite_as_their_names(store: Store) -> None:
+    """A NaN loss or an infinite reward component is kept as the name Python's json module gives it ("NaN",
+    "Infinity", "-Infinity"), wherever it sits in the report, so that it never reads back as null (no value)."""
+    await store.put_agent(AgentServer(name="a", url="http://127.0.0.1:9"))
+    await store.enqueue([{"input": "x", "agent": "a", "rollout_id": "ro-1"}])
+    await store.claim_for_agent("a")
+    nan, inf = float("nan"), float("inf")
+    report = RemoteCompletion(
+        rollout_id="ro-1",
+        status="COMPLETED",
+        metrics={"loss": nan, "reward_parts": [inf, -inf, 0.5], "empty": None, "calls": 2},
+        extra_fields={"grad_norm": {"max": inf}},
+        final_messages=[{"role": "assistant", "content": "x", "score": nan}],
+    )
+    await store.complete_remote(report)
+    completion = (await store.get_attempt("ro-1")).metadata["completion"]  # type: ignore[index]
+    assert completion["metrics"] == {
+        "loss": "NaN",
+        "reward_parts": ["Infinity", "-Infinity", 0.5],
+        "empty": None,
+        "calls": 2,
+    }
+    assert completion["extra_fields"] == {"grad_norm": {"max": "Infinity"}}
+    assert completion["final_messages"] == [{"role": "assistant", "content": "x", "score": "NaN"}]
+
+
 async def test_an_error_report_fails_the_attempt_and_the_rollout_retries(store: Store) -> None:
     await store.put_agent(AgentServer(name="a", url="http://127.0.0.1:9"))
     config = RolloutConfig(max_attempts=2, retry_condition=["failed"])
