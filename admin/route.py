@@ -29,7 +29,9 @@ _JSON_NAMES |= {bool: "true or false", type(None): "null"}
 class NotJson:
     """A request body that did not parse as JSON, standing in for it until the route's dependencies ran. It fails
     the validation of any body: FastAPI validates bodies from attributes too (a model whose fields all have
-    defaults would take any object), and each field read from this one is an error."""
+    defaults would take any object), and each field read from this one is an error. A route with several body
+    parameters looks each up with ``.get``, which fails as it does on a body that is not an object, so FastAPI
+    reports those fields missing; the route then answers with the parse error (``_CredentialFirst.unparsed``)."""
 
     __slots__ = ("_at", "_why")  # (names no body has: a field of that name would be read from them)
 
@@ -38,17 +40,23 @@ class NotJson:
         self._at = error.pos
 
     def __getattr__(self, name: str) -> Any:
+        if name == "get":
+            raise AttributeError(name)
         raise ValueError("the request body is not valid JSON")
 
 
 class _CredentialFirst(Request):
-    """The request as the route sees it: a body that is not JSON reads as ``NotJson`` instead of raising."""
+    """The request as the route sees it: a body that is not JSON reads as ``NotJson`` (kept as ``unparsed``)
+    instead of raising."""
+
+    unparsed: NotJson | None = None
 
     async def json(self) -> Any:
         try:
             return await super().json()
         except json.JSONDecodeError as exc:
-            return NotJson(exc)
+            self.unparsed = NotJson(exc)
+            return self.unparsed
 
 
 def _not_json(error: NotJson) -> RequestValidationError:
@@ -80,10 +88,11 @@ class AdminRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:
+            asked = _CredentialFirst(request.scope, request.receive, request._send)
             try:
-                return await handler(_CredentialFirst(request.scope, request.receive, request._send))
+                return await handler(asked)
             except RequestValidationError as exc:
-                readable = _readable(exc)
+                readable = _not_json(asked.unparsed) if asked.unparsed is not None else _readable(exc)
                 if readable is exc:
                     raise
                 raise readable from exc
