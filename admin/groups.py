@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from rollway.admin.adapters.triplets import CALL_OPERATIONS
+from rollway.admin.adapters.calls import CALL_OPERATIONS
 from rollway.admin.schemas import GroupHealth
 from rollway.store.exports import ExportRollout, RawJson
 

@@ -25,8 +25,9 @@ import orjson
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
+from rollway.admin.adapters.calls import deduped, llm_calls
 from rollway.admin.adapters.merged import merged_rows
-from rollway.admin.adapters.triplets import deduped, dumps, llm_calls, triplets
+from rollway.admin.adapters.triplets import dumps, triplets
 from rollway.admin.context import AdminContext, Context
 from rollway.admin.groups import ExportedGroups
 from rollway.admin.route import AdminRoute

@@ -1,18 +1,10 @@
-"""Pure functions from stored spans to training data (no I/O): ``triplets`` turns one rollout's spans into
-per-call triplets, ``merged`` chains them into multi-turn rows, ``trainers`` cuts SLIME samples and verl rows
-from those."""
+"""Pure functions from stored spans to training data (no I/O): ``calls`` finds one rollout's LLM calls,
+``triplets`` turns them into per-call triplets, ``merged`` chains them into multi-turn rows, ``trainers`` cuts
+SLIME samples and verl rows from those."""
 
+from rollway.admin.adapters.calls import LlmCall, SpanLike, llm_calls
 from rollway.admin.adapters.merged import MergedRow, merged_rows
-from rollway.admin.adapters.triplets import (
-    LlmCall,
-    SpanLike,
-    Triplet,
-    dumps,
-    llm_calls,
-    match_rewards,
-    reward_value,
-    triplets,
-)
+from rollway.admin.adapters.triplets import Triplet, dumps, match_rewards, reward_value, triplets
 
 __all__ = [
     "LlmCall",

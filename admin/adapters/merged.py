@@ -27,16 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from rollway.admin.adapters.triplets import (
-    LlmCall,
-    LogprobsSource,
-    SpanLike,
-    deduped,
-    items_in,
-    llm_calls,
-    match_rewards,
-    sampling,
-)
+from rollway.admin.adapters.calls import LlmCall, LogprobsSource, SpanLike, deduped, items_in, llm_calls
+from rollway.admin.adapters.triplets import match_rewards, sampling
 from rollway.store.exports import RawJson
 
 

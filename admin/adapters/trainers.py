@@ -52,15 +52,9 @@ from typing import Any
 import orjson
 
 from rollway.admin.adapters import merged
+from rollway.admin.adapters.calls import LlmCall, deduped
 from rollway.admin.adapters.merged import MergedRow
-from rollway.admin.adapters.triplets import (
-    LlmCall,
-    deduped,
-    finish_reason,
-    request_prompt,
-    response_choice,
-    reward_value,
-)
+from rollway.admin.adapters.triplets import finish_reason, request_prompt, response_choice, reward_value
 from rollway.store.exports import ExportRollout, RawJson
 
 
