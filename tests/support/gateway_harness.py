@@ -5,6 +5,7 @@ nor look at the connection, in process (``httpx.ASGITransport``, the app's lifes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -104,36 +105,72 @@ async def running_gateway(
         async with _in_process(tmp_path, **settings) as running:
             yield running
         return
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if send_buffer is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1024)
-    port = sock.getsockname()[1]
-    settings.setdefault("database_url", f"sqlite:///{tmp_path / 'gateway.db'}")
-    settings.setdefault("public_url", f"http://127.0.0.1:{port}")  # what remote agent servers call back
+    sock = listening_socket(send_buffer)
     try:
+        port = sock.getsockname()[1]
+        settings.setdefault("database_url", f"sqlite:///{tmp_path / 'gateway.db'}")
+        settings.setdefault("public_url", f"http://127.0.0.1:{port}")  # what remote agent servers call back
         app = build_app(Settings(**settings))
-    except BaseException:  # settings refused: do not leak the socket
+        server = _QuietServer(uvicorn.Config(app, log_level="warning", lifespan="on", http="httptools"))
+        task = asyncio.create_task(_serve(server, sock))
+        url = f"http://127.0.0.1:{port}"
+        try:
+            await _started(task, url)
+            running = RunningGateway(url=url, app=app)
+            try:
+                yield running
+            finally:
+                for llm in running.clients:
+                    await llm.close()
+        finally:
+            server.should_exit = True
+            with contextlib.suppress(GatewayDidNotStart):  # (raised by ``_started`` already)
+                await task
+    finally:
+        sock.close()
+
+
+def listening_socket(send_buffer: int | None = None) -> socket.socket:
+    """A loopback socket on an ephemeral port, listening; ``send_buffer`` as for ``running_gateway``."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if send_buffer is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1024)
+    except BaseException:
         sock.close()
         raise
-    server = _QuietServer(uvicorn.Config(app, log_level="warning", lifespan="on", http="httptools"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    url = f"http://127.0.0.1:{port}"
+    return sock
+
+
+class GatewayDidNotStart(RuntimeError):
+    """The gateway's application did not start (its lifespan failed: uvicorn logged why)."""
+
+
+async def _serve(server: uvicorn.Server, sock: socket.socket) -> None:
+    """``server`` on ``sock`` until it stops. uvicorn ends a server whose application fails to start with
+    ``sys.exit``, which would leave the event loop itself: it is raised here as ``GatewayDidNotStart``."""
     try:
-        async with httpx.AsyncClient() as client:  # queued on the listening socket until uvicorn serves
-            (await client.get(f"{url}/healthz", timeout=30)).raise_for_status()
-        running = RunningGateway(url=url, app=app)
+        await server.serve(sockets=[sock])
+    except SystemExit as exc:
+        raise GatewayDidNotStart(f"the gateway did not start (uvicorn's exit status {exc.code})") from None
+
+
+async def _started(task: asyncio.Task[None], url: str) -> None:
+    """Once the server of ``task`` answers ``/healthz`` (the request waits on the listening socket until uvicorn
+    serves); ``GatewayDidNotStart`` if the server ends first."""
+    async with httpx.AsyncClient() as client:
+        healthz = asyncio.ensure_future(client.get(f"{url}/healthz", timeout=30))
         try:
-            yield running
+            await asyncio.wait({healthz, task}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for llm in running.clients:
-                await llm.close()
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
+            healthz.cancel()
+        if task.done():
+            task.result()  # the server's error
+            raise GatewayDidNotStart("the gateway stopped before it answered /healthz")
+        healthz.result().raise_for_status()
 
 
 @asynccontextmanager
