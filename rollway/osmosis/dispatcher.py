@@ -1,7 +1,8 @@
 """The remote-agent dispatcher (Rollway as Osmosis's TrainGate, docs/remote-agents.md), owned by the app's lifespan.
 
 A server whose ``/health`` is an Osmosis 0.3 RolloutServer's is admitted and polled instead (``rollway.osmosis.v03``,
-asked once per registration); what follows is the v1 protocol, for every other server.
+asked once per registration, and asked again before an attempt is sent while the answer tells nothing:
+``Dispatcher.protocol``); what follows is the v1 protocol, for every other server.
 
 It claims the tasks enqueued with ``agent: <name>`` for each registered agent server, within the server's
 ``max_concurrent`` (``store.sql.agents.claim`` counts its live rollouts in the database, so several gateway
@@ -35,7 +36,7 @@ import aiohttp
 import orjson
 
 from rollway.gateway.upstream import backoff, wait
-from rollway.osmosis import v03, wire
+from rollway.osmosis import restarts, v03, wire
 from rollway.osmosis.wire import Protocol
 from rollway.settings import Settings
 from rollway.store import AgentServer, AttemptedRollout, ConflictError, NotFoundError, Store, StoreError
@@ -187,11 +188,13 @@ class Dispatcher:
 
     @property
     def init_window(self) -> float:
-        """The longest one init (all its tries and waits) may take: an attempt older than this with no init
-        outcome recorded was not being sent by any live process."""
+        """The longest one init (all its tries and waits, and the reads of ``/health`` that ask the protocol
+        first) may take: an attempt older than this with no init outcome recorded was not being sent by any live
+        process."""
         retries = self.settings.agent_init_retries
         waits = sum(max(self.settings.retry_max_wait, 0.05 * 2.0 ** (t - 1)) for t in range(1, retries + 1))
-        return float(self.settings.agent_init_timeout * (retries + 1) + waits + 1.0)
+        probes = restarts.HEALTH_TIMEOUT * (retries + 1) + waits  # the protocol asked first (``protocol``)
+        return float(self.settings.agent_init_timeout * (retries + 1) + waits + probes + 1.0)
 
     async def lost_inits(self, server: AgentServer) -> list[AttemptedRollout]:
         """The attempts of ``server`` whose init (or 0.3 admission) was lost with the process sending it: begun
@@ -231,16 +234,27 @@ class Dispatcher:
             self.store.failures.log(log, "dispatch", "result polls of '%s' failed: %s", server.name, exc.message)
 
     async def protocol(self, server: AgentServer) -> Protocol:
-        """The protocol ``server`` speaks, asked once per registration (``wire.probe``)."""
+        """The protocol ``server`` speaks, asked once per registration (``wire.probe``). An answer that tells
+        nothing (no answer, a 429 or a 5xx) is asked again as an init is retried (``ROLLWAY_AGENT_INIT_RETRIES``,
+        the same backoff); ``InitFailed``, naming the last answer, when none tells, or at once on an answer that a
+        second try would not change (401, 403, a redirect): the attempt is never sent in a protocol guessed."""
         known = self._protocols.get(server.name)
         if known is not None and known[0] == (server.url, server.updated_time):
             return known[1]
         assert self._session is not None, "dispatcher not started"
-        spoken = await wire.probe(self._session, server)
-        if spoken is None:  # no clear answer: v1's init finds out what is wrong; ask again for the next attempt
-            return "v1"
-        self._protocols[server.name] = ((server.url, server.updated_time), spoken)
-        return spoken
+        tries = 0
+        while True:
+            tries += 1
+            probed = await wire.probe(self._session, server)
+            if probed.spoken is not None:
+                self._protocols[server.name] = ((server.url, server.updated_time), probed.spoken)
+                return probed.spoken
+            if not probed.passing or tries > self.settings.agent_init_retries:
+                raise InitFailed(
+                    f"{probed.said} (after {tries} {'try' if tries == 1 else 'tries'}): the protocol the agent server "
+                    "speaks is not known, so the rollout was not sent"
+                )
+            await wait(max(backoff(tries, self.settings.retry_max_wait), 0.05 * 2 ** (tries - 1)))
 
     async def _dispatch(self, server: AgentServer, attempted: AttemptedRollout) -> None:
         rollout_id, attempt_id = attempted.rollout.rollout_id, attempted.attempt.attempt_id

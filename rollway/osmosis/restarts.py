@@ -26,14 +26,16 @@ log = logging.getLogger("rollway.dispatcher")
 
 #: Seconds between two reads of one server's ``/health`` while rollouts of it are polled here.
 HEALTH_EVERY = 5.0
+#: Seconds a server has to answer one read of its ``/health``.
+HEALTH_TIMEOUT = 5.0
 
 
 async def health_of(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> tuple[int, Any]:
     """A ``GET`` of ``url`` (a server's ``/health``, redirects not followed): its status and its JSON body (None
-    when it is not JSON), or (0, None) when it does not answer within 5 s."""
+    when it is not JSON), or (0, None) when it does not answer within ``HEALTH_TIMEOUT`` seconds."""
     try:
         async with session.get(
-            url, headers=headers, timeout=aiohttp.ClientTimeout(total=5), allow_redirects=False
+            url, headers=headers, timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT), allow_redirects=False
         ) as response:
             raw = await response.read()
             status = response.status

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
-from rollway.osmosis.restarts import health_of
+from rollway.osmosis.restarts import HEALTH_TIMEOUT, health_of
 from rollway.store import AgentServer, RemoteCompletion
 
 LEASE_HEADER = "X-Osmosis-Rollout-Lease"
@@ -91,17 +91,33 @@ def redirected(response: aiohttp.ClientResponse) -> str:
     return ""
 
 
-async def probe(session: aiohttp.ClientSession, server: AgentServer) -> Protocol | None:
+@dataclass(frozen=True, slots=True)
+class Probed:
+    """What a server's ``/health`` told of its protocol: ``spoken``, or None when it told nothing; then ``said``
+    is the answer as text for the attempt's error, and ``passing`` whether asking again may tell (no answer, a
+    429 or a 5xx: a server starting, busy or failing for now)."""
+
+    spoken: Protocol | None
+    said: str = ""
+    passing: bool = False
+
+
+async def probe(session: aiohttp.ClientSession, server: AgentServer) -> Probed:
     """Which protocol ``server`` speaks: ``0.3`` when its ``/health`` is a 0.3 RolloutServer's, ``v1`` on a clear
     answer that it is not (a 404, or a 200 without ``process_id`` and ``lifecycle``), None otherwise (no answer, a
     5xx, 401, 403, 429 or any other status: a 0.3 server that is failing, busy or refusing the key says nothing
-    of its protocol), so that the caller asks again next time."""
-    status, health = await health_of(session, f"{server.url}/health", headers_of(server))
+    of its protocol), for the caller to ask again or give up."""
+    url = f"{server.url}/health"
+    status, health = await health_of(session, url, headers_of(server))
     if status == 404:
-        return "v1"
-    if status != 200:
-        return None
-    return "0.3" if isinstance(health, dict) and "process_id" in health and "lifecycle" in health else "v1"
+        return Probed("v1")
+    if status == 200:
+        clear = isinstance(health, dict) and "process_id" in health and "lifecycle" in health
+        return Probed("0.3" if clear else "v1")
+    if status == 0:
+        return Probed(None, f"GET {url} had no answer within {HEALTH_TIMEOUT:g} s", passing=True)
+    body = masked(orjson.dumps(health), server, "") if health is not None else "a body that is not JSON"
+    return Probed(None, f"GET {url} answered {status}: {body}", passing=status == 429 or status >= 500)
 
 
 def label_of(task_input: Any, metadata: dict[str, Any]) -> str | None:

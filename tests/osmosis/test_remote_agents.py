@@ -353,20 +353,21 @@ async def test_a_03_admission_answered_202_with_no_lease_is_cancelled_there_and_
 async def test_a_03_admission_waiting_out_429s_is_not_taken_for_lost_by_another_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A 0.3 server that answers 429 for longer than an init may take (here 2 s): the admission marks itself in
+    """A 0.3 server that answers 429 for longer than an init may take (here 2.5 s): the admission marks itself in
     progress meanwhile, so another process's look for lost inits leaves it alone (it would be admitted twice: the
     second admission's 409 would cancel the first one's run), and it is admitted once when the server has room.
-    The marks are renewed every 0.3 s here, so a first mark never renewed would be lost by the look at 3 s."""
+    The marks are renewed every 0.3 s here, so a first mark never renewed would be lost by the look at 3.5 s."""
     monkeypatch.setattr(v03, "ADMIT_MARK_EVERY", 0.3)
+    monkeypatch.setattr(restarts, "HEALTH_TIMEOUT", 0.5)  # the probe's part of an init's 2.5 s
     first_try: list[float] = []
     admitted: list[str] = []
     past_window = asyncio.Event()  # set once the 429s have gone on for longer than an init may take
 
     async def admit(request: web.Request) -> web.Response:
         first_try.append(first_try[0] if first_try else time.monotonic())
-        if time.monotonic() - first_try[0] >= 3.0:
+        if time.monotonic() - first_try[0] >= 3.5:
             past_window.set()
-        if time.monotonic() - first_try[0] < 4.0:
+        if time.monotonic() - first_try[0] < 4.5:
             return web.json_response({"detail": "busy"}, status=429, headers={"Retry-After": "0.2"})
         admitted.append((await request.json())["rollout_id"])
         return web.json_response({"rollout_id": admitted[-1], "polling_lease_token": "t"}, status=202)
@@ -376,7 +377,7 @@ async def test_a_03_admission_waiting_out_429s_is_not_taken_for_lost_by_another_
         return web.json_response({"rollout_id": request.match_info["id"], "status": "success", "sample": sample})
 
     routes = [health_route(), web.post("/rollout", admit), web.get("/rollout/{id}/result", result)]
-    settings: dict[str, Any] = {"agent_init_timeout": 1.0, "agent_init_retries": 0}  # an init may take 2 s
+    settings: dict[str, Any] = {"agent_init_timeout": 1.0, "agent_init_retries": 0}  # an init may take 2.5 s
     async with (
         serving(*routes) as url,
         running_gateway(tmp_path, **settings) as gw,
@@ -449,25 +450,29 @@ async def test_a_03_server_whose_process_id_changes_has_its_polled_rollouts_fail
 
 
 @pytest.mark.parametrize(
-    ("status", "health", "spoken"),
+    ("status", "health", "spoken", "passing"),
     [
-        (200, {"status": "ok", "process_id": "p-1", "lifecycle": {"accepting_rollouts": True}}, "0.3"),
-        (200, {"status": "ok"}, "v1"),
-        (404, {"detail": "Not Found"}, "v1"),
-        *((status, {"detail": "no"}, None) for status in (401, 403, 429, 500, 502, 503)),
+        (200, {"status": "ok", "process_id": "p-1", "lifecycle": {"accepting_rollouts": True}}, "0.3", False),
+        (200, {"status": "ok"}, "v1", False),
+        (404, {"detail": "Not Found"}, "v1", False),
+        *((status, {"detail": "no"}, None, False) for status in (401, 403)),
+        *((status, {"detail": "no"}, None, True) for status in (429, 500, 502, 503)),
     ],
 )
 async def test_a_protocol_is_told_only_by_a_clear_health_answer(
-    status: int, health: dict[str, Any], spoken: str | None
+    status: int, health: dict[str, Any], spoken: str | None, passing: bool
 ) -> None:
     """``/health`` tells a 0.3 server from a v1 one, and the dispatcher keeps the answer for the registration: a
-    5xx, 401, 403 or 429 (a 0.3 server failing, busy or refusing the key) tells nothing, so it is asked again."""
+    5xx, 401, 403 or 429 (a 0.3 server failing, busy or refusing the key) tells nothing; a 429 or a 5xx may pass,
+    so it is asked again, and the answer is kept as text for the attempt's error."""
 
     async def answer(request: web.Request) -> web.Response:
         return web.json_response(health, status=status)
 
     async with serving(web.get("/health", answer)) as url, aiohttp.ClientSession() as session:
-        assert await wire.probe(session, AgentServer(name="a", url=url)) == spoken
+        probed = await wire.probe(session, AgentServer(name="a", url=url))
+    assert (probed.spoken, probed.passing) == (spoken, passing)
+    assert probed.said == ("" if spoken else f'GET {url}/health answered {status}: {{"detail":"no"}}')
 
 
 @pytest.mark.parametrize(
@@ -603,3 +608,68 @@ async def test_a_03_result_with_nan_metrics_is_recorded_with_their_names(tmp_pat
     completion = (attempt.metadata or {})["completion"]
     assert completion["metrics"] == {"loss": "NaN", "margin": "-Infinity", "calls": 2}
     assert completion["reward"] == 0.5
+
+
+async def test_a_health_answer_that_tells_nothing_is_asked_again_before_the_attempt_is_sent(tmp_path: Path) -> None:
+    """A 0.3 server whose ``/health`` first answers 503 and then not JSON (a proxy's error page) is asked again,
+    with the init's backoff, until it answers clearly; the attempt is then admitted as 0.3, never sent as v1's
+    init (which a 0.3 server answers 404)."""
+    answers = [web.json_response({"detail": "starting"}, status=503), web.Response(status=502, text="<html>")]
+    v1_inits: list[str] = []
+
+    async def health(request: web.Request) -> web.Response:
+        if answers:
+            return answers.pop(0)
+        return web.json_response({"status": "ok", "process_id": "p-1", "lifecycle": {"accepting_rollouts": True}})
+
+    async def admit(request: web.Request) -> web.Response:
+        rollout_id = (await request.json())["rollout_id"]
+        return web.json_response({"rollout_id": rollout_id, "polling_lease_token": "t"}, status=202)
+
+    async def result(request: web.Request) -> web.Response:
+        sample = {"reward": 1.0, "messages": []}
+        return web.json_response({"rollout_id": request.match_info["id"], "status": "success", "sample": sample})
+
+    async def v1_init(request: web.Request) -> web.Response:
+        v1_inits.append(request.path)
+        return web.json_response({"detail": "Not Found"}, status=404)
+
+    routes = [
+        web.get("/health", health),
+        web.post("/rollout", admit),
+        web.get("/rollout/{id}/result", result),
+        web.post("/v1/rollout/init", v1_init),
+    ]
+    async with serving(*routes) as url:
+        rollout, attempt = await one_task(tmp_path, url, "starting")
+    assert rollout.status == "succeeded", attempt.metadata
+    assert answers == [] and v1_inits == []
+    assert (attempt.metadata or {})["dispatch"]["protocol"] == "osmosis-0.3"
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "said"),
+    [(503, b'{"detail": "shutting down"}', "answered 503"), (500, b"<html>oops</html>", "answered 500")],
+)
+async def test_a_health_that_never_tells_the_protocol_fails_the_attempt_saying_so(
+    tmp_path: Path, status: int, body: bytes, said: str
+) -> None:
+    """A server whose ``/health`` gives no clear answer on any try fails the attempt with an error that names that
+    answer and says the protocol is unknown, rather than being sent v1's init and failing with its "not found"."""
+    probes: list[float] = []
+    inits: list[str] = []
+
+    async def health(request: web.Request) -> web.Response:
+        probes.append(time.monotonic())
+        return web.Response(status=status, body=body, content_type="application/json")
+
+    async def init(request: web.Request) -> web.Response:
+        inits.append(request.path)
+        return web.json_response({"detail": "Not Found"}, status=404)
+
+    async with serving(web.get("/health", health), web.post("/{tail:.*}", init)) as url:
+        rollout, attempt = await one_task(tmp_path, url, "unclear")
+    error = (attempt.metadata or {})["dispatch"]["error"]
+    assert rollout.status == "failed" and inits == []
+    assert f"{url}/health {said}" in error and "protocol" in error and "after 4 tries" in error, error
+    assert len(probes) == 4  # the first try and ROLLWAY_AGENT_INIT_RETRIES (3) more
