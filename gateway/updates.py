@@ -3,7 +3,9 @@ weights change, give the alias the new version, resume.
 
 Two forms:
 - ``reload`` (``WeightUpdates.run``): Rollway asks each engine behind the alias to reload in place
-  (``gateway.weights``) and commits when every one did; a failure resumes on the old version.
+  (``gateway.weights``) and commits when every one did; a failure resumes on the old version, and a backend that
+  did take the new weights when another failed is recorded under the new version from then on (its own version
+  on the alias, until the next update commits).
 - ``trainer`` (``begin``, then ``commit`` or ``abort``): the trainer moves the weights itself (NCCL, CUDA IPC,
   its own reload) while the alias is held. An update not committed by its deadline expires: resumed on the old
   version, and its record says so.
@@ -22,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine
 from typing import Any
 
 from rollway.gateway.metrics import Metrics
@@ -91,8 +93,10 @@ class WeightUpdates:
         steps = [step for done in reloads for step in done.steps]
         versions = {done.backend_id: done.version for done in reloads}
         error = _reload_error(reloads, update.to_version)
-        state: UpdateState = "failed" if error else "committed"
-        return await self._end(update, state, error=error, steps=steps, engine_versions=versions)
+        if error is None:
+            return await self._end(update, "committed", steps=steps, engine_versions=versions)
+        took = _took(reloads, update.to_version)
+        return await self._end(update, "failed", error=error, steps=steps, engine_versions=versions, relabel=took)
 
     async def begin(self, alias: str, plan: UpdatePlan, by: str) -> WeightUpdate:
         """The ``trainer`` form's begin: the alias held and its calls drained (or aborted); the update ``open``
@@ -178,13 +182,14 @@ class WeightUpdates:
         error: str | None = None,
         steps: list[EngineStep] | None = None,
         engine_versions: dict[str, str | None] | None = None,
+        relabel: Collection[str] = (),
     ) -> WeightUpdate:
         values: dict[str, object] = {}
         if steps is not None:
             values["steps"] = steps
         if engine_versions is not None:
             values["engine_versions"] = engine_versions
-        ended = await self._store.finish_update(update.update_id, state, error=error, **values)
+        ended = await self._store.finish_update(update.update_id, state, error=error, relabel=relabel, **values)
         if (handle := self._expiries.pop(update.update_id, None)) is not None:
             handle.cancel()
         with contextlib.suppress(StoreError):
@@ -235,6 +240,12 @@ def _abort_reason(update: WeightUpdate) -> str:
     return f"model '{update.alias}' is updating its weights ({update.from_version} → {update.to_version})"
 
 
+def _took(reloads: list[Reload], to_version: str) -> list[str]:
+    """The backends that took the new weights (reloaded, and report the new version or none), in an update that
+    failed on another: they keep serving them, so their calls are recorded under the new version."""
+    return [done.backend_id for done in reloads if done.error is None and done.version in (None, to_version)]
+
+
 def _reload_error(reloads: list[Reload], to_version: str) -> str | None:
     """Why a reload failed: an engine call that failed, or an engine that reports another version after it."""
     errors = [done.error for done in reloads if done.error]
@@ -245,6 +256,10 @@ def _reload_error(reloads: list[Reload], to_version: str) -> str | None:
     ]
     if not errors:
         return None
-    reloaded = [done.backend_id for done in reloads if done.error is None]
-    tail = f" (reloaded anyway: {', '.join(reloaded)})" if reloaded and len(reloads) > 1 else ""
-    return "; ".join(errors) + tail + "; resumed on the old version"
+    took = _took(reloads, to_version)
+    tail = (
+        f"; backends {', '.join(took)} took the new weights and are recorded as '{to_version}' until the next update"
+        if took
+        else ""
+    )
+    return "; ".join(errors) + "; the alias resumed on the old version" + tail

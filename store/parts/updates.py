@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from rollway.store.parts.plumbing import StorePlumbing
@@ -43,10 +44,18 @@ class UpdatesMixin(StorePlumbing):
         return await self._write(lambda conn: updates.record(conn, update_id, **values))
 
     async def finish_update(
-        self, update_id: str, state: UpdateState, *, error: str | None = None, **values: Any
+        self,
+        update_id: str,
+        state: UpdateState,
+        *,
+        error: str | None = None,
+        relabel: Collection[str] = (),
+        **values: Any,
     ) -> WeightUpdate:
         now = self.clock()
-        return await self._write(lambda conn: updates.finish(conn, update_id, state, now, error=error, **values))
+        return await self._write(
+            lambda conn: updates.finish(conn, update_id, state, now, error=error, relabel=relabel, **values)
+        )
 
     async def get_update(self, update_id: str) -> WeightUpdate:
         return await self._read(lambda conn: updates.get(conn, update_id))

@@ -4,12 +4,14 @@
 ``hold_until``), names the update on the alias row (one open update per alias; another begin is a conflict) and
 moves the catalog revision, so every replica holds its calls from its next call on. ``finish`` ends it in one
 transaction too: a commit gives the alias the new version (and clears the per-backend versions: every engine
-behind it now serves the new weights), any end restores the pause the alias had before and releases the hold.
+behind it now serves the new weights); a failed reload gives the backends that did take the new weights that
+version as their own (``relabel``); any end restores the pause the alias had before and releases the hold.
 Only an update still ``open`` can end, so an expiry racing a commit leaves exactly one of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from sqlalchemy import Connection, select, update
@@ -136,11 +138,14 @@ def finish(
     now: float,
     *,
     error: str | None = None,
+    relabel: Collection[str] = (),
     **values: Any,
 ) -> WeightUpdate:
     """End an open update as ``state`` (``committed``, ``failed``, ``aborted`` or ``expired``): the alias gets
-    the new version on a commit, and its hold is released whatever the end. A ``ConflictError`` when the update
-    has ended already (it says how)."""
+    the new version on a commit, and its hold is released whatever the end. The backends in ``relabel`` (those
+    that took the new weights in an update that failed elsewhere) get the new version as their own, so their
+    calls are recorded under the weights they serve. A ``ConflictError`` when the update has ended already (it
+    says how)."""
     found = get(conn, update_id)
     serialize_key(conn, "model:" + found.alias)
     row = conn.execute(select(U).where(U.c.update_id == update_id)).mappings().first()
@@ -165,6 +170,10 @@ def finish(
         if state == "committed":
             released["version"] = row["to_version"]
             released["backends"] = [{**b, "version": None} for b in alias["backends"]]
+        elif relabel:
+            released["backends"] = [
+                {**b, "version": row["to_version"]} if b["backend_id"] in relabel else b for b in alias["backends"]
+            ]
         conn.execute(update(M).where(M.c.alias == found.alias).values(**released))
         catalog.bump_revision(conn)
     return get(conn, update_id)

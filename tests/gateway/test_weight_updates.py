@@ -156,6 +156,51 @@ async def test_an_update_whose_engine_call_fails_resumes_on_the_old_version(
     assert span.attributes["rollway.model_version"] == "step-0"
 
 
+async def test_a_backend_that_took_the_new_weights_when_another_failed_is_recorded_under_them(
+    tmp_path: Path, mock: MockBackendProcess
+) -> None:
+    """Two engines behind the alias, the second's reload fails: the alias stays on ``step-0``, but the first engine
+    serves the new weights, so its calls are recorded as ``step-1`` (its own version) and the other's as
+    ``step-0``, until an update commits on both."""
+    with MockBackendProcess() as other:
+        other.add_faults({"kind": "status", "status": 500, "match": {"path": "/collective_rpc"}, "times": 1})
+        backends = [
+            {"backend_id": "a", "base_url": mock.base_url, "kind": "vllm", "model": "mock-model"},
+            {"backend_id": "b", "base_url": other.base_url, "kind": "vllm", "model": "mock-model"},
+        ]
+        async with running_gateway(tmp_path) as gw, gw.http() as admin:
+            await gw.store.put_model(ALIAS, backends, version="step-0")
+            failed = await admin.post(f"/admin/v1/models/{ALIAS}/updates", json={"version": "step-1"}, timeout=30)
+            assert failed.status_code == 502, failed.text
+            record = failed.json()["update"]
+            assert record["state"] == "failed"
+            assert "backends a took the new weights and are recorded as 'step-1'" in record["error"]
+            model = await gw.store.get_model(ALIAS)
+            assert model.version == "step-0" and model.update_id is None and not model.paused
+            assert {b.backend_id: b.version for b in model.backends} == {"a": "step-1", "b": None}
+            first, second = await claim_one(gw.store), await claim_one(gw.store)
+            before = mock.stats()["requests_total"]
+            mock.configure(hold=True)  # the first call stays at engine a, so the second goes to b
+            held = asyncio.create_task(ask(gw.client(f"{gw.url}/rollout/{first[0]}/v1"), "first"))
+            await asyncio.to_thread(mock.stats, wait_requests=before + 1, timeout=10)
+            assert await ask(gw.client(f"{gw.url}/rollout/{second[0]}/v1"), "second")
+            mock.configure(hold=False)
+            assert await held
+            served = {
+                s.attributes["rollway.request"]["messages"][0]["content"]: (
+                    s.attributes["rollway.backend_id"],
+                    s.attributes["rollway.model_version"],
+                )
+                for rollout_id, _ in (first, second)
+                for s in await gw.store.query_spans(rollout_id)
+            }
+            assert served == {"first": ("a", "step-1"), "second": ("b", "step-0")}  # each under its own weights
+            committed = await admin.post(f"/admin/v1/models/{ALIAS}/updates", json={"version": "step-2"}, timeout=30)
+            assert committed.status_code == 200, committed.text
+            model = await gw.store.get_model(ALIAS)
+            assert model.version == "step-2" and [b.version for b in model.backends] == [None, None]
+
+
 async def test_abort_ends_the_calls_in_flight_as_recorded_spans(gw: RunningGateway, mock: MockBackendProcess) -> None:
     rollout_id, _ = await claim_one(gw.store)
     client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
