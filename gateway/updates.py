@@ -129,8 +129,9 @@ class WeightUpdates:
         opened = await self._store.open_updates()
         now = time.time()
         for update in opened:
-            if update.in_flight == "abort":
-                self._registry.abort(update.alias, _abort_reason(update))
+            if update.in_flight == "abort" and (ended := self._registry.abort(update.alias, _abort_reason(update))):
+                with contextlib.suppress(StoreError):  # (its spans say so whatever the count)
+                    await self._store.count_aborted_calls(update.update_id, ended)
             if now > update.deadline + EXPIRY_GRACE:
                 with contextlib.suppress(ConflictError):  # ended meanwhile
                     await self._expire(update)
@@ -159,15 +160,14 @@ class WeightUpdates:
         )
         try:
             self._registry.install(alias, await self._store.get_model(alias))  # held here from now on
-            aborted = 0
-            if plan.in_flight == "abort":
-                aborted = self._registry.abort(alias, _abort_reason(update))
+            if plan.in_flight == "abort" and (aborted := self._registry.abort(alias, _abort_reason(update))):
+                await self._store.count_aborted_calls(update.update_id, aborted)  # the other replicas' add to it
             drained = await self._registry.drain(alias, plan.drain_timeout)
         except BaseException as exc:
             with contextlib.suppress(StoreError, ConflictError):
                 await self._end(update, "failed", error=f"the update's hold failed: {type(exc).__name__}")
             raise
-        update = await self._store.record_update(update.update_id, drained=drained, aborted_calls=aborted)
+        update = await self._store.record_update(update.update_id, drained=drained)
         if not drained:
             left = self._registry.in_flight(alias)
             error = f"calls still in flight after {plan.drain_timeout:g} s ({left} here); nothing was changed"

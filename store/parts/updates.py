@@ -43,6 +43,10 @@ class UpdatesMixin(StorePlumbing):
     async def record_update(self, update_id: str, **values: Any) -> WeightUpdate:
         return await self._write(lambda conn: updates.record(conn, update_id, **values))
 
+    async def count_aborted_calls(self, update_id: str, calls: int) -> None:
+        """Add ``calls`` this replica ended for an open update to its record's ``aborted_calls``."""
+        await self._write(lambda conn: updates.count_aborted(conn, update_id, calls))
+
     async def finish_update(
         self,
         update_id: str,

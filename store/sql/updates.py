@@ -122,13 +122,19 @@ def begin(
 
 
 def record(conn: Connection, update_id: str, **values: Any) -> WeightUpdate:
-    """Note what an open update did so far (``drained``, ``aborted_calls``, ``steps``, ``engine_versions``); a
+    """Note what an open update did so far (``drained``, ``steps``, ``engine_versions``); a
     new ``deadline`` moves the alias's hold with it."""
     values = _jsonable(values)
     conn.execute(update(U).where(U.c.update_id == update_id, U.c.state == "open").values(**values))
     if "deadline" in values:
         conn.execute(update(M).where(M.c.update_id == update_id).values(hold_until=values["deadline"]))
     return get(conn, update_id)
+
+
+def count_aborted(conn: Connection, update_id: str, calls: int) -> None:
+    """Add ``calls`` to an open update's aborted calls: each replica counts the calls it ended for it."""
+    stmt = update(U).where(U.c.update_id == update_id, U.c.state == "open")
+    conn.execute(stmt.values(aborted_calls=U.c.aborted_calls + calls))
 
 
 def finish(

@@ -419,6 +419,7 @@ async def test_a_weight_update_through_one_worker_holds_and_updates_every_worker
             began = time.monotonic()
             aborting = await client.update_weights("policy", "v3", in_flight="abort", drain_timeout_seconds=10)
             assert aborting.state == "committed" and aborting.drained
+            assert aborting.aborted_calls == len(slow)  # each worker counted the calls it ended
             answers = await asyncio.gather(*slow)
             assert time.monotonic() - began < 10  # not the 20 s the slow calls would take
             assert {a.status_code for a in answers} == {503}
