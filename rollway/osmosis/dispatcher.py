@@ -281,6 +281,8 @@ class Dispatcher:
         except (InitFailed, v03.Refused) as exc:
             log.warning("agent server '%s' refused rollout %s: %s", server.name, rollout_id, exc)
             await self._fail(rollout_id, attempt_id, {"agent": server.name, "error": str(exc)})
+        except v03.HeldElsewhere as exc:  # another process's admission: its run is polled from the kept lease
+            log.info("rollout %s at agent server '%s' is admitted already: %s", rollout_id, server.name, exc)
         except StoreError as exc:
             self.store.failures.log(
                 log,

@@ -14,7 +14,10 @@ attempt the dispatcher has claimed, ``Controller.run``:
    ``dispatch`` (``admitting``) renewed every 5 s meanwhile, so that no other process takes the admission for lost
    and sends it again (``store.sql.agents.undispatched``); 5xx and transport errors are
    retried (``ROLLWAY_AGENT_INIT_RETRIES``); any other answer fails the attempt, a redirect too (never
-   followed), and a 409 (the id is the server's already: a run whose lease was lost) also cancels it there;
+   followed), and a 409 (the id is the server's already: a run whose lease was lost) also cancels it there,
+   unless the store keeps a lease for the attempt (``HeldElsewhere``: another process had it admitted and polls
+   it). An accepted admission is written to the store (its lease, its ``dispatch`` record) while the polls go
+   on from memory, and written again until the store takes it (``Controller._hold``);
 2. polls ``GET {url}/rollout/{id}/result`` with the lease header (``X-Osmosis-Rollout-Lease``). The server answers
    at once when the rollout has ended, else after up to ``result_wait_timeout_sec`` (30 s), and each poll renews
    the lease (``polling_lease_timeout_sec``, 120 s): transport errors and 502/503/504 are retried within it;
@@ -77,6 +80,8 @@ RETRY_POLL = frozenset({502, 503, 504})
 POLL_SLACK = 10.0
 #: Seconds between the marks of an admission waiting out 429s (``Controller._mark``).
 ADMIT_MARK_EVERY = 5.0
+#: The longest wait before an accepted admission's write, refused by the store, is tried again (``_hold``).
+HOLD_RETRY_MAX = 2.0
 
 
 def stale(lease: dict[str, Any], now: float) -> bool:
@@ -92,6 +97,11 @@ def stale(lease: dict[str, Any], now: float) -> bool:
 
 class Refused(Exception):
     """The agent server did not take (or lost) the rollout: the attempt fails with this message."""
+
+
+class HeldElsewhere(Exception):
+    """The agent server holds the attempt's id already, and the store keeps its lease: another process had the
+    admission accepted and polls that run (or will resume its polls), so this one leaves the attempt alone."""
 
 
 class Controller:
@@ -136,11 +146,11 @@ class Controller:
         if timeout is not None:
             body["agent_timeout_sec"] = float(timeout)
         admitted = await self._admit(server, rollout_id, attempt_id, body)
-        await self._keep(rollout_id, attempt_id, admitted)
         admission = {"agent": server.name, "protocol": "osmosis-0.3", "osmosis_id": admitted.osmosis_id}
-        with contextlib.suppress(StoreError):  # the database is down: the polls go on, as with the lease
-            await self._record(rollout_id, attempt_id, admission | {"admitting": None})
-        await self._finish(server, rollout_id, attempt_id, admitted)
+        held = asyncio.create_task(
+            self._hold(rollout_id, attempt_id, admitted, admission | {"admitting": None}), name="rollway-agent-hold"
+        )
+        await self._finish(server, rollout_id, attempt_id, admitted, held)
 
     async def resume(self, server: AgentServer, attempted: AttemptedRollout, lease: dict[str, Any]) -> None:
         """Poll an attempt another process admitted (or this one, before a restart) from its kept lease."""
@@ -153,29 +163,76 @@ class Controller:
         log.info("resuming the result polls of %s at agent server '%s'", admitted.osmosis_id, server.name)
         await self._finish(server, attempted.rollout.rollout_id, attempted.attempt.attempt_id, admitted)
 
-    async def _finish(self, server: AgentServer, rollout_id: str, attempt_id: str, admitted: Admitted) -> None:
+    async def _finish(
+        self,
+        server: AgentServer,
+        rollout_id: str,
+        attempt_id: str,
+        admitted: Admitted,
+        held: asyncio.Task[None] | None = None,
+    ) -> None:
+        """Poll the admitted attempt to its end and record that; ``held`` is the admission's write (``_hold``),
+        stopped once the polls end."""
         try:
             report = await self._poll(server, rollout_id, attempt_id, admitted)
             if report is not None:
                 with contextlib.suppress(ConflictError, NotFoundError):  # the attempt ended otherwise meanwhile
                     await self._store.complete_remote(report, attempt_id)
         finally:
+            if held is not None:
+                held.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await held
             with contextlib.suppress(StoreError):  # ended: nothing left to poll (a live lease is never dropped)
                 if await self._ended(rollout_id, attempt_id):
                     await self._store.record_lease(rollout_id, attempt_id, None)
 
-    async def _keep(self, rollout_id: str, attempt_id: str, admitted: Admitted) -> None:
-        """Keep the lease in the store, with when it was last polled: a process that finds it not polled for
+    def _lease(self, admitted: Admitted) -> dict[str, Any]:
+        """The lease as the store keeps it, with when it was last polled: a process that finds it not polled for
         longer than a poll takes (this one gone) resumes the polls (``stale``)."""
-        lease = {
+        return {
             "osmosis_id": admitted.osmosis_id,
             "lease": admitted.lease,
             "wait": admitted.wait_seconds,
             "lease_timeout": admitted.lease_seconds,
             "polled_at": self._store.clock(),
         }
-        with contextlib.suppress(StoreError):  # the database is down: the polls go on, only a resume needs it
-            await self._store.record_lease(rollout_id, attempt_id, lease)
+
+    async def _keep(self, rollout_id: str, attempt_id: str, admitted: Admitted) -> None:
+        """Keep the lease in the store after a poll (``_lease``)."""
+        with contextlib.suppress(StoreError):  # the database is down: the polls go on, the next one keeps it
+            await self._store.record_lease(rollout_id, attempt_id, self._lease(admitted))
+
+    async def _hold(self, rollout_id: str, attempt_id: str, admitted: Admitted, admission: dict[str, Any]) -> None:
+        """Write an accepted admission to the store: its lease, then its record in the attempt's ``dispatch``
+        (which clears the ``admitting`` mark). A write the store refuses (the database down for a while) is tried
+        again, 0.1 s later, then up to every ``HOLD_RETRY_MAX`` seconds, for as long as the polls go on from
+        memory (``_finish`` stops this once they end): until the lease is written, another process would take
+        the admission for lost (``store.sql.agents.undispatched``) and send it again, and that 409 would cancel
+        the run polled here."""
+        failures = 0
+        kept = False
+        while True:
+            try:
+                if not kept:
+                    kept = await self._store.record_lease(rollout_id, attempt_id, self._lease(admitted))
+                    if not kept:  # the attempt is gone
+                        return
+                await self._record(rollout_id, attempt_id, admission)
+                return
+            except NotFoundError:  # the rollout is gone: nothing to keep
+                return
+            except StoreError as exc:
+                failures += 1
+                self._store.failures.log(
+                    log,
+                    "dispatch",
+                    "keeping the admission of %s failed (try %d; polled meanwhile): %s",
+                    attempt_id,
+                    failures,
+                    exc.message,
+                )
+                await asyncio.sleep(min(0.1 * 2 ** (failures - 1), HOLD_RETRY_MAX))
 
     async def _admit(self, server: AgentServer, rollout_id: str, attempt_id: str, body: dict[str, Any]) -> Admitted:
         url = f"{server.url}/rollout"
@@ -205,7 +262,9 @@ class Controller:
                     marked = await self._wait_out(server, rollout_id, attempt_id, _clamped(retry_after), marked)
                     tries -= 1
                     continue
-                if status == 409:  # the id is the server's already: a run this attempt cannot poll (no lease)
+                if status == 409:  # the id is the server's already: a run this process cannot poll (no lease)
+                    if await self._leased(server, attempt_id):
+                        raise HeldElsewhere(f"{problem} (its lease is kept in the store: the run is polled from it)")
                     await self._cancel(server, attempt_id)
                     raise Refused(f"{problem} (cancelled there: its lease was lost)")
                 if status < 500:
@@ -242,6 +301,13 @@ class Controller:
         with contextlib.suppress(StoreError):  # the database is down: only another process's resend needs it
             await self._record(rollout_id, attempt_id, mark)
         return now
+
+    async def _leased(self, server: AgentServer, attempt_id: str) -> bool:
+        """Whether the store keeps a polling lease for the attempt: a process whose admission of it was accepted
+        wrote it (``_hold``), perhaps after this one took the admission for lost. A store that cannot be read
+        says nothing: the ``StoreError`` goes up and the run is not cancelled (a run nobody polls is ended by the
+        server when its lease runs out; cancelling another process's run would lose its trajectory)."""
+        return any(held.attempt.attempt_id == attempt_id for held, _ in await self._store.agent_leases(server.name))
 
     async def _still_live(self, rollout_id: str, attempt_id: str) -> bool:
         """Whether the attempt has not ended in the store; raises ``Refused`` once it has."""

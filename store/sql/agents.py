@@ -135,7 +135,8 @@ def undispatched(conn: Connection, name: str, started_before: float, marked_befo
     of the server's ``max_concurrent``. Sending a v1 init again is safe: its idempotency key is the attempt id,
     so a server that got the first one starts nothing new. A 0.3 server that got the first admission answers the
     second 409; that run, whose lease was lost, is then cancelled there and the attempt fails, for the rollout's
-    retry config to start another."""
+    retry config to start another, unless the attempt keeps a lease by then (the process that had it accepted
+    wrote it late, the database having been down): that run is left to its polls."""
     found = []
     for rollout, attempt in _latest_attempts(conn, name, [RolloutStatus.PREPARING]):
         metadata = attempt["metadata"] if isinstance(attempt["metadata"], dict) else {}

@@ -21,10 +21,10 @@ import pytest
 from aiohttp import web
 
 from rollway.mock import MockBackendProcess
-from rollway.osmosis import restarts, v03, wire
+from rollway.osmosis import dispatcher, restarts, v03, wire
 from rollway.osmosis.dispatcher import Dispatcher
 from rollway.settings import Settings
-from rollway.store import AgentServer, Attempt, Rollout, Span
+from rollway.store import AgentServer, Attempt, Rollout, Span, UnavailableError
 from support.agent_server import AgentServerProcess
 from support.gateway_harness import RunningGateway, register, replay, running_gateway
 
@@ -673,3 +673,125 @@ async def test_a_health_that_never_tells_the_protocol_fails_the_attempt_saying_s
     assert rollout.status == "failed" and inits == []
     assert f"{url}/health {said}" in error and "protocol" in error and "after 4 tries" in error, error
     assert len(probes) == 4  # the first try and ROLLWAY_AGENT_INIT_RETRIES (3) more
+
+
+class FailingWrites:
+    """Makes ``store.<method>`` raise ``UnavailableError`` (the database down) on its next ``times`` calls, then
+    pass the calls on; ``passed`` is set at the first call that succeeds after the failures."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, store: Any, method: str, times: int) -> None:
+        self.left, self.failed, self.passed = times, 0, asyncio.Event()
+        real = getattr(store, method)
+
+        async def write(*args: Any, **kwargs: Any) -> Any:
+            if self.left > 0:
+                self.left -= 1
+                self.failed += 1
+                raise UnavailableError("the database is down")
+            answer = await real(*args, **kwargs)
+            self.passed.set()
+            return answer
+
+        monkeypatch.setattr(store, method, write)
+
+
+async def test_a_03_admission_accepted_while_the_store_is_down_is_kept_once_it_is_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 0.3 server accepts the admission, and the two writes that record it (the lease, the ``dispatch`` record)
+    fail twice each: the controller keeps polling from memory and writes them again until they pass, so no
+    process would ever take the admission for lost (sending it again would get a 409 and cancel the run), and the
+    run's result is recorded. The server's long poll answers only once the test lets it: nothing but the retries
+    can write the lease meanwhile."""
+    admitted: list[str] = []
+    cancelled: list[Any] = []
+    finish_run = asyncio.Event()
+
+    async def admit(request: web.Request) -> web.Response:
+        admitted.append((await request.json())["rollout_id"])
+        return web.json_response({"rollout_id": admitted[-1], "polling_lease_token": "t"}, status=202)
+
+    async def result(request: web.Request) -> web.Response:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(finish_run.wait(), 25)
+        sample: dict[str, Any] = {"reward": 1.0, "messages": []} if finish_run.is_set() else {}
+        status = "success" if finish_run.is_set() else "running"
+        return web.json_response({"rollout_id": request.match_info["id"], "status": status, "sample": sample})
+
+    async def cancel(request: web.Request) -> web.Response:
+        cancelled.append(await request.json())
+        return web.json_response({"dispositions": {}})
+
+    routes = [
+        health_route(),
+        web.post("/rollout", admit),
+        web.get("/rollout/{id}/result", result),
+        web.post("/rollout/cancel", cancel),
+    ]
+    async with serving(*routes) as url, running_gateway(tmp_path) as gw, httpx.AsyncClient(base_url=gw.url) as admin:
+        lease = FailingWrites(monkeypatch, gw.store, "record_lease", 2)
+        record = FailingWrites(monkeypatch, gw.store, "record_dispatch", 2)
+        await admin.put("/admin/v1/agents/down", json={"url": url})
+        await admin.post(
+            "/admin/v1/rollouts", json={"tasks": [{"rollout_id": "ro-down", "input": "x", "agent": "down"}]}
+        )
+        await asyncio.wait_for(lease.passed.wait(), 10)
+        await asyncio.wait_for(record.passed.wait(), 10)
+        assert (lease.failed, record.failed) == (2, 2)
+        far = gw.store.clock() + 1e6  # however long from now another process looks, it finds nothing lost
+        assert await gw.store.undispatched_attempts("down", far, far) == []
+        [(kept, _)] = await gw.store.agent_leases("down")
+        finish_run.set()
+        [rollout] = await finish(gw, ["ro-down"], timeout=20)
+        [attempt] = await gw.store.list_attempts("ro-down")
+    assert rollout.status == "succeeded" and admitted == [attempt.attempt_id] and cancelled == []
+    assert kept.attempt.attempt_id == attempt.attempt_id
+    dispatch = (attempt.metadata or {})["dispatch"]
+    assert dispatch["osmosis_id"] == attempt.attempt_id and dispatch["admitting"] is None
+
+
+async def test_a_409_for_an_admission_another_process_keeps_the_lease_of_leaves_its_run_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An admission sent again by a process that took it for lost, while the process that had it accepted was
+    keeping its lease (the store came back in between), gets a 409: the run is that process's, so it is neither
+    cancelled nor failed here. Here the lease is written as the 409 is answered, not polled since: its polls are
+    resumed from it and the run's result is recorded."""
+    monkeypatch.setattr(dispatcher, "LEASE_CHECK_INTERVAL", 0.2)
+    cancelled: list[Any] = []
+    tries: list[str] = []
+    polled = asyncio.Event()
+
+    async def admit(request: web.Request) -> web.Response:
+        attempt_id = (await request.json())["rollout_id"]
+        tries.append(attempt_id)
+        lease = {"osmosis_id": attempt_id, "lease": "t", "wait": 1.0, "lease_timeout": 60.0, "polled_at": 0.0}
+        assert await store.record_lease("ro-held", attempt_id, lease)  # the other process's, kept meanwhile
+        return web.json_response({"detail": "rollout_id is already registered"}, status=409)
+
+    async def result(request: web.Request) -> web.Response:
+        assert request.headers[wire.LEASE_HEADER] == "t"
+        polled.set()
+        sample = {"reward": 1.0, "messages": []}
+        return web.json_response({"rollout_id": request.match_info["id"], "status": "success", "sample": sample})
+
+    async def cancel(request: web.Request) -> web.Response:
+        cancelled.append(await request.json())
+        return web.json_response({"dispositions": {}})
+
+    routes = [
+        health_route(),
+        web.post("/rollout", admit),
+        web.get("/rollout/{id}/result", result),
+        web.post("/rollout/cancel", cancel),
+    ]
+    async with serving(*routes) as url, running_gateway(tmp_path) as gw, httpx.AsyncClient(base_url=gw.url) as admin:
+        store = gw.store
+        await admin.put("/admin/v1/agents/held", json={"url": url})
+        await admin.post(
+            "/admin/v1/rollouts", json={"tasks": [{"rollout_id": "ro-held", "input": "x", "agent": "held"}]}
+        )
+        [rollout] = await finish(gw, ["ro-held"], timeout=20)
+        [attempt] = await gw.store.list_attempts("ro-held")
+    assert rollout.status == "succeeded" and polled.is_set(), attempt.metadata
+    assert tries == [attempt.attempt_id] and cancelled == []
