@@ -41,6 +41,8 @@ ROUTES = {operation: f"/v1/{path}" for path, operation in OPERATIONS.items()}
 CANCELLED_STATUS = 499
 SCRAPE_STORE_TIMEOUT = 2.0
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: Why a client connection was refused before its request reached the application (``rollway.app.connections``).
+CONNECTION_REFUSALS = ("cap", "header_too_large", "header_timeout")
 
 
 @dataclass(slots=True)
@@ -141,6 +143,15 @@ class Metrics:
             ["route", "status"],
             registry=r,
         )
+        self.connections_refused = Counter(
+            "rollway_connections_refused",
+            "Client connections answered and closed before their request reached the application, by reason: cap "
+            "(503, ROLLWAY_MAX_CONNECTIONS), header_too_large (431, ROLLWAY_MAX_HEADER_BYTES), header_timeout (408, "
+            "ROLLWAY_HEADER_TIMEOUT).",
+            ["reason"],
+            registry=r,
+        )
+        self._connections_refused = {reason: self.connections_refused.labels(reason) for reason in CONNECTION_REFUSALS}
         self.in_flight = Gauge(
             "rollway_requests_in_flight",
             "Calls admitted to a model and not yet finished.",
@@ -285,6 +296,10 @@ class Metrics:
             route = f"/v1/{op_path}" if op_path in OPERATIONS or op_path == "models" else "other"
             child = self._rejected[key] = self.rejected.labels(route, str(status))
         child.inc()
+
+    def count_refused_connection(self, reason: str) -> None:
+        """A client connection refused before its request reached the application (one of ``CONNECTION_REFUSALS``)."""
+        self._connections_refused[reason].inc()
 
     def _call_series(self, key: tuple[str | None, str, str, int]) -> _CallSeries:
         alias, backend, operation, status = key

@@ -17,27 +17,35 @@ setting that 0 turns off:
   uvicorn's keep-alive timer, armed once at the connection's start; the first byte cancels it, as it does between
   requests (``keepalive_timeout``).
 - ``max_connections``: a connection that would be one more than this is answered 503 (with ``Retry-After``) at
-  once and closed, before anything of it is parsed; the connections already held are untouched.
-  ``fit_open_files`` raises the process's soft open-file limit to fit the cap and lowers the cap to what the limit
-  allows, so that the cap, not the descriptor table, is what refuses a connection: a process out of descriptors
-  cannot accept one, not even to answer ``/healthz``.
+  once and closed, before anything of it is parsed; the connections held are untouched. ``PROBE_CONNECTIONS``
+  more are kept for the probes: a connection past the cap while fewer than that are open past it has its first
+  request's head read, and a ``GET`` of ``/healthz``, ``/readyz`` or ``/metrics`` reaches the application, with
+  ``SATURATED`` in its scope's state (``/readyz`` answers 503 to it); any other request gets the 503. So an
+  orchestrator's liveness probe does not restart a process that is only full, its readiness probe takes it out
+  of rotation, and the metrics can be scraped while it refuses connections. ``fit_open_files`` raises the
+  process's soft open-file limit to fit the cap and lowers the cap to what the limit allows, so that the cap, not
+  the descriptor table, is what refuses a connection: a process out of descriptors cannot accept one, not even to
+  answer ``/healthz``.
 
-Refusals are OpenAI error envelopes with ``Connection: close``. After one, the server shuts its side for writing
-and drops whatever the client still sends until the client closes or ``LINGER`` seconds pass: closing a socket
-with unread input makes the kernel reset the connection, and a reset can destroy the answer before the client
-has read it.
+Refusals are OpenAI error envelopes with ``Connection: close``, each counted by reason (``cap``,
+``header_too_large``, ``header_timeout``) through the ``CONNECTIONS_REFUSED`` callable the application's lifespan
+puts in its state (``rollway_connections_refused_total`` on ``/metrics``). A refusal on a connection whose earlier
+answers are still being written waits for them to be written whole. After the refusal, the server shuts its side
+for writing and drops whatever the client still sends until the client closes or ``LINGER`` seconds pass: closing
+a socket with unread input makes the kernel reset the connection, and a reset can destroy the answer before the
+client has read it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import resource
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGISendCallable, Scope
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from rollway.envelope import envelope
@@ -46,10 +54,19 @@ from rollway.settings import Settings
 log = logging.getLogger("rollway.connections")
 #: Seconds a refused connection drops the client's input before it is closed.
 LINGER = 2.0
-#: Descriptors each process keeps out of the connection cap's reach: the store, logs, listening sockets, files.
+#: Descriptors each process keeps out of the connection cap's reach: the store, logs, listening sockets, files, and
+#: the probes' connections (``PROBE_CONNECTIONS``).
 RESERVE = 256
+#: Connections past the cap that may still ask for one of ``PROBE_PATHS``.
+PROBE_CONNECTIONS = 8
+PROBE_PATHS = frozenset({b"/healthz", b"/readyz", b"/metrics"})
+#: Key of a probe request's scope state when its connection is past the cap, the cap its value (``/readyz``: 503).
+SATURATED = "rollway.connections_saturated"
+#: Key of the application's lifespan state: a callable counting a refused connection by its reason.
+CONNECTIONS_REFUSED = "rollway.connections_refused"
 #: Seconds between two log lines about connections refused over the cap (a storm is a few lines, not thousands).
 SHED_LOG_INTERVAL = 10.0
+_OVER_CAP = "the server holds as many connections as it is allowed to: try again shortly"
 
 
 @dataclass(frozen=True)
@@ -104,10 +121,18 @@ def fit_open_files(limits: ConnectionLimits, chosen: bool = True) -> ConnectionL
 
 def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
     """The HTTP protocol a server with these limits runs: uvicorn's own when every limit is off, else a subclass of
-    ``BoundedHttpToolsProtocol`` of its own (its limits and its count of refused connections)."""
+    ``BoundedHttpToolsProtocol`` of its own (its limits, its count of refused connections, its probes' reserve)."""
     if limits.off:
         return HttpToolsProtocol
-    return type("BoundedHttpToolsProtocol", (BoundedHttpToolsProtocol,), {"limits": limits, "shed": _Shed()})
+    attributes = {"limits": limits, "shed": _Shed(), "reserve": _Reserve()}
+    return type("BoundedHttpToolsProtocol", (BoundedHttpToolsProtocol,), attributes)
+
+
+class _Reserve:
+    """The connections open past the cap, on the probes' reserve."""
+
+    def __init__(self) -> None:
+        self.open = 0
 
 
 class _Shed:
@@ -153,23 +178,6 @@ def _answer(
     return b"".join(head)
 
 
-def _head_too_large(limit: int) -> ASGI3Application:
-    """An ASGI application that answers 431 and closes the connection."""
-    error = envelope(_too_large(limit), "invalid_request_error", code="request_header_fields_too_large")
-    body = json.dumps(error).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"),
-    ]
-
-    async def app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-        await send({"type": "http.response.start", "status": 431, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-    return app
-
-
 def _too_large(limit: int) -> str:
     return f"the request's head (request line and headers) is over {limit} bytes"
 
@@ -179,6 +187,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
     shed: ClassVar[_Shed] = _Shed()
+    reserve: ClassVar[_Reserve] = _Reserve()
 
     # Per connection; class defaults, so that a connection costs no more set-up than uvicorn's own.
     _in_head = False  # a request has begun and its head is not complete
@@ -187,26 +196,26 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     _read_body = 0  # bytes of a body parsed from it
     _head_timer: asyncio.TimerHandle | None = None
     _linger: asyncio.TimerHandle | None = None
-    _refused = False  # an answer that ends the connection is written: input is dropped
+    _refused = False  # the connection ends with a refusal: nothing more is parsed, input is dropped
+    _probe = False  # opened past the cap, on the probes' reserve: one request, a probe's or refused
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         limits = self.limits
-        if limits.max_connections and len(self.connections) > limits.max_connections:
-            self.connections.discard(self)  # the cap counts the connections held, not the ones being refused
-            self.shed.add(limits.max_connections, self.loop)
-            self._refuse(
-                503,
-                "the server holds as many connections as it is allowed to: try again shortly",
-                "service_unavailable",
-                "too_many_connections",
-                b"retry-after: 1\r\n",
-            )
-            return
+        if limits.max_connections and len(self.connections) - self.reserve.open > limits.max_connections:
+            if self.reserve.open >= PROBE_CONNECTIONS:
+                self.connections.discard(self)  # the cap counts the connections held, not the ones being refused
+                self._refuse_over_cap()
+                return
+            self.reserve.open += 1
+            self._probe = True
         if limits.idle_timeout:
             self.timeout_keep_alive_task = self.loop.call_later(limits.idle_timeout, self.timeout_keep_alive_handler)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._probe:
+            self._probe = False
+            self.reserve.open -= 1
         for timer in (self._head_timer, self._linger):
             if timer is not None:
                 timer.cancel()
@@ -226,44 +235,61 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes += len(data) - self._read_body
         limits = self.limits
         if limits.max_header_bytes and self._head_bytes > limits.max_header_bytes:
-            self._refuse(
-                431,
-                _too_large(limits.max_header_bytes),
-                "invalid_request_error",
-                "request_header_fields_too_large",
-            )
+            self._refuse_head_too_large()
         elif limits.header_timeout and self._head_timer is None:
             self._head_timer = self.loop.call_later(limits.header_timeout, self._head_expired)
 
+    # The parser's callbacks: once the connection is refused, what is left of the read being fed makes no request
+    # (its answer is the refusal). ``on_url`` and ``on_header`` are left as they are, costing nothing per header:
+    # what they add to the refused request's head is at most the rest of that read, and is never used.
+
     def on_message_begin(self) -> None:
+        if self._refused:
+            return
         super().on_message_begin()
         self._in_head = True
         self._head_bytes = 0
 
     def on_headers_complete(self) -> None:
+        if self._refused:
+            return
         self._in_head = False
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
         limit = self.limits.max_header_bytes
         if limit and self._head_bytes + self._read_size > limit and self._head_size() > limit:
-            # Answered through uvicorn's own request cycle, so that the parser goes on through the request's body
-            # (and any request after it) as it does for every request; the application is not called.
-            app, self.app = self.app, _head_too_large(limit)
-            try:
-                super().on_headers_complete()
-            finally:
-                self.app = app
+            self._refuse_head_too_large()
             return
+        if self._probe:
+            if not self._is_probe():
+                self._refuse_over_cap()
+                return
+            self.scope["state"][SATURATED] = self.limits.max_connections
         super().on_headers_complete()
+        if self._probe and self.cycle is not None:
+            self.cycle.keep_alive = False  # closed once answered: the reserve's places are soon free again
 
     def _head_size(self) -> int:
         """The parsed head's size: its request line and its headers, each with its separators."""
         return len(self.url) + 16 + sum(len(name) + len(value) + 4 for name, value in self.headers)
 
+    def _is_probe(self) -> bool:
+        return self.parser.get_method() in (b"GET", b"HEAD") and self.url.partition(b"?")[0] in PROBE_PATHS
+
     def on_body(self, body: bytes) -> None:
+        if self._refused:
+            return
         self._read_body += len(body)
         super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._refused:
+            super().on_message_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._refused:  # bytes that do not parse after a refusal: the refusal stays the connection's answer
+            super().send_400_response(msg)
 
     def _head_expired(self) -> None:
         self._head_timer = None
@@ -277,24 +303,51 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             f"the request's head (request line and headers) did not arrive within {self.limits.header_timeout:g} s",
             "invalid_request_error",
             "request_timeout",
+            "header_timeout",
         )
 
     def _answering(self) -> bool:
         return self.cycle is not None and not self.cycle.response_complete
 
-    def _refuse(self, status: int, message: str, type_: str, code: str, extra: bytes = b"") -> None:
-        """Answer ``status`` and end the connection: shut it for writing, drop the client's input, close it once
-        the client has closed its side or after ``LINGER`` seconds."""
+    def _refuse_head_too_large(self) -> None:
+        limit = self.limits.max_header_bytes
+        self._refuse(
+            431, _too_large(limit), "invalid_request_error", "request_header_fields_too_large", "header_too_large"
+        )
+
+    def _refuse_over_cap(self) -> None:
+        self.shed.add(self.limits.max_connections, self.loop)
+        self._refuse(503, _OVER_CAP, "service_unavailable", "too_many_connections", "cap", b"retry-after: 1\r\n")
+
+    def _refuse(self, status: int, message: str, type_: str, code: str, reason: str, extra: bytes = b"") -> None:
+        """Count the refusal by ``reason``, answer ``status`` once every answer before it on the connection is
+        written, and end the connection (``_end_with``)."""
         self._refused, self._in_head = True, False
         self._unset_keepalive_if_required()
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-        transport = self.transport
-        if self._answering():  # an answer is being written on this connection: no second one can be
-            transport.close()
+        count = self.app_state.get(CONNECTIONS_REFUSED)
+        if count is not None:
+            count(reason)
+        answer = _answer(status, message, type_, code, extra, self.server_state.default_headers)
+        if self._answering():  # (the request answered last: any pipelined ones are answered before it)
+            self.cycle.on_response = functools.partial(self._answered, answer)
             return
-        transport.write(_answer(status, message, type_, code, extra, self.server_state.default_headers))
+        self._end_with(answer)
+
+    def _answered(self, refusal: bytes) -> None:
+        """The answers before ``refusal`` are written: it is, and the connection ends."""
+        self.server_state.total_requests += 1  # (as uvicorn's ``on_response_complete`` counts them)
+        if not self.transport.is_closing():  # (that answer closed it)
+            self._end_with(refusal)
+
+    def _end_with(self, answer: bytes) -> None:
+        """Write ``answer``, shut the connection for writing, drop the client's input, and close it once the client
+        has closed its side or after ``LINGER`` seconds."""
+        transport = self.transport
+        transport.write(answer)
+        self.flow.resume_reading()  # (paused behind a pipelined request, say): what arrives is read and dropped
         if transport.can_write_eof():
             transport.write_eof()
             self._linger = self.loop.call_later(LINGER, transport.close)

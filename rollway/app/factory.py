@@ -28,6 +28,7 @@ from rollway.agl.routes import build_traces_router
 from rollway.agl.server import DetailError, detail_error, key_accepted
 from rollway.agl.server import build_router as agl_server_router
 from rollway.app import errors, probes
+from rollway.app.connections import CONNECTIONS_REFUSED
 from rollway.app.guards import BodyLimit, HostOriginGuard
 from rollway.app.replicas import ReplicaReporter, new_replica
 from rollway.app.state import AppState
@@ -97,7 +98,7 @@ class RollwayApp:
 
 def create_app(settings: Settings) -> RollwayApp:
     @asynccontextmanager
-    async def lifespan(api: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(api: FastAPI) -> AsyncIterator[dict[str, Any]]:
         try:
             store = await Store.open(
                 settings.database_url,
@@ -171,7 +172,8 @@ def create_app(settings: Settings) -> RollwayApp:
         )
         dataplane.serve_with(Serving(gateway, keys, proxy))
         try:
-            yield
+            # The lifespan state, which the server's connections see too: they count their refusals.
+            yield {CONNECTIONS_REFUSED: metrics.count_refused_connection}
         finally:
             # Calls still running were cancelled by the server's shutdown: their spans are written first.
             if not await gateway.running.wait_for_none(CALLS_END_GRACE):

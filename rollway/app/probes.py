@@ -1,5 +1,6 @@
-"""Operational endpoints: ``/healthz`` (alive), ``/readyz`` (store readable and writable, backends up/down) and
-``/metrics`` (Prometheus text format; open, or behind ``metrics_token`` when one is set)."""
+"""Operational endpoints: ``/healthz`` (alive), ``/readyz`` (store readable and writable, backends up/down; 503 when
+asked on a connection past ``ROLLWAY_MAX_CONNECTIONS``, ``rollway.app.connections``) and ``/metrics`` (Prometheus
+text format; open, or behind ``metrics_token`` when one is set)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from rollway.app.connections import SATURATED
 from rollway.envelope import envelope
 from rollway.gateway.metrics import CONTENT_TYPE
 
@@ -32,7 +34,14 @@ def build_router() -> APIRouter:
         """The store answers and takes writes (503 if not, within 2 s: a write failed in the last few seconds, or
         one has waited for the database's lock past a bound; ``Store.write_problem``); which backends this process
         routes to (up) or has ejected after failures (down). Readiness depends on the store only: a down backend
-        is reported."""
+        is reported. Asked on a connection the server took past its connection cap, 503 at once: the process
+        refuses new connections."""
+        cap = request.scope.get("state", {}).get(SATURATED)
+        if cap is not None:
+            message = (
+                f"saturated: this process holds its {cap} connections (ROLLWAY_MAX_CONNECTIONS) and refuses new ones"
+            )
+            return _not_ready(message, "too_many_connections")
         state = _state(request)
         try:
             async with asyncio.timeout(READY_TIMEOUT):
@@ -67,8 +76,8 @@ def build_router() -> APIRouter:
     return router
 
 
-def _not_ready(message: str) -> JSONResponse:
-    return JSONResponse(envelope(message, "service_unavailable"), status_code=503)
+def _not_ready(message: str, code: str | None = None) -> JSONResponse:
+    return JSONResponse(envelope(message, "service_unavailable", code=code), status_code=503)
 
 
 def _state(request: Request) -> AppState:

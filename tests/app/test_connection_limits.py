@@ -24,6 +24,7 @@ import pytest
 
 from rollway.admin.client import AsyncRollwayClient
 from rollway.app.connections import (
+    PROBE_CONNECTIONS,
     RESERVE,
     BoundedHttpToolsProtocol,
     ConnectionLimits,
@@ -94,6 +95,29 @@ def _read_answer(sock: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
+def _answers(data: bytes) -> list[bytes]:
+    """The answers of ``data`` (all a connection sent), each cut at the end its ``Content-Length`` gives."""
+    answers = []
+    while data:
+        head, separator, rest = data.partition(b"\r\n\r\n")
+        assert separator, f"an answer's head is cut short: {data[:200]!r}"
+        length = next(
+            int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")
+        )
+        answers.append(head + separator + rest[:length])
+        data = rest[length:]
+    return answers
+
+
+def _refused(server: GatewayProcess, reason: str) -> float:
+    """``rollway_connections_refused_total`` of ``reason``, from ``/metrics`` (asked on a connection of its own)."""
+    text = httpx.get(f"{server.url}/metrics", timeout=5).raise_for_status().text
+    series = f'rollway_connections_refused_total{{reason="{reason}"}} '
+    values = [float(line.removeprefix(series)) for line in text.splitlines() if line.startswith(series)]
+    assert len(values) == 1, f"no {series.strip()} in /metrics"
+    return values[0]
+
+
 def _rss(pid: int) -> int:
     """The process's resident memory in bytes (``/proc/<pid>/status``)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -145,12 +169,10 @@ def test_a_1_mib_header_is_refused_with_431_and_8_of_them_leave_memory_flat(shor
     finally:
         for sock in socks:
             sock.close()
-    for answer in answers:
-        if answer:  # (or the connection was closed: a reset can destroy the answer in flight)
-            assert _status(answer) == 431, answer[:200]
-            assert b"connection: close" in answer.lower()
-            assert _envelope(answer)["code"] == "request_header_fields_too_large"
-    assert any(answers), "no connection was answered 431"
+    for answer in answers:  # every one: the input is dropped, not left unread for a reset to destroy the answer
+        assert _status(answer) == 431, answer[:200]
+        assert b"connection: close" in answer.lower()
+        assert _envelope(answer)["code"] == "request_header_fields_too_large"
     assert grown < 4 * MIB, f"the server grew {grown / MIB:.1f} MiB"
     _healthz(short)
 
@@ -164,6 +186,47 @@ def test_a_whole_head_over_the_limit_in_one_write_is_refused_with_431(short: Gat
     assert _status(answer) == 431, answer[:200]  # the head was read whole: nothing unread to reset the answer
     assert _envelope(answer)["code"] == "request_header_fields_too_large"
     _healthz(short)
+
+
+def test_a_whole_head_over_the_limit_followed_by_its_body_is_answered_431_not_reset(short: GatewayProcess) -> None:
+    """A complete 40 KB head read at once, and a 4 MiB body behind it: the 431 is written, the server shuts its side
+    and drops the body as it comes, so the client reads the answer and an orderly end (closing with the body unread
+    would make the kernel reset the connection, and the reset can destroy the answer before it is read)."""
+    body = b"b" * (4 * MIB)
+    with _connect(short) as sock:
+        head = HEAD + b"X-Big: " + b"a" * 40_000 + b"\r\nContent-Length: %d\r\n\r\n" % len(body)
+        sock.sendall(head + body)  # all of it taken (read and dropped): no reset while sending
+        answer = _read_to_end(sock)
+    assert _status(answer) == 431, answer[:200]
+    assert _envelope(answer)["code"] == "request_header_fields_too_large"
+
+
+def test_what_follows_a_whole_head_over_the_limit_in_the_same_read_is_not_parsed(short: GatewayProcess) -> None:
+    """A whole head over the limit and, behind it in the same write, bytes that are no HTTP: the answer is the 431
+    alone (not a 400 for the bytes after it)."""
+    with _connect(short) as sock:
+        sock.sendall(HEAD + b"X-Big: " + b"a" * 40_000 + b"\r\n\r\n" + b"\x00 not a request \x00\r\n\r\n")
+        [answer] = _answers(_read_to_end(sock))
+    assert _status(answer) == 431, answer[:200]
+
+
+@pytest.mark.parametrize(
+    "oversized",
+    [b"X-Big: " + b"a" * MIB, b"X-Big: " + b"a" * 40_000 + b"\r\nContent-Length: %d\r\n\r\n" % MIB + b"b" * MIB],
+    ids=["unfinished", "whole-with-a-body"],
+)
+def test_an_oversized_head_pipelined_behind_a_request_is_answered_after_that_requests_whole_answer(
+    short: GatewayProcess, oversized: bytes
+) -> None:
+    """A request and, in the same write, a head over the limit (one that never ends, or a whole one with a body):
+    the first request's answer is written whole, then the 431, then the connection ends."""
+    with _connect(short) as sock:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # (the assertions say what was answered)
+            sock.sendall(HEAD + b"\r\n" + HEAD + oversized)
+        first, second = _answers(_read_to_end(sock))
+    assert _status(first) == 200 and json.loads(first.split(b"\r\n\r\n", 1)[1]) == {"status": "ok"}, first
+    assert _status(second) == 431, second[:200]
+    assert _envelope(second)["code"] == "request_header_fields_too_large"
 
 
 def test_a_head_just_under_the_limit_is_served(short: GatewayProcess) -> None:
@@ -221,6 +284,25 @@ def test_a_connection_sending_its_head_slowly_is_closed_within_the_header_timeou
     assert line >= 3  # it kept sending: the timeout bounds the whole head, not the gaps between its reads
     assert _status(answer) == 408, answer[:200]  # the input is dropped, not left unread: no reset destroys it
     assert _envelope(answer)["code"] == "request_timeout"
+
+
+def test_refused_heads_are_counted_by_reason_on_metrics(short: GatewayProcess) -> None:
+    """``rollway_connections_refused_total``: one more ``header_too_large`` for a 431, one more ``header_timeout``
+    for a 408; a head served counts nothing."""
+    before = {reason: _refused(short, reason) for reason in ("header_too_large", "header_timeout", "cap")}
+    with _connect(short) as sock:
+        sock.sendall(HEAD + b"X-Big: " + b"a" * 40_000 + b"\r\n\r\n")
+        assert _status(_read_to_end(sock)) == 431
+    with _connect(short) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # and nothing more: 408 after the header timeout
+        assert _status(_read_to_end(sock)) == 408
+    _healthz(short)
+    after = {reason: _refused(short, reason) for reason in before}
+    assert after == {
+        **before,
+        "header_too_large": before["header_too_large"] + 1,
+        "header_timeout": before["header_timeout"] + 1,
+    }
 
 
 def test_a_connection_in_use_outlives_the_idle_timeout(short: GatewayProcess) -> None:
@@ -288,7 +370,7 @@ def test_past_the_cap_a_new_connection_gets_a_fast_503_and_the_held_ones_keep_wo
                 assert _status(_read_answer(sock)) == 200
             started = time.monotonic()
             with _connect(server) as extra:
-                extra.sendall(HEAD + b"\r\n")
+                extra.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # not a probe
                 answer = _read_to_end(extra)
             assert time.monotonic() - started < 1.0  # at once, not a hang
             assert _status(answer) == 503, answer[:200]
@@ -304,6 +386,47 @@ def test_past_the_cap_a_new_connection_gets_a_fast_503_and_the_held_ones_keep_wo
             for sock in held:
                 sock.close()
         assert "refusing new connections with 503" in "\n".join(server.output)
+
+
+def test_at_the_cap_the_probes_are_answered_on_a_reserve_of_connections(tmp_path: Path) -> None:
+    """With the cap's connections held, a new connection may still ask for a probe: ``/healthz`` is 200 (an
+    orchestrator does not restart a process that is only full), ``/readyz`` 503 ``too_many_connections`` (a
+    load balancer stops sending it new connections), ``/metrics`` is scraped; anything else is the 503. Once
+    ``PROBE_CONNECTIONS`` are open past the cap, a new one gets the 503 before it sends anything. Each 503 counts
+    in ``rollway_connections_refused_total{reason="cap"}``."""
+    cap = 4
+    with GatewayProcess(f"sqlite:///{tmp_path / 'gateway.db'}", env={"ROLLWAY_MAX_CONNECTIONS": str(cap)}) as server:
+        held = [_connect(server) for _ in range(cap)]
+        reserve: list[socket.socket] = []
+        try:
+            for sock in held:
+                sock.sendall(HEAD + b"\r\n")
+                assert _status(_read_answer(sock)) == 200
+            assert _refused(server, "cap") == 0  # (asked past the cap: /metrics is a probe)
+            healthz = httpx.get(f"{server.url}/healthz", timeout=5)
+            assert (healthz.status_code, healthz.json()) == (200, {"status": "ok"})
+            readyz = httpx.get(f"{server.url}/readyz", timeout=5)
+            assert readyz.status_code == 503, readyz.text
+            error = readyz.json()["error"]
+            assert (error["type"], error["code"]) == ("service_unavailable", "too_many_connections")
+            assert error["message"].startswith("saturated: this process holds its 4 connections"), error
+            with _connect(server) as extra:
+                extra.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                answer = _read_to_end(extra)
+            assert _status(answer) == 503 and _envelope(answer)["code"] == "too_many_connections", answer[:200]
+            reserve = [_connect(server) for _ in range(PROBE_CONNECTIONS)]  # open past the cap, silent
+            with _connect(server) as extra:  # accepted after them (the backlog is first in, first out)
+                answer = _read_to_end(extra)  # without sending anything
+            assert _status(answer) == 503 and _envelope(answer)["code"] == "too_many_connections", answer[:200]
+            for sock in reserve:
+                sock.close()
+            _until(lambda: _healthz_status(server) == 200, 5, "the reserve is free again once its connections close")
+            assert _refused(server, "cap") == 2
+            held.pop().close()  # one fewer held: ready again
+            _until(lambda: httpx.get(f"{server.url}/readyz", timeout=5).status_code == 200, 5, "ready below the cap")
+        finally:
+            for sock in held + reserve:
+                sock.close()
 
 
 @pytest.mark.slow  # a supervisor and its workers
@@ -324,7 +447,7 @@ def test_every_worker_bounds_its_connections(tmp_path: Path) -> None:
         finally:
             for sock in socks:
                 sock.close()
-    assert all(not answer or _status(answer) == 431 for answer in answers), [a[:60] for a in answers]
+    assert [_status(answer) for answer in answers] == [431] * 4, [a[:60] for a in answers]
     assert silent == [b""] * 4 and waited < SHORT + 1.5
 
 
