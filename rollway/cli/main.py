@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -15,7 +14,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import click
 
 from rollway.cli.admin import JSON_OPTION, admin_command, parent_exists
+from rollway.cli.agents import agents
 from rollway.cli.export_commands import export, triplets
+from rollway.cli.keys import keys
 from rollway.cli.models import models
 
 if TYPE_CHECKING:
@@ -285,99 +286,10 @@ def rollouts_list(
 
 
 main.add_command(models)
-
-
+main.add_command(agents)
+main.add_command(keys)
 main.add_command(triplets)
 main.add_command(export)
-
-
-@main.group()
-def agents() -> None:
-    """Register remote agent servers (Osmosis protocol)."""
-
-
-@admin_command(agents, "put")
-@click.argument("name")
-@click.argument("server_url", metavar="URL")
-@click.option("--api-key", default=None, help="Sent to the server as Authorization: Bearer (stored, never shown).")
-@click.option("--max-concurrent", type=click.IntRange(1, 100_000), default=None, help="Rollouts at once.")
-@click.option("--param", "params", multiple=True, help="A completion parameter KEY=VALUE (JSON value), repeatable.")
-@JSON_OPTION
-def agents_put(
-    connection: Connection,
-    name: str,
-    server_url: str,
-    api_key: str | None,
-    max_concurrent: int | None,
-    params: tuple[str, ...],
-    as_json: bool,
-) -> None:
-    """Register (or replace) remote agent server NAME at URL (it serves /v1/rollout/init); tasks enqueued
-    with agent: NAME are dispatched to it."""
-    from rollway.cli.commands import agents_put as put
-
-    completion: dict[str, Any] = {}
-    for item in params:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"'{item}' is not KEY=VALUE", param_hint="--param")
-        try:
-            completion[key] = json.loads(value)
-        except json.JSONDecodeError:
-            completion[key] = value
-    put(
-        connection,
-        name,
-        as_json,
-        url=server_url,
-        api_key=api_key,
-        max_concurrent=max_concurrent,
-        completion_params=completion or None,
-    )
-
-
-@admin_command(agents, "list")
-@JSON_OPTION
-def agents_list(connection: Connection, as_json: bool) -> None:
-    """List the registered agent servers (never their api keys)."""
-    from rollway.cli.commands import agents_list as show
-
-    show(connection, as_json)
-
-
-@admin_command(agents, "delete")
-@click.argument("name")
-def agents_delete(connection: Connection, name: str) -> None:
-    """Unregister agent server NAME (its queued tasks wait for a server of that name)."""
-    from rollway.cli.commands import agents_delete as delete
-
-    delete(connection, name)
-
-
-@main.group()
-def keys() -> None:
-    """Mint and revoke API keys."""
-
-
-@admin_command(keys, "mint")
-@click.option("--scope", type=click.Choice(["gateway", "admin"]), default="gateway", show_default=True)
-@click.option("--name", default=None, help="A label for the key.")
-@click.option("--expires-in", type=float, default=None, help="Seconds until the key expires.")
-@JSON_OPTION
-def keys_mint(connection: Connection, scope: str, name: str | None, expires_in: float | None, as_json: bool) -> None:
-    """Mint a key; it is printed once."""
-    from rollway.cli.commands import mint_key
-
-    mint_key(connection, "admin" if scope == "admin" else "gateway", name, expires_in, as_json)
-
-
-@admin_command(keys, "revoke")
-@click.argument("key_id")
-def keys_revoke(connection: Connection, key_id: str) -> None:
-    """Revoke a key by its id."""
-    from rollway.cli.commands import revoke_key
-
-    revoke_key(connection, key_id)
 
 
 @main.command()
