@@ -20,7 +20,9 @@ attempt the dispatcher has claimed, ``Controller.run``:
    on from memory, and written again until the store takes it (``Controller._hold``);
 2. polls ``GET {url}/rollout/{id}/result`` with the lease header (``X-Osmosis-Rollout-Lease``). The server answers
    at once when the rollout has ended, else after up to ``result_wait_timeout_sec`` (30 s), and each poll renews
-   the lease (``polling_lease_timeout_sec``, 120 s): transport errors and 502/503/504 are retried within it;
+   the lease (``polling_lease_timeout_sec``, 120 s): transport errors and 502/503/504 are retried within it. An
+   answer that says the rollout runs (``running``, ``grading``) is a heartbeat of the attempt: a ``preparing``
+   one becomes ``running``;
 3. records the result (``wire.result_report``): ``success`` → the attempt succeeds with the grader's reward;
    ``success`` with ``remove_sample`` → it succeeds with no reward and ``remove_sample: true`` in its completion
    (the server's "drop this sample"); ``failure`` → it fails, with the server's category and message, and the
@@ -76,6 +78,8 @@ from rollway.store.states import ATTEMPT_TERMINAL, FINISHED
 log = logging.getLogger("rollway.dispatcher")
 
 RETRY_POLL = frozenset({502, 503, 504})
+#: The statuses of a result poll's answer that say the rollout runs at the server (the attempt is ``running``).
+RUNNING = frozenset({"running", "grading"})
 #: How long a poll may take beyond the server's own wait before it counts as lost.
 POLL_SLACK = 10.0
 #: Seconds between the marks of an admission waiting out 429s (``Controller._mark``).
@@ -355,6 +359,8 @@ class Controller:
                 report = result_report(rollout_id, result)
                 if report is not None:
                     return report
+                if result.get("status") in RUNNING:
+                    await self._running(rollout_id, attempt_id)
                 await self._keep(rollout_id, attempt_id, admitted)
                 continue
             if status == 404:
@@ -365,6 +371,14 @@ class Controller:
             if (status != 0 and status not in RETRY_POLL) or time.monotonic() >= lease_until:
                 return _lost(rollout_id, f"result polls failed ({status or 'no answer'}) until the lease ran out")
             await asyncio.sleep(min(0.25 * 2 ** (failures - 1), 8.0, max(lease_until - time.monotonic(), 0.0)))
+
+    async def _running(self, rollout_id: str, attempt_id: str) -> None:
+        """The server says the attempt's rollout runs: a heartbeat of the attempt, which moves a ``preparing``
+        attempt (and its rollout) to ``running`` as a span does, before the workflow's first chat call, and keeps
+        it live while the workflow makes none (``Store.heartbeat``: the latest attempt only, never one that
+        ended nor that of a cancelled rollout)."""
+        with contextlib.suppress(StoreError):  # ended meanwhile (the poll's race sees it), or the database is down
+            await self._store.heartbeat(rollout_id, attempt_id)
 
     async def _raced_poll(
         self,

@@ -795,3 +795,35 @@ async def test_a_409_for_an_admission_another_process_keeps_the_lease_of_leaves_
         [attempt] = await gw.store.list_attempts("ro-held")
     assert rollout.status == "succeeded" and polled.is_set(), attempt.metadata
     assert tries == [attempt.attempt_id] and cancelled == []
+
+
+async def test_a_03_attempt_is_running_once_the_server_says_it_runs(tmp_path: Path) -> None:
+    """A 0.3 attempt is ``preparing`` until its server's poll answer says the rollout runs: then it (and its
+    rollout) is ``running``, before any chat call of its workflow."""
+    polls: list[str] = []
+    second_poll, finish_run = asyncio.Event(), asyncio.Event()
+
+    async def admit(request: web.Request) -> web.Response:
+        rollout_id = (await request.json())["rollout_id"]
+        return web.json_response({"rollout_id": rollout_id, "polling_lease_token": "t"}, status=202)
+
+    async def result(request: web.Request) -> web.Response:
+        polls.append(request.match_info["id"])
+        if len(polls) == 1:
+            return web.json_response({"rollout_id": polls[0], "status": "running"})
+        second_poll.set()
+        await asyncio.wait_for(finish_run.wait(), 20)
+        sample = {"reward": 1.0, "messages": []}
+        return web.json_response({"rollout_id": polls[0], "status": "success", "sample": sample})
+
+    routes = [health_route(), web.post("/rollout", admit), web.get("/rollout/{id}/result", result)]
+    async with serving(*routes) as url, running_gateway(tmp_path) as gw, httpx.AsyncClient(base_url=gw.url) as admin:
+        await admin.put("/admin/v1/agents/runs", json={"url": url})
+        task = {"rollout_id": "ro-runs", "input": "x", "agent": "runs"}
+        await admin.post("/admin/v1/rollouts", json={"tasks": [task]})
+        await asyncio.wait_for(second_poll.wait(), 10)  # the first answer ("running") was taken in before it
+        running = await gw.store.get_attempt("ro-runs")
+        assert (running.status, (await gw.store.get_rollout("ro-runs")).status) == ("running", "running")
+        finish_run.set()
+        [rollout] = await finish(gw, ["ro-runs"], timeout=20)
+    assert rollout.status == "succeeded" and running.attempt_id == polls[0]
