@@ -2,9 +2,11 @@
 back as ``since``), as JSON pages or streamed JSON Lines.
 
 Each export hands back ``ExportRecords``: its records, the cursor a later export picks up from, and the running
-total of the calls de-duplication removed (``deduped_calls``). A trainer reads a step's records, keeps
-``next_cursor``, and asks the next step for ``since=`` that cursor: it gets only what finished in between, with
-nothing left out and nothing twice."""
+totals of what the pages left out: the calls de-duplication removed (``deduped_calls``), the samples agent servers
+dropped (``removed_samples``) and the groups left out whole for one (``removed_groups``), read from a JSON page's
+closing members, a JSON Lines page's headers, or the totals line a streamed one ends with. A trainer reads a
+step's records, keeps ``next_cursor``, and asks the next step for ``since=`` that cursor: it gets only what
+finished in between, with nothing left out and nothing twice."""
 
 from __future__ import annotations
 
@@ -21,19 +23,29 @@ from rollway.admin.client_types import MergedTriplet, RollwayAPIError, Triplet
 
 CURSOR_HEADER = "x-rollway-next-cursor"
 REMOVED_HEADER = "x-rollway-removed-samples"
+REMOVED_GROUPS_HEADER = "x-rollway-removed-groups"
+#: The members of the line a streamed JSON Lines page ends with (its totals; no record has a ``next_cursor``).
+TOTALS = frozenset({"next_cursor", "deduped_calls", "removed_samples", "removed_groups"})
 T = TypeVar("T")
 U = TypeVar("U")
 
 
 @dataclass
 class _Cursor:
-    """Where an export stands: its cursor, the calls de-duplication removed from the rollouts read so far, and
-    the rollouts the pages read left out as samples their agent server dropped."""
+    """Where an export stands: its cursor, the calls de-duplication removed from the rollouts read so far, the
+    rollouts the pages read left out as samples their agent server dropped, and the groups left out whole for
+    one."""
 
     value: str | None
     deduped_calls: int = 0
     removed_samples: int = 0
+    removed_groups: int = 0
     rollout: tuple[Any, Any] | None = None  # the rollout and attempt of the last record read
+
+    def left_out(self, totals: Mapping[str, Any]) -> None:
+        """Add a page's counts of what it left out (absent ones count 0)."""
+        self.removed_samples += _int(totals.get("removed_samples"))
+        self.removed_groups += _int(totals.get("removed_groups"))
 
     def count(self, record: Any) -> None:
         """Add the record's ``deduped_calls`` (a SLIME sample's in its ``metadata``) once per rollout: every record
@@ -71,8 +83,14 @@ class ExportRecords(Generic[T]):
     @property
     def removed_samples(self) -> int:
         """The rollouts the pages read so far left out because their agent server asked to drop their sample
-        (``keep_removed=False``; a streamed JSON Lines page of more than 500 rollouts does not say, and counts 0)."""
+        (unless ``keep_removed``; a page counts once it has been read to its end)."""
         return self._cursor.removed_samples
+
+    @property
+    def removed_groups(self) -> int:
+        """The groups the pages read so far left out whole because one of their rollouts was such a sample (a
+        grouped SLIME export, unless ``keep_short_groups``; their other members are in no other count)."""
+        return self._cursor.removed_groups
 
     def __aiter__(self) -> ExportRecords[T]:
         return self
@@ -114,7 +132,7 @@ def _filter_params(filters: ExportFilters) -> dict[str, Any]:
         mode=filters.get("mode"),
         partial=filters.get("partial"),
         dedupe=filters.get("dedupe"),
-        keep_removed=filters.get("keep_removed"),
+        keep_removed=True if filters.get("keep_removed") else None,  # sent only when asked: servers before it refuse it
         metadata=[f"{k}={json.dumps(v)}" for k, v in metadata.items()] if metadata is not None else None,
         model_version=[versions] if isinstance(versions, str) else None if versions is None else list(versions),
     )
@@ -142,11 +160,15 @@ class ExportsMixin:
         *,
         page_size: int = 500,
         jsonl: bool = False,
+        keep_short_groups: bool = False,
         **filters: Unpack[ExportFilters],
     ) -> ExportRecords[dict[str, Any]]:
         """Trainer records of finished rollouts (``GET /exports/{kind}``): SLIME ``Sample`` fields (``slime``) or
-        verl-style rows (``verl``), whole complete groups unless ``partial``, following ``next_cursor``."""
-        return self._records(f"/exports/{kind}", _filter_params(filters), filters, page_size, jsonl)
+        verl-style rows (``verl``), whole complete groups unless ``partial``, following ``next_cursor``. A grouped
+        SLIME export leaves out a group whose member's agent server dropped its sample, unless
+        ``keep_short_groups`` (SLIME only; sent only when True)."""
+        params = _filter_params(filters) | (query(keep_short_groups=True) if keep_short_groups else {})
+        return self._records(f"/exports/{kind}", params, filters, page_size, jsonl)
 
     def _records(
         self, path: str, params: dict[str, Any], filters: ExportFilters, page_size: int, jsonl: bool
@@ -176,8 +198,9 @@ class ExportsMixin:
                 sent: dict[str, str | None] = {}  # the cursor and count headers, also of a page with no lines
                 request = self._t.build("GET", path, params=params)
                 async for record in self._t.json_lines(request, functools.partial(_keep_cursor, sent)):
-                    if isinstance(record, dict) and record.keys() == {"next_cursor"}:
-                        next_cursor = record["next_cursor"]
+                    if isinstance(record, dict) and "next_cursor" in record and record.keys() <= TOTALS:
+                        next_cursor = record["next_cursor"]  # the totals line a streamed page ends with
+                        read.left_out(record)
                         continue
                     if isinstance(record, dict) and record.keys() == {"error"}:
                         error = record["error"] if isinstance(record["error"], dict) else {}
@@ -186,11 +209,11 @@ class ExportsMixin:
                     read.count(record)
                     yield record
                 next_cursor = next_cursor or sent.get("cursor")
-                read.removed_samples += int(sent.get("removed") or 0)
+                read.left_out(sent)
             else:
                 page = (await self._t.request("GET", path, params=params)).json()
                 next_cursor = page.get("next_cursor")
-                read.removed_samples += int(page.get("removed_samples") or 0)
+                read.left_out(page)
                 for record in page.get("items", []):
                     read.count(record)
                     yield record
@@ -219,4 +242,10 @@ class ExportsMixin:
 
 def _keep_cursor(into: dict[str, str | None], response: httpx.Response) -> None:
     into["cursor"] = response.headers.get(CURSOR_HEADER)
-    into["removed"] = response.headers.get(REMOVED_HEADER)
+    into["removed_samples"] = response.headers.get(REMOVED_HEADER)
+    into["removed_groups"] = response.headers.get(REMOVED_GROUPS_HEADER)
+
+
+def _int(value: Any) -> int:
+    """A count as a page gives it (a JSON number, a header's text), 0 when absent."""
+    return int(value) if isinstance(value, int | str) and not isinstance(value, bool) and value != "" else 0

@@ -67,8 +67,8 @@ def _exporting(
 
 
 class SyncExportRecords(Generic[T]):
-    """An export's records for synchronous code (``for``), ``next_cursor``, ``deduped_calls`` and
-    ``removed_samples``, as ``ExportRecords`` has them."""
+    """An export's records for synchronous code (``for``), ``next_cursor``, ``deduped_calls``,
+    ``removed_samples`` and ``removed_groups``, as ``ExportRecords`` has them."""
 
     def __init__(self, client: RollwayClient, records: ExportRecords[T]) -> None:
         self._records = records
@@ -85,6 +85,10 @@ class SyncExportRecords(Generic[T]):
     @property
     def removed_samples(self) -> int:
         return self._records.removed_samples
+
+    @property
+    def removed_groups(self) -> int:
+        return self._records.removed_groups
 
     def __iter__(self) -> Iterator[T]:
         return self

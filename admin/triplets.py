@@ -7,9 +7,13 @@ in a worker thread, so a large export neither holds every span in memory nor sta
 gateway's calls run on.
 
 A page of more than ``CHUNK`` rollouts, and every JSON Lines page, is streamed: the status and the
-``x-rollway-next-cursor`` header go out before the rows are read. Should reading fail after that, a JSON Lines
-body ends with an ``{"error": {...}}`` line, and a JSON body closes its items and ends with
-``"next_cursor": null`` and an ``"error"`` member: a client that finds an error does not advance its cursor.
+``x-rollway-next-cursor`` header go out before the rows are read. A page's totals (``Tally``: the calls
+de-duplication removed, the samples and groups left out) close a JSON body; a JSON Lines page of at most
+``CHUNK`` rollouts sends them as headers, a larger one (read and rendered after its headers went out) as its last
+line, ``{"next_cursor": …, "deduped_calls": …, "removed_samples": …, "removed_groups": …}``: the one line with a
+``next_cursor``. Should reading fail after the status went out, a JSON Lines body ends with an
+``{"error": {...}}`` line instead, and a JSON body closes its items and ends with ``"next_cursor": null`` and an
+``"error"`` member: a client that finds an error does not advance its cursor.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -64,6 +68,8 @@ CURSOR_HEADER = "x-rollway-next-cursor"
 DEDUPED_HEADER = "x-rollway-deduped-calls"
 #: The rollouts the page left out because their agent server asked to drop their sample (known as above).
 REMOVED_HEADER = "x-rollway-removed-samples"
+#: The groups the page left out whole because such a rollout was one of them (known as above).
+REMOVED_GROUPS_HEADER = "x-rollway-removed-groups"
 #: Turns a chunk of exported rollouts into JSON documents (triplets here; trainer records in ``admin.exports``).
 Renderer = Callable[[list[ExportRollout]], list[bytes]]
 JSON = "application/json"
@@ -103,40 +109,73 @@ def made_by(rollout: ExportRollout, versions: frozenset[str]) -> bool:
 class Selection:
     """Which of a page's rollouts give rows: those every call of which one of ``versions`` answered (the
     ``model_version`` filter; None: any), less, with ``drop_removed``, those whose agent server asked to drop
-    their sample. The page's cursor moves past the others all the same; it reads the spans."""
+    their sample, and with ``whole_groups`` too the other members of their groups (a SLIME group one short is
+    no GRPO group; ``admin.exports``). The page's cursor moves past the others all the same; it reads the
+    spans, and sees a group's members together (``chunks``)."""
 
     versions: frozenset[str] | None = None
     drop_removed: bool = False
+    whole_groups: bool = False
 
-    def split(self, rollouts: list[ExportRollout]) -> tuple[list[ExportRollout], int]:
-        """The rollouts kept, and how many of those the version filter let in were dropped as removed samples
-        (a rollout the version filter leaves out counts in no total)."""
+    def split(self, rollouts: list[ExportRollout]) -> tuple[list[ExportRollout], Tally]:
+        """The rollouts kept, and what was left out of those the version filter let in: the removed samples,
+        and the groups left out whole for one (a rollout the version filter leaves out counts in no total, and
+        leaves its group be)."""
         versions = self.versions
         chosen = rollouts if versions is None else [r for r in rollouts if made_by(r, versions)]
         if not self.drop_removed:
-            return chosen, 0
-        kept = [r for r in chosen if not r.remove_sample]
-        return kept, len(chosen) - len(kept)
+            return chosen, Tally()
+        dropped = [r for r in chosen if r.remove_sample]
+        short = {r.group_id for r in dropped if r.group_id is not None} if self.whole_groups else set()
+        kept = [r for r in chosen if not r.remove_sample and (r.group_id is None or r.group_id not in short)]
+        return kept, Tally(removed_samples=len(dropped), removed_groups=len(short))
 
 
 @dataclass(slots=True)
 class Tally:
     """What a page left out of its rows, summed over its chunks: the calls de-duplication removed from the
-    rollouts kept, and the rollouts dropped as removed samples."""
+    rollouts kept, the rollouts dropped as removed samples, and the groups left out whole for one."""
 
     deduped_calls: int = 0
     removed_samples: int = 0
+    removed_groups: int = 0
 
     def add(self, rollouts: list[ExportRollout], selection: Selection, dedupe: bool) -> list[ExportRollout]:
         """Count ``rollouts`` in; the ones ``selection`` keeps."""
         kept, dropped = selection.split(rollouts)
         self.deduped_calls += removed(kept, dedupe)
-        self.removed_samples += dropped
+        self.merge(dropped)
         return kept
+
+    def merge(self, other: Tally) -> None:
+        self.deduped_calls += other.deduped_calls
+        self.removed_samples += other.removed_samples
+        self.removed_groups += other.removed_groups
 
     def json(self) -> bytes:
         """The page's closing members."""
-        return b'"deduped_calls":%d,"removed_samples":%d' % (self.deduped_calls, self.removed_samples)
+        counts = (self.deduped_calls, self.removed_samples, self.removed_groups)
+        return b'"deduped_calls":%d,"removed_samples":%d,"removed_groups":%d' % counts
+
+    def headers(self) -> dict[str, str]:
+        return {
+            DEDUPED_HEADER: str(self.deduped_calls),
+            REMOVED_HEADER: str(self.removed_samples),
+            REMOVED_GROUPS_HEADER: str(self.removed_groups),
+        }
+
+
+def chunks(rollouts: list[ExportRollout]) -> Iterator[list[ExportRollout]]:
+    """The page's rollouts ``CHUNK`` at a time, each chunk run on to the end of the unit (a whole group, in a
+    grouped export) it ends in: a page holds a unit's members next to each other (``store.sql.exports``), so no
+    unit is seen in two chunks."""
+    start = 0
+    while start < len(rollouts):
+        end = min(start + CHUNK, len(rollouts))
+        while end < len(rollouts) and rollouts[end].export_seq == rollouts[end - 1].export_seq:
+            end += 1
+        yield rollouts[start:end]
+        start = end
 
 
 def _rendered_chunk(
@@ -160,13 +199,11 @@ async def _rendered(
     """The rows of the rollouts ``selection`` keeps, ``CHUNK`` rollouts at a time (reading their spans first
     unless ``loaded``), counting into ``tally`` what each chunk left out; ``groups`` counts the page's groups by
     health once every chunk is rendered."""
-    for start in range(0, len(page.rollouts), CHUNK):
-        chunk = page.rollouts[start : start + CHUNK]
+    for chunk in chunks(page.rollouts):
         if not loaded:
             await store.export_spans(chunk)  # of the attempts the page read
         docs, counted = await asyncio.to_thread(_rendered_chunk, render, selection, dedupe, chunk)
-        tally.deduped_calls += counted.deduped_calls
-        tally.removed_samples += counted.removed_samples
+        tally.merge(counted)
         if groups is not None:
             groups.add(chunk)
         yield docs
@@ -180,18 +217,25 @@ def _failure(exc: Exception) -> bytes:
     return orjson.dumps(envelope(message, "server_error")["error"])
 
 
-async def _lines(rendered: AsyncIterator[list[bytes]]) -> AsyncIterator[bytes]:
-    """JSON Lines; a failure once the stream has begun ends it with an ``{"error": …}`` line."""
+async def _lines(
+    rendered: AsyncIterator[list[bytes]], page: ExportPage, tally: Tally | None = None
+) -> AsyncIterator[bytes]:
+    """JSON Lines, then with a ``tally`` the page's totals as the last line; a failure once the stream has begun
+    ends it with an ``{"error": …}`` line instead."""
     try:
         async for docs in rendered:
             if docs:
                 yield b"\n".join(docs) + b"\n"
     except Exception as exc:
         yield b'{"error":' + _failure(exc) + b"}\n"
+        return
+    if tally is not None:
+        yield b'{"next_cursor":' + orjson.dumps(page.next_cursor) + b"," + tally.json() + b"}\n"
 
 
 async def _document(rendered: AsyncIterator[list[bytes]], page: ExportPage, tally: Tally) -> AsyncIterator[bytes]:
-    """``{"items": [...], "next_cursor": …, "deduped_calls": …, "removed_samples": …}`` in pieces; a failure once
+    """``{"items": [...], "next_cursor": …, "deduped_calls": …, "removed_samples": …, "removed_groups": …}`` in
+    pieces; a failure once
     the stream has begun closes the items and ends the document with ``"next_cursor": null`` and an ``"error"``
     member."""
     yield b'{"items":['
@@ -217,8 +261,10 @@ async def export_triplets(
     """Triplets of finished rollouts (the latest attempt of each): per LLM call, or with `merge=true` one row
     per multi-turn segment. `limit` counts rollouts; groups come whole and only once complete unless
     `partial=true`; `since` continues from a previous `next_cursor` (also in the `x-rollway-next-cursor`
-    header). `format=jsonl` streams one row per line. Pages of more than 500 rollouts are streamed in either
-    format; a failure mid-stream ends the body with an error (see the module docstring). Merged rows leave out
+    header). `format=jsonl` streams one row per line, its totals in headers, or with a `limit` over 500 in a
+    last line `{"next_cursor", "deduped_calls", "removed_samples", "removed_groups"}`. Pages of more than 500
+    rollouts are streamed in either format; a failure mid-stream ends the body with an error (see the module
+    docstring). Merged rows leave out
     the rollouts whose agent server asked to drop their sample unless `keep_removed=true`; triplets keep them."""
     render_page = functools.partial(render, merge=merge, dedupe=query.dedupe)
     return await respond(context, query, render_page, format_, drop_removed=merge)
@@ -231,33 +277,36 @@ async def respond(
     format_: Literal["json", "jsonl"],
     *,
     drop_removed: bool,
+    whole_groups: bool = False,
 ) -> Response:
     """The export page ``query`` asks for, rendered by ``render``: a JSON document or JSON Lines, streamed when
     large (the module docstring); shared by the triplet and trainer exports. ``drop_removed``: leave out the
-    rollouts whose agent server asked to drop their sample, unless the query keeps them. A grouped page's groups
-    are counted by health (``admin.groups``) once it is rendered."""
+    rollouts whose agent server asked to drop their sample, unless the query keeps them; ``whole_groups``: and,
+    in a grouped export, their groups. A grouped page's groups are counted by health (``admin.groups``) once it
+    is rendered."""
     store = context.store
     groups = None if query.one_by_one else ExportedGroups(context.groups_exported)
     loaded = query.limit <= CHUNK
     versions = None if query.model_versions is None else frozenset(query.model_versions)
-    selection = Selection(versions, drop_removed and not query.keep_removed)
+    dropping = drop_removed and not query.keep_removed
+    selection = Selection(versions, dropping, dropping and whole_groups and not query.one_by_one)
     page = await store.export_rollouts(query, with_spans=loaded)
     headers = {CURSOR_HEADER: page.next_cursor} if page.next_cursor else {}
     tally = Tally()
-    counted = query.dedupe and format_ == "json"  # a JSON Lines body ends with no total to count into
-    rendered = _rendered(store, page, render, loaded, selection, tally, counted, groups)
     if format_ == "jsonl":
-        if loaded:  # the totals go out before the body
+        if loaded:  # the totals go out before the body, and the rows count nothing more
             known = Tally()
             known.add(page.rollouts, selection, query.dedupe)
-            headers[DEDUPED_HEADER] = str(known.deduped_calls)
-            headers[REMOVED_HEADER] = str(known.removed_samples)
-        return StreamingResponse(_lines(rendered), media_type=JSONL, headers=headers)
+            headers.update(known.headers())
+            lines = _lines(_rendered(store, page, render, loaded, selection, tally, False, groups), page)
+        else:  # the totals end the body
+            lines = _lines(_rendered(store, page, render, loaded, selection, tally, query.dedupe, groups), page, tally)
+        return StreamingResponse(lines, media_type=JSONL, headers=headers)
+    rendered = _rendered(store, page, render, loaded, selection, tally, query.dedupe, groups)
     if len(page.rollouts) > CHUNK:
         return StreamingResponse(_document(rendered, page, tally), media_type=JSON, headers=headers)
     docs = [doc async for chunk in rendered for doc in chunk]
-    headers[DEDUPED_HEADER] = str(tally.deduped_calls)
-    headers[REMOVED_HEADER] = str(tally.removed_samples)
+    headers.update(tally.headers())
     body = b'{"items":[' + b",".join(docs) + b'],"next_cursor":' + orjson.dumps(page.next_cursor)
     body += b"," + tally.json() + b"}"
     return Response(content=body, media_type=JSON, headers=headers)

@@ -71,7 +71,8 @@ class ExportQuery(BaseModel):
         False,
         description="keep the rollouts whose agent server asked to drop their sample (Osmosis `remove_sample`), "
         "which merged rows, SLIME samples and verl rows leave out by default (the page says how many: "
-        "`removed_samples`); triplets always keep them; every row says `remove_sample`",
+        "`removed_samples`), a grouped SLIME export with their whole groups (`removed_groups`); triplets always "
+        "keep them; every row says `remove_sample`",
     )
 
     @field_validator("metadata")

@@ -40,8 +40,10 @@ reward on the last response token; ``None`` when the rollout has no reward — n
 ``logprobs_source``, ``logprobs_complete`` and ``remove_sample``. Rollouts without a trainable call give no row.
 
 ``remove_sample`` is true on every record of a rollout whose agent server asked to drop its sample (Osmosis
-``remove_sample``, ``store.exports.ExportRollout``); the export routes leave such rollouts out unless asked to keep
-them (``admin.triplets.Selection``).
+``remove_sample``, ``store.exports.ExportRollout``); a SLIME sample says it twice, in ``metadata`` and as SLIME's own
+``Sample.remove_sample`` (SLIME keeps such a sample in its group's advantage and takes no loss on it). The export
+routes leave such rollouts out, and a grouped SLIME export their groups, unless asked to keep them
+(``admin.exports``, ``admin.triplets.Selection``).
 """
 
 from __future__ import annotations
@@ -212,6 +214,7 @@ def slime_samples(rollout: ExportRollout, dedupe: bool = True) -> list[dict[str,
                 "reward": None,
                 "rollout_log_probs": None,
                 "status": "aborted",
+                "remove_sample": rollout.remove_sample,
                 "metadata": {
                     "rollout_id": rollout.rollout_id,
                     "attempt_id": rollout.latest_attempt_id,
@@ -246,6 +249,7 @@ def slime_samples(rollout: ExportRollout, dedupe: bool = True) -> list[dict[str,
             "reward": s.reward,
             "rollout_log_probs": s.response_logprobs,
             "status": s.status(),
+            "remove_sample": rollout.remove_sample,
             "metadata": s.metadata(),
         }
         for s in found

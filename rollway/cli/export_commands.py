@@ -82,6 +82,15 @@ def _trainer_export(kind: Literal["slime", "verl"], what: str) -> None:
         ),
         click.option("--stream", "jsonl", is_flag=True, help="Fetch pages as streamed JSON Lines."),
     ]
+    if kind == "slime":  # verl rows keep a group's other members always
+        options.append(
+            click.option(
+                "--keep-short-groups",
+                "keep_short_groups",
+                is_flag=True,
+                help="Keep the other members of a group one of whose samples was dropped.",
+            )
+        )
     decorated: Callable[..., None] = _export_filters(command)
     for option in reversed(options):
         decorated = option(decorated)

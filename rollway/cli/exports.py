@@ -64,20 +64,22 @@ def _export(
     records: Callable[[AsyncRollwayClient], ExportRecords[dict[str, Any]]],
 ) -> None:
     """Write the records to ``out``, then say how many, how many repeated calls the de-duplication removed from
-    their rollouts (the sum of the rows' ``deduped_calls``, each rollout once), and how many rollouts were left
-    out as samples their agent server dropped."""
+    their rollouts (the sum of the rows' ``deduped_calls``, each rollout once), how many rollouts were left out
+    as samples their agent server dropped, and how many groups were left out whole with them."""
 
-    async def work(client: AsyncRollwayClient) -> tuple[int, int, int]:
+    async def work(client: AsyncRollwayClient) -> tuple[int, int, int, int]:
         with _output(out) as handle, progress_bar(counted=False) as progress:
             exported = records(client)
             count = await write_lines(exported, handle, progress, label)
-            return count, exported.deduped_calls, exported.removed_samples
+            return count, exported.deduped_calls, exported.removed_samples, exported.removed_groups
 
-    count, deduped, dropped = run(connection, work)
+    count, deduped, dropped, groups = run(connection, work)
     where = "stdout" if out == "-" else escape(out)
     notes = [f"{deduped} repeated calls removed; --keep-retries keeps them"] if deduped else []
     if dropped:
         notes.append(f"{dropped} rollouts left out as their agent server asked; --keep-removed keeps them")
+    if groups:
+        notes.append(f"{groups} groups left out whole with them; --keep-short-groups keeps their other members")
     summary = f" ({'; '.join(notes)})" if notes else ""
     err_console().print(f"Wrote [bold]{count}[/] {noun} to {where}{summary}")
 

@@ -260,11 +260,11 @@ def test_triplets_export_writes_json_lines(
     assert refused.exit_code == 2 and "KEY=VALUE" in refused.stderr
 
 
-def asked(admin: RollwayClient, mock: MockBackendProcess, question: str, times: int = 1) -> str:
+def asked(admin: RollwayClient, mock: MockBackendProcess, question: str, times: int = 1, **task: Any) -> str:
     """A rollout started by a worker whose agent asks ``question`` ``times`` times through alias ``tiny`` (in
-    front of the mock): its id."""
+    front of the mock): its id. ``task`` adds to the task (a ``group_id`` and ``group_size``, say)."""
     admin.put_model("tiny", [{"base_url": mock.base_url, "kind": "vllm", "model": "mock-model"}])
-    claim = admin.start_rollout({"input": question}, worker_id="cli-worker")
+    claim = admin.start_rollout({"input": question, **task}, worker_id="cli-worker")
     with OpenAI(base_url=claim.base_url, api_key=claim.api_key, max_retries=0) as llm:
         for _ in range(times):
             llm.chat.completions.create(model="tiny", messages=[{"role": "user", "content": question}])
@@ -288,16 +288,18 @@ def test_an_export_says_how_many_repeated_calls_it_removed(
     assert len(kept.stdout.splitlines()) == 3 and "Wrote 3 triplets to stdout\n" in kept.stderr
 
 
+#: An attempt's metadata as an Osmosis 0.3 agent server's "drop this sample" is recorded (the attempt succeeds with
+#: no reward): the flag in the completion's extra_fields.
+DROPPED = {"completion": {"status": "COMPLETED", "reward": None, "extra_fields": {"remove_sample": True}}}
+
+
 def test_an_export_leaves_out_a_sample_its_agent_server_dropped_and_says_so(
     gateway: GatewayProcess, admin: RollwayClient, mock: MockBackendProcess
 ) -> None:
     rollout_id = asked(admin, mock, "What is 2 + 3?")
-    # As an Osmosis 0.3 agent server's "drop this sample" is recorded: succeeded, no reward, the flag in the
-    # completion's extra_fields.
-    dropped = {"completion": {"status": "COMPLETED", "reward": None, "extra_fields": {"remove_sample": True}}}
-    admin.update_attempt(rollout_id, status="succeeded", metadata=dropped)
+    admin.update_attempt(rollout_id, status="succeeded", metadata=DROPPED)
 
-    for stream in ((), ("--stream",)):
+    for stream in ((), ("--stream",), ("--stream", "--page-size", "600")):  # 600: streamed, totals at its end
         left_out = rollway(gateway, "export", "verl", "-", "--rollout-id", rollout_id, *stream)
         assert left_out.exit_code == 0, left_out.output
         assert left_out.stdout == "" and "Wrote 0 verl records" in left_out.stderr
@@ -308,6 +310,31 @@ def test_an_export_leaves_out_a_sample_its_agent_server_dropped_and_says_so(
     triplets = rollway(gateway, "triplets", "export", "-", "--rollout-id", rollout_id)
     [row] = [json.loads(line) for line in triplets.stdout.splitlines()]
     assert row["remove_sample"] is True  # triplets keep it
+
+
+def test_a_slime_export_leaves_out_a_group_one_short_and_says_so(
+    gateway: GatewayProcess, admin: RollwayClient, mock: MockBackendProcess
+) -> None:
+    group: dict[str, Any] = {"group_id": "cli-one-short", "group_size": 2}
+    dropped, kept = (asked(admin, mock, f"What is 4 + {n}?", **group) for n in (4, 5))
+    admin.update_attempt(dropped, status="succeeded", metadata=DROPPED)
+    admin.add_reward(kept, 1.0)
+    admin.update_attempt(kept, status="succeeded")
+
+    for stream in ((), ("--stream",), ("--stream", "--page-size", "600")):
+        left_out = rollway(gateway, "export", "slime", "-", "--group-id", "cli-one-short", *stream)
+        assert left_out.exit_code == 0, left_out.output
+        assert left_out.stdout == "" and "Wrote 0 slime records" in left_out.stderr
+        assert "1 rollouts left out as their agent server asked; --keep-removed keeps them" in left_out.stderr
+        assert "1 groups left out whole with them; --keep-short-groups keeps their other members" in left_out.stderr
+    short = rollway(gateway, "export", "slime", "-", "--group-id", "cli-one-short", "--keep-short-groups")
+    assert short.exit_code == 0, short.output
+    [sample] = [json.loads(line) for line in short.stdout.splitlines()]
+    assert sample["metadata"]["rollout_id"] == kept and "groups left out" not in short.stderr
+    verl = rollway(gateway, "export", "verl", "-", "--group-id", "cli-one-short")
+    assert [json.loads(line)["rollout_id"] for line in verl.stdout.splitlines()] == [kept]
+    refused = rollway(gateway, "export", "verl", "-", "--keep-short-groups")
+    assert refused.exit_code == 2 and "No such option" in refused.output  # verl keeps a group's other members
 
 
 @pytest.mark.slow
