@@ -374,14 +374,20 @@ async def test_a_paused_state_counts_a_replica_not_heard_from_since_the_pause(
     async with running_gateway(tmp_path, admin_token=TOKEN) as gw, running_gateway(tmp_path, admin_token=TOKEN) as peer:
         client = await registered(gw, mock)
 
+        ticked = asyncio.Event()
+
         async def silent() -> None:  # the peer's reporter writes nothing more (a slow or stalled process)
-            return None
+            ticked.set()
 
         monkeypatch.setattr(peer.state.reporter, "tick", silent)
+        # Its loop runs one tick at a time: once it has called the silent one, a real tick it was in (which could
+        # still write a report, read after the pause) has ended.
+        await asyncio.wait_for(ticked.wait(), 10)
         await client.post("/proxy/pause", json={"reason": "weight sync"})
-        for _ in range(5):
+        for _ in range(5):  # across the peer's next ticks, each one silent
+            ticked.clear()
+            await asyncio.wait_for(ticked.wait(), 10)
             assert (await client.get("/proxy/state")).json()["inflight"] >= 1
-            await asyncio.sleep(0.3)  # longer than a reporter's tick
         monkeypatch.undo()
         await _until(client, lambda s: s["inflight"] == 0)  # its report written after the pause says none
 
