@@ -16,7 +16,7 @@ from rollway.store.errors import ConflictError, StoreValidationError, Unavailabl
 from rollway.store.exports import REWARD_STAMPED
 from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.schemas import Attempt, Rollout, Span
-from rollway.store.sql import controlled, convert, spans, watchdog
+from rollway.store.sql import controlled, convert, keyed_spans, spans, watchdog
 from rollway.store.sql.lifecycle import (
     apply_attempt_status,
     load_attempt,
@@ -87,7 +87,7 @@ class LifecycleMixin(StorePlumbing):
                 if idempotency_key is None:
                     wrote[:] = [len(spans.add(conn, [reward], now))]
                 else:
-                    wrote[:] = [spans.add_keyed(conn, [reward], now, idempotency_key, REWARD_STAMPED)[1]]
+                    wrote[:] = [keyed_spans.add_keyed(conn, [reward], now, idempotency_key, REWARD_STAMPED)[1]]
                 rollout = load_rollout(conn, rollout_id)  # the span's heartbeat may have moved both
                 attempt = load_attempt(conn, rollout, attempt["attempt_id"])
             if extra:

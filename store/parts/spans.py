@@ -12,7 +12,7 @@ from rollway.store.db import limits
 from rollway.store.parts.keepalive import CallsInFlight
 from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.schemas import Span
-from rollway.store.sql import calls, convert, pg_calls, sequences, spans
+from rollway.store.sql import calls, convert, keyed_spans, pg_calls, sequences, spans
 
 _SPAN_LIST: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
 
@@ -76,7 +76,7 @@ class SpansMixin(StorePlumbing):
     ) -> list[Span]:
         """Write spans (each a heartbeat); returns the ones written, with their sequence ids. With an
         ``idempotency_key``, every span of the request as stored: a retry of the request writes nothing twice,
-        and the key with other spans is a ``ConflictError`` (``spans.add_keyed``); ``stamped`` names the fields
+        and the key with other spans is a ``ConflictError`` (``keyed_spans.add_keyed``); ``stamped`` names the fields
         the caller set on each try itself (e.g. the time a reward is recorded), left out of that comparison. With
         ``shared_sequence`` (Agent-lightning's spans; no idempotency key), a sequence id another span of the
         attempt holds is not a conflict: the span gets the next one and keeps the one it gave as
@@ -94,7 +94,7 @@ class SpansMixin(StorePlumbing):
             new = len(written)
         else:
             key = idempotency_key
-            written, new = await self._write(lambda conn: spans.add_keyed(conn, batch, now, key, stamped))
+            written, new = await self._write(lambda conn: keyed_spans.add_keyed(conn, batch, now, key, stamped))
         if self.span_observer is not None:
             self.span_observer(new)
         return written

@@ -1,5 +1,5 @@
 """Keyed requests sent again: what an enqueue, claim, direct start or new attempt carrying a client's
-idempotency key gets when its key was used before (see ``store.sql.queue``; spans: ``spans.add_keyed``).
+idempotency key gets when its key was used before (see ``store.sql.queue``; spans: ``keyed_spans.add_keyed``).
 
 A first try leaves no record of its request apart from the rows it wrote — all in one transaction, with ids
 derived from the key and their place in the request (``ids.derived``) — and a digest of what it asked for,
