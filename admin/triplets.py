@@ -235,9 +235,8 @@ async def _lines(
 
 async def _document(rendered: AsyncIterator[list[bytes]], page: ExportPage, tally: Tally) -> AsyncIterator[bytes]:
     """``{"items": [...], "next_cursor": …, "deduped_calls": …, "removed_samples": …, "removed_groups": …}`` in
-    pieces; a failure once
-    the stream has begun closes the items and ends the document with ``"next_cursor": null`` and an ``"error"``
-    member."""
+    pieces; a failure once the stream has begun closes the items and ends the document with ``"next_cursor":
+    null`` and an ``"error"`` member."""
     yield b'{"items":['
     separator = b""
     try:
@@ -264,8 +263,8 @@ async def export_triplets(
     header). `format=jsonl` streams one row per line, its totals in headers, or with a `limit` over 500 in a
     last line `{"next_cursor", "deduped_calls", "removed_samples", "removed_groups"}`. Pages of more than 500
     rollouts are streamed in either format; a failure mid-stream ends the body with an error (see the module
-    docstring). Merged rows leave out
-    the rollouts whose agent server asked to drop their sample unless `keep_removed=true`; triplets keep them."""
+    docstring). Merged rows leave out the rollouts whose agent server asked to drop their sample unless
+    `keep_removed=true`; triplets keep them."""
     render_page = functools.partial(render, merge=merge, dedupe=query.dedupe)
     return await respond(context, query, render_page, format_, drop_removed=merge)
 
