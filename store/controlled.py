@@ -149,6 +149,8 @@ class ProxyPause(BaseModel):
     paused: bool = False
     retry_after_seconds: int = 5
     reason: str | None = None
-    #: The model aliases the pause also holds, so calls that reach another replica before it sees the pause wait:
-    #: those it paused, and so those its resume resumes (not one an admin had paused already).
+    #: The model aliases the pause also holds, so calls that reach another replica before it sees the pause wait,
+    #: and so those its resume resumes: the registered models' aliases it paused, those created or registered
+    #: while it lasts, and those a weight update held that was to resume them. Not one an admin had paused, nor
+    #: one an admin pauses or resumes meanwhile (``store.sql.controlled``).
     aliases: list[str] = Field(default_factory=list)

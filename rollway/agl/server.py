@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, Valid
 from rollway.admin.context import Context
 from rollway.agl import events
 from rollway.agl.listing import MAX_PAGING
-from rollway.store import ApiKey, NotFoundError
+from rollway.store import ApiKey, ModelAlias, NotFoundError
 from rollway.store.controlled import (
     ControlledCreate,
     ControlledPatch,
@@ -295,8 +295,9 @@ def build_router() -> APIRouter:
     async def register(request: Request, context: Context) -> Any:
         given = await _body(request, MODELS)
         # The store checks every alias before it keeps any endpoint: a refused one (a base URL no call could
-        # reach) is a 422 that changes nothing, and then no alias is put.
-        await _found(context.store.put_engine_models(given))
+        # reach) is a 422 that changes nothing, and then no alias is put. While the proxy is paused, the models'
+        # aliases are held like those the pause paused, an alias created now included (``Store.put_model``).
+        _install(context, await _found(context.store.put_engine_models(given)))
         registered = await context.store.engine_models()
         for name in sorted({m.model for m in given}):
             version = str(max(m.version for m in registered if m.model == name))
@@ -313,24 +314,16 @@ def build_router() -> APIRouter:
     @router.post("/proxy/pause")
     async def pause(request: Request, context: Context) -> Any:
         body = await _body(request, PAUSE)
-        before = await context.store.proxy_pause()
-        registered = {alias_for(m.model) for m in await context.store.engine_models()}
-        aliases = await _to_hold(context, registered, set(before.aliases) if before.paused else set())
-        state = await context.store.set_proxy_pause(
-            ProxyPause(paused=True, retry_after_seconds=body.retry_after_seconds, reason=body.reason, aliases=aliases)
-        )
+        state, paused = await context.store.pause_proxy(body.retry_after_seconds, body.reason)
         context.proxy_changed()
-        await _hold(context, aliases, True)  # a replica that has not seen the pause yet holds its calls
+        _install(context, paused)
         return await _state(context, state)
 
     @router.post("/proxy/resume")
     async def resume(context: Context) -> Any:
-        before = await context.store.proxy_pause()
-        state = await context.store.set_proxy_pause(
-            ProxyPause(paused=False, retry_after_seconds=before.retry_after_seconds, reason=None, aliases=[])
-        )
+        state, resumed = await context.store.resume_proxy()
         context.proxy_changed()
-        await _hold(context, before.aliases, False)  # only what the pause paused: an admin's pause stays
+        _install(context, resumed)  # its calls waiting on them go on at once
         return await _state(context, state)
 
     @router.get("/proxy/state")
@@ -340,27 +333,12 @@ def build_router() -> APIRouter:
     return router
 
 
-async def _to_hold(context: Context, registered: set[str], held: set[str]) -> list[str]:
-    """The aliases a pause holds (and its resume resumes): those it holds already (``held``, when it is asked
-    again: the trainer's client retries any failure) and the registered ones not paused yet. One an admin paused
-    through ``/admin/v1`` is not the proxy's to resume; one deleted since is skipped."""
-    chosen = set(held)
-    for alias in registered - held:
-        try:
-            if not (await context.store.get_model(alias)).paused:
-                chosen.add(alias)
-        except NotFoundError:
-            continue
-    return sorted(chosen)
-
-
-async def _hold(context: Context, aliases: list[str], paused: bool) -> None:
-    """Pause (or resume) the model aliases the proxy's calls go to; one deleted since is skipped."""
-    for alias in aliases:
-        try:
-            await (context.models.pause(alias) if paused else context.models.resume(alias))
-        except NotFoundError:
-            continue
+def _install(context: Context, changed: list[ModelAlias]) -> None:
+    """Hand aliases the pause paused or resumed to this process's registry; other replicas see the catalog
+    revision move (a replica that has not seen the pause yet holds its calls: the aliases are paused in the
+    store)."""
+    for model in changed:
+        context.models.install(model.alias, model)
 
 
 async def _state(context: Context, state: ProxyPause) -> dict[str, Any]:

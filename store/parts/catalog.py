@@ -9,7 +9,7 @@ from typing import Any
 from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.replicas import ReplicaInfo, ReplicaReport
 from rollway.store.schemas import ApiKey, AttemptedRollout, Backend, KeyScope, ModelAlias, Page, ResourcesUpdate
-from rollway.store.sql import catalog, keys, replicas, resources
+from rollway.store.sql import catalog, controlled, keys, replicas, resources
 
 
 class CatalogMixin(StorePlumbing):
@@ -46,11 +46,19 @@ class CatalogMixin(StorePlumbing):
         version: str | None = None,
         sampling: dict[str, Any] | None = None,
     ) -> ModelAlias:
+        """Create or replace ``alias``; one created while the proxy is paused is held by its pause
+        (``store.sql.controlled.hold``), as the registered models' aliases are."""
         parsed = [b if isinstance(b, Backend) else Backend.model_validate(b) for b in backends]
         now = self.clock()
-        return await self._write(
-            lambda conn: catalog.put_model(conn, alias, parsed, version, sampling, now, self.cipher)
-        )
+
+        def op(conn: Any) -> ModelAlias:
+            held = controlled.holds_new(conn, alias)
+            model = catalog.put_model(conn, alias, parsed, version, sampling, now, self.cipher)
+            if held and controlled.hold(conn, [alias], now):
+                model = catalog.get_model(conn, alias, self.cipher)
+            return model
+
+        return await self._write(op)
 
     async def get_model(self, alias: str) -> ModelAlias:
         return await self._read(lambda conn: catalog.get_model(conn, alias, self.cipher))
@@ -66,8 +74,15 @@ class CatalogMixin(StorePlumbing):
         return await self._read(catalog.revision)
 
     async def set_model_paused(self, alias: str, paused: bool) -> ModelAlias:
+        """An admin's pause or resume: the alias is no longer one the proxy's pause holds
+        (``store.sql.controlled.release``), so the proxy's resume leaves it as this leaves it."""
         now = self.clock()
-        return await self._write(lambda conn: catalog.set_paused(conn, alias, paused, now, self.cipher))
+
+        def op(conn: Any) -> ModelAlias:
+            controlled.release(conn, alias, now)
+            return catalog.set_paused(conn, alias, paused, now, self.cipher)
+
+        return await self._write(op)
 
     async def mint_key(
         self,

@@ -16,6 +16,7 @@ from rollway.store.controlled import (
 )
 from rollway.store.db import limits
 from rollway.store.parts.plumbing import StorePlumbing
+from rollway.store.schemas import ModelAlias
 from rollway.store.sql import catalog, controlled
 
 
@@ -64,9 +65,15 @@ class ControlledMixin(StorePlumbing):
         await self._write(lambda conn: controlled.add_event(conn, rollout_id, attempt_label, event_type, data, now))
         return now
 
-    async def put_engine_models(self, models: list[EngineModel]) -> None:
+    async def put_engine_models(self, models: list[EngineModel]) -> list[ModelAlias]:
+        """Register endpoints; while the proxy is paused, the models' aliases are held by its pause (those it
+        paused are returned, for the caller's registry to install)."""
         now = self.clock()
-        await self._write(lambda conn: controlled.put_models(conn, models, now))
+
+        def op(conn: Any) -> list[ModelAlias]:
+            return self._aliases(conn, controlled.put_models(conn, models, now))
+
+        return await self._write(op)
 
     async def delete_engine_models(self) -> None:
         await self._write(controlled.delete_models)
@@ -77,13 +84,28 @@ class ControlledMixin(StorePlumbing):
     async def proxy_pause(self) -> ProxyPause:
         return await self._read(controlled.pause)
 
-    async def set_proxy_pause(self, state: ProxyPause) -> ProxyPause:
-        """Keep the proxy's pause; the catalog revision moves, so other replicas reload what they cached."""
+    async def pause_proxy(self, retry_after_seconds: int, reason: str | None) -> tuple[ProxyPause, list[ModelAlias]]:
+        """Pause the proxy and the registered models' aliases not paused yet (``store.sql.controlled.hold``), in one
+        transaction; the catalog revision moves, so other replicas reload what they cached. The pause and the
+        aliases it paused."""
         now = self.clock()
 
-        def op(conn: Any) -> ProxyPause:
-            saved = controlled.set_pause(conn, state, now)
-            catalog.bump_revision(conn)
-            return saved
+        def op(conn: Any) -> tuple[ProxyPause, list[ModelAlias]]:
+            paused = controlled.pause_proxy(conn, retry_after_seconds, reason, now)
+            return controlled.pause(conn), self._aliases(conn, paused)
 
         return await self._write(op)
+
+    async def resume_proxy(self) -> tuple[ProxyPause, list[ModelAlias]]:
+        """End the proxy's pause and resume the aliases it holds, in one transaction: the pause and the aliases
+        resumed."""
+        now = self.clock()
+
+        def op(conn: Any) -> tuple[ProxyPause, list[ModelAlias]]:
+            resumed = controlled.resume_proxy(conn, now)
+            return controlled.pause(conn), self._aliases(conn, resumed)
+
+        return await self._write(op)
+
+    def _aliases(self, conn: Any, names: list[str]) -> list[ModelAlias]:
+        return [catalog.get_model(conn, name, self.cipher) for name in names]

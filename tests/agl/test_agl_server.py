@@ -1,7 +1,8 @@
 """Agent-lightning 1.0's server API at the root (``rollway.agl.server``, ``gateway.controlled``), against a real
 uvicorn and the mock backend: the rollouts' four-state view and its transition table, the terminal log and its
 cursor, events raw and as triplets, the proxy (model forced, per-mode parameters, pause with ``Retry-After``,
-the drain to ``inflight == 0``, streams recorded with exact ids), auth, and a restart that loses nothing.
+the drain to ``inflight == 0``, streams recorded with exact ids), auth, and a restart that loses nothing. The
+pause's tests, which aliases it holds and its resume resumes among them, run on SQLite and PostgreSQL.
 The real Agent-lightning 1.0.2 clients drive it in ``test_agl1_clients.py``."""
 
 from __future__ import annotations
@@ -267,8 +268,10 @@ async def test_the_proxy_checks_in_order_and_answers_as_the_mode_says(tmp_path: 
         await client.aclose()
 
 
-async def test_pause_refuses_with_retry_after_drains_and_resumes(tmp_path: Path, mock: MockBackendProcess) -> None:
-    async with running_gateway(tmp_path, admin_token=TOKEN) as gw:
+async def test_pause_refuses_with_retry_after_drains_and_resumes(
+    tmp_path: Path, mock: MockBackendProcess, store_url: str
+) -> None:
+    async with running_gateway(tmp_path, database_url=store_url, admin_token=TOKEN) as gw:
         client = await registered(gw, mock)
         [rid] = await running(client, {"q": 1})
         mock.add_faults({"kind": "delay", "ms": 1500})
@@ -322,8 +325,10 @@ async def test_a_streamed_proxy_call_is_recorded_with_the_engines_ids(tmp_path: 
         await client.aclose()
 
 
-async def test_a_restart_loses_no_rollout_event_model_or_pause(tmp_path: Path, mock: MockBackendProcess) -> None:
-    async with running_gateway(tmp_path, admin_token=TOKEN) as gw:
+async def test_a_restart_loses_no_rollout_event_model_or_pause(
+    tmp_path: Path, mock: MockBackendProcess, store_url: str
+) -> None:
+    async with running_gateway(tmp_path, database_url=store_url, admin_token=TOKEN) as gw:
         client = await registered(gw, mock, version=4)
         [done, live] = await running(client, {"q": 1}, {"q": 2})
         await client.post(proxy_path(done), json=ask("before the restart"))
@@ -332,7 +337,7 @@ async def test_a_restart_loses_no_rollout_event_model_or_pause(tmp_path: Path, m
         await client.post("/proxy/pause", json={"reason": "sync"})
         before = (await client.get(f"/api/rollouts/{done}/events")).json()
         await client.aclose()
-    async with running_gateway(tmp_path, admin_token=TOKEN) as gw:
+    async with running_gateway(tmp_path, database_url=store_url, admin_token=TOKEN) as gw:
         client = gw.http(headers=AUTH, timeout=30)
         assert (await client.get(f"/api/rollouts/{done}/events")).json() == before
         assert (await client.get("/api/rollouts/terminal")).json()["items"][0]["rollout_id"] == done
@@ -366,12 +371,15 @@ async def test_the_proxy_takes_an_admin_key_as_the_api_routes_do(tmp_path: Path,
 
 
 async def test_a_paused_state_counts_a_replica_not_heard_from_since_the_pause(
-    tmp_path: Path, mock: MockBackendProcess, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, mock: MockBackendProcess, monkeypatch: pytest.MonkeyPatch, store_url: str
 ) -> None:
     """Two processes on one database: while the other one has not reported since the pause (it may hold a call
     that read the catalog before it), or the reports cannot be read, ``inflight`` is not 0, so the trainer's drain
     does not end on a count that predates the pause."""
-    async with running_gateway(tmp_path, admin_token=TOKEN) as gw, running_gateway(tmp_path, admin_token=TOKEN) as peer:
+    async with (
+        running_gateway(tmp_path, database_url=store_url, admin_token=TOKEN) as gw,
+        running_gateway(tmp_path, database_url=store_url, admin_token=TOKEN) as peer,
+    ):
         client = await registered(gw, mock)
 
         ticked = asyncio.Event()
@@ -426,10 +434,12 @@ async def test_a_refused_model_registration_changes_nothing_and_answers_detail(
         await client.aclose()
 
 
-async def test_resume_leaves_paused_an_alias_an_admin_paused_before(tmp_path: Path, mock: MockBackendProcess) -> None:
+async def test_resume_leaves_paused_an_alias_an_admin_paused_before(
+    tmp_path: Path, mock: MockBackendProcess, store_url: str
+) -> None:
     """``/proxy/resume`` resumes the aliases ``/proxy/pause`` paused, and no other: one an admin had paused through
     ``/admin/v1`` stays paused, even when the trainer's pause is sent twice (its client retries any failure)."""
-    async with running_gateway(tmp_path, admin_token=TOKEN, agl_model=MODEL) as gw:
+    async with running_gateway(tmp_path, database_url=store_url, admin_token=TOKEN, agl_model=MODEL) as gw:
         client = await registered(gw, mock)
         await client.post("/api/models", json=[{"model": "held", "endpoint": mock.base_url}])
         [policy] = [m.alias for m in await gw.store.list_models() if m.alias != "held"]
@@ -444,3 +454,111 @@ async def test_resume_leaves_paused_an_alias_an_admin_paused_before(tmp_path: Pa
         assert (await client.post(proxy_path(rid), json=ask("after"))).status_code == 200
         await admin.aclose()
         await client.aclose()
+
+
+async def v1_status(gw: RunningGateway, alias: str) -> int:
+    """The status of a ``/v1`` call to ``alias`` (with ``pause_wait_seconds=0``, a paused alias's 429 at once)."""
+    async with gw.http(timeout=30) as llm:
+        answer = await llm.post("/v1/chat/completions", json=ask("direct", model=alias))
+    if answer.status_code == 429:
+        assert answer.json()["error"]["code"] == "model_paused", answer.text
+    return answer.status_code
+
+
+async def test_a_model_registered_during_the_pause_is_held_until_the_resume(
+    tmp_path: Path, mock: MockBackendProcess, store_url: str
+) -> None:
+    """While the proxy is paused a trainer is changing weights, so an alias that appears meanwhile (through
+    ``/api/models`` or the admin API), or a model registered again whose alias the pause did not hold, is held like
+    the others: its ``/v1`` calls wait (refused at once here), and ``/proxy/resume`` resumes it."""
+    settings: dict[str, Any] = {"admin_token": TOKEN, "agl_model": MODEL, "pause_wait_seconds": 0}
+    async with (
+        running_gateway(tmp_path, database_url=store_url, **settings) as gw,
+        gw.http(headers=AUTH, timeout=30) as client,
+        gw.http(headers={"authorization": f"Bearer {TOKEN}"}, timeout=30) as admin,
+    ):
+        await client.post("/api/models", json=[{"model": MODEL, "endpoint": mock.base_url}])
+        await client.post("/api/models", json=[{"model": "again", "endpoint": mock.base_url}])
+        await client.delete("/api/models")  # the aliases stay, not registered: the pause does not hold "again"
+        await client.post("/api/models", json=[{"model": MODEL, "endpoint": mock.base_url}])
+        [policy] = [m.alias for m in await gw.store.list_models() if m.alias != "again"]
+        assert (await client.post("/proxy/pause", json={"reason": "sync"})).status_code == 200
+        assert await v1_status(gw, policy) == 429 and await v1_status(gw, "again") == 200
+
+        # The pause's own alias deleted and made again (it is new, running until the pause holds it), a new model,
+        # one registered again, and an alias put through the admin API.
+        assert (await admin.delete(f"/admin/v1/models/{policy}")).status_code == 204
+        endpoints = [{"model": m, "endpoint": mock.base_url} for m in (MODEL, "fresh", "again")]
+        assert (await client.post("/api/models", json=endpoints)).status_code == 201
+        backend = {"backend_id": "judge", "base_url": mock.base_url, "model": "judge"}
+        assert (await admin.put("/admin/v1/models/judge", json={"backends": [backend]})).status_code == 200
+        aliases = [policy, "fresh", "again", "judge"]
+        assert [await v1_status(gw, alias) for alias in aliases] == [429] * 4
+        assert {m.alias: m.paused for m in await gw.store.list_models()} == dict.fromkeys(aliases, True)
+
+        assert (await client.post("/proxy/resume")).json()["paused"] is False
+        assert {m.alias: m.paused for m in await gw.store.list_models()} == dict.fromkeys(aliases, False)
+        assert [await v1_status(gw, alias) for alias in aliases] == [200] * 4
+
+
+async def test_resume_leaves_paused_an_alias_an_admin_paused_during_the_pause(
+    tmp_path: Path, mock: MockBackendProcess, store_url: str
+) -> None:
+    """An admin's pause of an alias the proxy's pause already holds makes it the admin's: ``/proxy/resume`` (after
+    the trainer's pause sent again) leaves it paused until the admin resumes it."""
+    settings: dict[str, Any] = {"admin_token": TOKEN, "agl_model": MODEL, "pause_wait_seconds": 0}
+    async with (
+        running_gateway(tmp_path, database_url=store_url, **settings) as gw,
+        gw.http(headers=AUTH, timeout=30) as client,
+        gw.http(headers={"authorization": f"Bearer {TOKEN}"}, timeout=30) as admin,
+    ):
+        await client.post("/api/models", json=[{"model": MODEL, "endpoint": mock.base_url}])
+        await client.post("/api/models", json=[{"model": "held", "endpoint": mock.base_url}])
+        [policy] = [m.alias for m in await gw.store.list_models() if m.alias != "held"]
+        assert (await client.post("/proxy/pause", json={"reason": "sync"})).status_code == 200
+        assert (await admin.post("/admin/v1/models/held/pause")).status_code == 200
+        assert (await client.post("/proxy/pause", json={"reason": "sync"})).status_code == 200  # a retry
+        assert (await client.post("/proxy/resume")).json()["paused"] is False
+        assert {m.alias: m.paused for m in await gw.store.list_models()} == {policy: False, "held": True}
+        assert await v1_status(gw, policy) == 200 and await v1_status(gw, "held") == 429
+        assert (await admin.post("/admin/v1/models/held/resume")).status_code == 200
+        assert await v1_status(gw, "held") == 200
+
+
+async def test_a_weight_update_across_the_pause_leaves_its_alias_held_until_the_resume(
+    tmp_path: Path, mock: MockBackendProcess, store_url: str
+) -> None:
+    """A weight update's end gives its alias back the pause it found. One begun before the proxy's pause and ended
+    during it leaves the alias to the pause, held until ``/proxy/resume``; one begun during the pause and still
+    open at ``/proxy/resume`` resumes the alias when it ends."""
+    settings: dict[str, Any] = {"admin_token": TOKEN, "agl_model": MODEL, "pause_wait_seconds": 0}
+    async with (
+        running_gateway(tmp_path, database_url=store_url, **settings) as gw,
+        gw.http(headers=AUTH, timeout=30) as client,
+        gw.http(headers={"authorization": f"Bearer {TOKEN}"}, timeout=30) as admin,
+    ):
+        await client.post("/api/models", json=[{"model": MODEL, "endpoint": mock.base_url}])
+        [policy] = [m.alias for m in await gw.store.list_models()]
+
+        async def begin() -> str:
+            begun = await admin.post(f"/admin/v1/models/{policy}/updates", json={"form": "trainer"})
+            assert begun.status_code == 201, begun.text
+            return str(begun.json()["update_id"])
+
+        async def commit(update_id: str) -> None:
+            committed = await admin.post(f"/admin/v1/updates/{update_id}/commit")
+            assert committed.status_code == 200, committed.text
+
+        before = await begin()
+        assert (await client.post("/proxy/pause", json={"reason": "sync"})).status_code == 200
+        await commit(before)
+        assert (await gw.store.get_model(policy)).paused and await v1_status(gw, policy) == 429
+        assert (await client.post("/proxy/resume")).status_code == 200
+        assert await v1_status(gw, policy) == 200
+
+        assert (await client.post("/proxy/pause", json={"reason": "sync"})).status_code == 200
+        during = await begin()
+        assert (await client.post("/proxy/resume")).status_code == 200
+        assert (await gw.store.get_model(policy)).paused  # the update holds it still
+        await commit(during)
+        assert not (await gw.store.get_model(policy)).paused and await v1_status(gw, policy) == 200

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import select
 
 from rollway.store import AgentServer, AttemptStatus, ConflictError, RolloutStatus, Store, StoreValidationError
-from rollway.store.controlled import ControlledCreate, ControlledPatch
+from rollway.store.controlled import ControlledCreate, ControlledPatch, EngineModel, backends_of
 from rollway.store.db import models
 from rollway.store.sql import watchdog
 from support.claiming import claim_process
@@ -329,3 +329,22 @@ async def test_a_controlled_rollout_started_twice_at_once_starts_once(two_stores
         assert sorted(type(o).__name__ for o in outcomes) == ["ConflictError", "ControlledRollout"], outcomes
         assert all(isinstance(o, ConflictError) for o in outcomes if isinstance(o, Exception))
         assert len(await second.list_attempts(f"twice-{n}")) == 1
+
+
+async def test_a_model_registered_as_the_proxy_pauses_is_held_by_the_pause(two_stores: tuple[Store, Store]) -> None:
+    """A trainer's pause through one replica while a model is registered (endpoints, then its alias) through
+    another: whichever runs first, the alias ends paused and is the pause's, so the resume resumes it. Each write
+    that reads which aliases the pause holds takes the pause's turn first."""
+    first, second = two_stores
+
+    async def register(name: str) -> None:
+        await second.put_engine_models([EngineModel(model=name, endpoint=f"http://127.0.0.1:9/{name}")])
+        await second.put_model(name, backends_of(name, await second.engine_models()))
+
+    for n in range(10):
+        name = f"model-{n}"
+        await asyncio.gather(first.pause_proxy(5, None), register(name))
+        assert (await first.get_model(name)).paused
+        assert name in (await first.proxy_pause()).aliases
+        _, resumed = await second.resume_proxy()
+        assert name in [m.alias for m in resumed] and not (await first.get_model(name)).paused
