@@ -347,12 +347,15 @@ class AsyncRollwayClient(ExportsMixin, ModelsMixin, UpdatesMixin):
         api_key: str | None = None,
         max_concurrent: int | None = None,
         completion_params: Mapping[str, Any] | None = None,
+        protocol: Literal["v1", "0.3"] | None = None,
     ) -> AgentView:
-        """Register (or replace) a remote agent server (Osmosis protocol); ``api_key`` is sent, never shown."""
+        """Register (or replace) a remote agent server (Osmosis protocol); ``api_key`` is sent, never shown.
+        ``protocol`` is the one it speaks (else Rollway tells it from the server's ``/health``)."""
         body = {"url": url} | query(
             api_key=api_key,
             max_concurrent=max_concurrent,
             completion_params=None if completion_params is None else dict(completion_params),
+            protocol=protocol,
         )
         return await self._t.model(AgentView, "PUT", f"/agents/{path_segment(name)}", json=body)
 

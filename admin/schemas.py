@@ -31,7 +31,7 @@ from rollway.store import (
     Span,
     TaskSpec,
 )
-from rollway.store.schemas import Mode, RewardValue
+from rollway.store.schemas import AgentProtocol, Mode, RewardValue
 
 
 def valid_unicode(data: Any) -> Any:
@@ -287,12 +287,15 @@ __all__ = ["AttemptedRollout", "RolloutConfig"]
 class AgentPut(Body):
     """A remote agent server (Osmosis protocol). ``api_key`` is sent to it as ``Authorization: Bearer`` on
     every init; it is stored and never returned. ``completion_params`` are default sampling parameters sent
-    with every init (e.g. ``{"model": "policy"}``); a task's ``input.completion_params`` override them."""
+    with every init (e.g. ``{"model": "policy"}``); a task's ``input.completion_params`` override them.
+    ``protocol`` (``v1`` or ``0.3``) is the Osmosis protocol the server speaks; without it Rollway tells it from
+    the server's ``/health``."""
 
     url: str = Field(min_length=1, max_length=2048)
     api_key: SecretStr | None = None
     max_concurrent: int | None = Field(default=None, ge=1, le=100_000)
     completion_params: dict[str, Any] | None = None
+    protocol: AgentProtocol | None = None
 
 
 class AgentView(BaseModel):
@@ -303,6 +306,7 @@ class AgentView(BaseModel):
     has_api_key: bool
     max_concurrent: int | None
     completion_params: dict[str, Any] | None
+    protocol: AgentProtocol | None = None
     created_time: float
     updated_time: float
 
@@ -314,6 +318,7 @@ class AgentView(BaseModel):
             has_api_key=server.api_key is not None,
             max_concurrent=server.max_concurrent,
             completion_params=server.completion_params,
+            protocol=server.protocol,
             created_time=server.created_time,
             updated_time=server.updated_time,
         )

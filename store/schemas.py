@@ -15,6 +15,8 @@ from rollway.store.states import RETRYABLE, AttemptStatus, RolloutStatus
 
 Mode = Literal["train", "val", "test"]
 BackendKind = Literal["auto", "openai", "vllm", "sglang", "litellm"]
+#: The Osmosis protocol an agent server speaks: the older v1 (init and callback) or 0.3 (admit and poll).
+AgentProtocol = Literal["v1", "0.3"]
 KeyScope = Literal["gateway", "rollout", "admin"]
 WorkerStatus = Literal["idle", "busy", "unknown"]
 StatusCode = Literal["UNSET", "OK", "ERROR"]
@@ -283,7 +285,8 @@ class WeightUpdate(BaseModel):
 
 class AgentServer(BaseModel):
     """A remote agent server speaking the Osmosis remote-rollout protocol. ``api_key`` (sent to the server as
-    ``Authorization: Bearer``) is a secret: never echoed."""
+    ``Authorization: Bearer``) is a secret: never echoed. ``protocol`` is the version it speaks, or None for
+    Rollway to tell it from the server's ``/health``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -292,6 +295,7 @@ class AgentServer(BaseModel):
     api_key: SecretStr | None = None
     max_concurrent: int | None = Field(default=None, ge=1)
     completion_params: dict[str, Any] | None = None
+    protocol: AgentProtocol | None = None
     created_time: float = 0.0
     updated_time: float = 0.0
 

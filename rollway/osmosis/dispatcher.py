@@ -234,10 +234,13 @@ class Dispatcher:
             self.store.failures.log(log, "dispatch", "result polls of '%s' failed: %s", server.name, exc.message)
 
     async def protocol(self, server: AgentServer) -> Protocol:
-        """The protocol ``server`` speaks, asked once per registration (``wire.probe``). An answer that tells
+        """The protocol ``server`` speaks: the one it was registered with, else asked once per registration
+        (``wire.probe``). An answer that tells
         nothing (no answer, a 429 or a 5xx) is asked again as an init is retried (``ROLLWAY_AGENT_INIT_RETRIES``,
         the same backoff); ``InitFailed``, naming the last answer, when none tells, or at once on an answer that a
         second try would not change (401, 403, a redirect): the attempt is never sent in a protocol guessed."""
+        if server.protocol is not None:  # registered with it: never asked
+            return server.protocol
         known = self._protocols.get(server.name)
         if known is not None and known[0] == (server.url, server.updated_time):
             return known[1]
@@ -252,7 +255,7 @@ class Dispatcher:
             if not probed.passing or tries > self.settings.agent_init_retries:
                 raise InitFailed(
                     f"{probed.said} (after {tries} {'try' if tries == 1 else 'tries'}): the protocol the agent server "
-                    "speaks is not known, so the rollout was not sent"
+                    'speaks is not known, so the rollout was not sent (a registration with "protocol" is not asked)'
                 )
             await wait(max(backoff(tries, self.settings.retry_max_wait), 0.05 * 2 ** (tries - 1)))
 

@@ -8,18 +8,19 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 import orjson
 
 from rollway.osmosis.restarts import HEALTH_TIMEOUT, health_of
 from rollway.store import AgentServer, RemoteCompletion
+from rollway.store.schemas import AgentProtocol
 
 LEASE_HEADER = "X-Osmosis-Rollout-Lease"
 
 
-Protocol = Literal["v1", "0.3"]
+Protocol = AgentProtocol
 
 
 @dataclass(frozen=True, slots=True)

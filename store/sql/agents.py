@@ -46,6 +46,7 @@ def _server(row: RowMapping, cipher: Cipher | None) -> AgentServer:
         api_key=read_key(row, cipher, f"agent server '{row['name']}'"),
         max_concurrent=row["max_concurrent"],
         completion_params=row["completion_params"],
+        protocol=row["protocol"],
         created_time=row["created_time"],
         updated_time=row["updated_time"],
     )
@@ -67,6 +68,7 @@ def put(conn: Connection, server: AgentServer, now: float, cipher: Cipher | None
         **stored_key(server.api_key.get_secret_value() if server.api_key else None, cipher),
         "max_concurrent": server.max_concurrent,
         "completion_params": server.completion_params,
+        "protocol": server.protocol,
         "updated_time": now,
     }
     serialize_key(conn, "agent:" + server.name)

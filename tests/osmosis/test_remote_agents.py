@@ -827,3 +827,61 @@ async def test_a_03_attempt_is_running_once_the_server_says_it_runs(tmp_path: Pa
         finish_run.set()
         [rollout] = await finish(gw, ["ro-runs"], timeout=20)
     assert rollout.status == "succeeded" and running.attempt_id == polls[0]
+
+
+@pytest.mark.parametrize("protocol", ["v1", "0.3"])
+async def test_a_server_registered_with_its_protocol_is_never_asked_its_health(tmp_path: Path, protocol: str) -> None:
+    """A server registered with ``protocol`` is sent its attempts in that protocol without a read of its
+    ``/health``, which here never tells (503): the rollout succeeds. A 0.3 server's ``/health`` is read only
+    once its rollout is polled (for a restart), never before its admission. A protocol Rollway does not speak is
+    a 400."""
+    health_reads: list[str] = []
+    sent: list[str] = []
+
+    async def health(request: web.Request) -> web.Response:
+        health_reads.append("after" if sent else "before")
+        return web.json_response({"detail": "busy"}, status=503)
+
+    async def admit(request: web.Request) -> web.Response:
+        sent.append(request.path)
+        rollout_id = (await request.json())["rollout_id"]
+        return web.json_response({"rollout_id": rollout_id, "polling_lease_token": "t"}, status=202)
+
+    async def result(request: web.Request) -> web.Response:
+        sample = {"reward": 1.0, "messages": []}
+        return web.json_response({"rollout_id": request.match_info["id"], "status": "success", "sample": sample})
+
+    async def init(request: web.Request) -> web.Response:
+        sent.append(request.path)
+        body = await request.json()
+        report = {"rollout_id": body["rollout_id"], "status": "COMPLETED", "reward": 1.0}
+        headers = {"Authorization": f"Bearer {body['api_key']}"}
+        reports.append(
+            asyncio.ensure_future(http.post(f"{body['server_url']}/v1/rollout/completed", json=report, headers=headers))
+        )
+        return web.json_response({"rollout_id": body["rollout_id"]}, status=202)
+
+    reports: list[asyncio.Future[httpx.Response]] = []
+    routes = [
+        web.get("/health", health),
+        web.post("/rollout", admit),
+        web.get("/rollout/{id}/result", result),
+        web.post("/v1/rollout/init", init),
+    ]
+    async with (
+        serving(*routes) as url,
+        running_gateway(tmp_path) as gw,
+        httpx.AsyncClient(base_url=gw.url) as http,
+    ):
+        bad = await http.put("/admin/v1/agents/known", json={"url": url, "protocol": "0.2"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "protocol", bad.text
+        put = await http.put("/admin/v1/agents/known", json={"url": url, "protocol": protocol})
+        assert put.status_code == 200 and put.json()["protocol"] == protocol
+        task = {"rollout_id": "ro-known", "input": "x", "agent": "known"}
+        await http.post("/admin/v1/rollouts", json={"tasks": [task]})
+        [rollout] = await finish(gw, ["ro-known"], timeout=20)
+        assert [(await answer).status_code for answer in reports] == ([200] if protocol == "v1" else [])
+        [attempt] = await gw.store.list_attempts("ro-known")
+    assert rollout.status == "succeeded", attempt.metadata
+    assert sent == ["/rollout" if protocol == "0.3" else "/v1/rollout/init"]
+    assert "before" not in health_reads

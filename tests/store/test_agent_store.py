@@ -34,6 +34,18 @@ async def test_the_registry_stores_the_api_key_and_never_prints_it(store: Store)
         await store.put_agent(AgentServer(name="bad", url="ftp://x"))
 
 
+async def test_a_server_keeps_the_protocol_it_is_registered_with(store: Store) -> None:
+    """A registration's ``protocol`` (``v1`` or ``0.3``, else None: told by its ``/health``) is stored, and a
+    replacement without one clears it."""
+    saved = await store.put_agent(AgentServer(name="osm", url="http://127.0.0.1:9", protocol="0.3"))
+    assert saved.protocol == "0.3" and (await store.get_agent("osm")).protocol == "0.3"
+    assert [a.protocol for a in await store.list_agents()] == ["0.3"]
+    await store.put_agent(AgentServer(name="osm", url="http://127.0.0.1:9"))
+    assert (await store.get_agent("osm")).protocol is None
+    with pytest.raises(ValueError):
+        AgentServer(name="osm", url="http://127.0.0.1:9", protocol="0.2")
+
+
 async def test_runner_claims_never_take_agent_tasks_and_agent_claims_only_their_own(store: Store) -> None:
     await store.put_agent(AgentServer(name="a", url="http://127.0.0.1:9"))
     await store.put_agent(AgentServer(name="b", url="http://127.0.0.1:9"))
