@@ -1,8 +1,9 @@
 """The remote-agent dispatcher (Rollway as Osmosis's TrainGate, docs/remote-agents.md), owned by the app's lifespan.
 
-A server whose ``/health`` is an Osmosis 0.3 RolloutServer's is admitted and polled instead (``rollway.osmosis.v03``,
-asked once per registration, and asked again before an attempt is sent while the answer tells nothing:
-``Dispatcher.protocol``); what follows is the v1 protocol, for every other server.
+A server registered with ``protocol: "0.3"``, or whose ``/health`` is an Osmosis 0.3 RolloutServer's, is admitted
+and polled instead (``rollway.osmosis.v03``; ``/health`` is asked once per registration, and asked again before an
+attempt is sent while the answer tells nothing: ``Dispatcher.protocol``); what follows is the v1 protocol, for
+every other server.
 
 It claims the tasks enqueued with ``agent: <name>`` for each registered agent server, within the server's
 ``max_concurrent`` (``store.sql.agents.claim`` counts its live rollouts in the database, so several gateway

@@ -1,7 +1,8 @@
 """Rollway as the controller of an Osmosis 0.3 agent server (``osmosis-ai`` 0.3's ``RolloutServer``).
 
-A 0.3 server never calls back: the controller admits a rollout and then polls for its result. It is told apart
-from a v1 server by its ``GET /health``, which carries ``process_id`` and ``lifecycle`` (``wire.probe``). For each
+A 0.3 server never calls back: the controller admits a rollout and then polls for its result. It is registered
+as one (``protocol: "0.3"``), or told apart from a v1 server by its ``GET /health``, which carries ``process_id``
+and ``lifecycle`` (``wire.probe``). For each
 attempt the dispatcher has claimed, ``Controller.run``:
 
 1. admits it: ``POST {url}/rollout`` with ``rollout_id`` (the attempt id: a fresh one per attempt, as the server
