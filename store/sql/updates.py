@@ -5,7 +5,9 @@
 moves the catalog revision, so every replica holds its calls from its next call on. ``finish`` ends it in one
 transaction too: a commit gives the alias the new version (and clears the per-backend versions: every engine
 behind it now serves the new weights); a failed reload gives the backends that did take the new weights that
-version as their own (``relabel``); any end restores the pause the alias had before and releases the hold.
+version as their own (``relabel``); any end releases the hold and leaves the alias paused or running as the
+update's ``was_paused`` says: the pause it had at the begin, which Agent-lightning 1.0's proxy pause changes while
+the update is open (``store.sql.controlled``).
 Only an update still ``open`` can end, so an expiry racing a commit leaves exactly one of them.
 """
 
