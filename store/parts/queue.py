@@ -15,7 +15,7 @@ from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.parts.reads import MAX_WAIT_SECONDS
 from rollway.store.schemas import ApiKey, AttemptedRollout, ClaimFilter, Rollout, TaskSpec
 from rollway.store.signals import Signal
-from rollway.store.sql import convert, keys, matching, queue
+from rollway.store.sql import convert, enqueue, keys, matching, queue
 
 T = TypeVar("T")
 
@@ -36,7 +36,7 @@ class QueueMixin(StorePlumbing):
         for spec in specs:
             limits.check_task(spec)
         now = self.clock()
-        rows = await self._write(lambda conn: queue.enqueue(conn, specs, now, idempotency_key))
+        rows = await self._write(lambda conn: enqueue.enqueue(conn, specs, now, idempotency_key))
         self.queued.notify()
         return [convert.rollout(r) for r in rows]
 

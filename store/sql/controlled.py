@@ -45,7 +45,7 @@ from rollway.store.db import models
 from rollway.store.db.dialect import serialize_key, upsert
 from rollway.store.errors import ConflictError, NotFoundError
 from rollway.store.schemas import RolloutConfig, TaskSpec
-from rollway.store.sql import agents, catalog, convert, queue, spans
+from rollway.store.sql import agents, catalog, convert, enqueue, queue, spans
 from rollway.store.sql.lifecycle import apply_attempt_status, bump_counter, load_attempt, load_rollout
 from rollway.store.states import AttemptStatus
 
@@ -135,7 +135,7 @@ def create(conn: Connection, items: list[ControlledCreate], now: float) -> list[
             metadata=item.metadata,
             agent=CONTROLLER_AGENT,
         )
-        queue.enqueue(conn, [spec], now)
+        enqueue.enqueue(conn, [spec], now)
         row = {
             "rollout_id": rollout_id,
             "is_train": item.is_train,

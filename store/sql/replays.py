@@ -1,5 +1,5 @@
 """Keyed requests sent again: what an enqueue, claim, direct start or new attempt carrying a client's
-idempotency key gets when its key was used before (see ``store.sql.queue``; spans: ``keyed_spans.add_keyed``).
+idempotency key gets when its key was used before (see ``store.sql.enqueue``; spans: ``keyed_spans.add_keyed``).
 
 A first try leaves no record of its request apart from the rows it wrote — all in one transaction, with ids
 derived from the key and their place in the request (``ids.derived``) — and a digest of what it asked for,
@@ -90,7 +90,7 @@ def _made_by(stored: RowMapping, request: str, *, same_columns: bool) -> bool:
     return bool(stored["request_digest"] == request)
 
 
-#: The rollout columns a task sets (``queue._row``), compared when a row written before migration 0005 is sent
+#: The rollout columns a task sets (``enqueue.rollout_row``), compared when a row written before migration 0005 is sent
 #: again with its key.
 _TASK_COLUMNS = ("input", "mode", "config", "metadata", "group_id", "group_size", "group_index", "priority", "agent")
 
