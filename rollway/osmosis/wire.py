@@ -13,7 +13,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from rollway.osmosis.restarts import HEALTH_TIMEOUT, health_of
+from rollway.osmosis import restarts
+from rollway.osmosis.restarts import health_of
 from rollway.store import AgentServer, RemoteCompletion
 from rollway.store.schemas import AgentProtocol
 
@@ -116,7 +117,7 @@ async def probe(session: aiohttp.ClientSession, server: AgentServer) -> Probed:
         clear = isinstance(health, dict) and "process_id" in health and "lifecycle" in health
         return Probed("0.3" if clear else "v1")
     if status == 0:
-        return Probed(None, f"GET {url} had no answer within {HEALTH_TIMEOUT:g} s", passing=True)
+        return Probed(None, f"GET {url} had no answer within {restarts.HEALTH_TIMEOUT:g} s", passing=True)
     body = masked(orjson.dumps(health), server, "") if health is not None else "a body that is not JSON"
     return Probed(None, f"GET {url} answered {status}: {body}", passing=status == 429 or status >= 500)
 

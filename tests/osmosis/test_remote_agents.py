@@ -649,19 +649,27 @@ async def test_a_health_answer_that_tells_nothing_is_asked_again_before_the_atte
 
 @pytest.mark.parametrize(
     ("status", "body", "said"),
-    [(503, b'{"detail": "shutting down"}', "answered 503"), (500, b"<html>oops</html>", "answered 500")],
+    [
+        (503, b'{"detail": "shutting down"}', "answered 503"),
+        (500, b"<html>oops</html>", "answered 500"),
+        (0, b"", "had no answer within 0.3 s"),  # (0: slower than the read's bound)
+    ],
 )
 async def test_a_health_that_never_tells_the_protocol_fails_the_attempt_saying_so(
-    tmp_path: Path, status: int, body: bytes, said: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: int, body: bytes, said: str
 ) -> None:
-    """A server whose ``/health`` gives no clear answer on any try fails the attempt with an error that names that
-    answer and says the protocol is unknown, rather than being sent v1's init and failing with its "not found"."""
+    """A server whose ``/health`` gives no clear answer on any try (an error, a body that is not JSON, no answer
+    in time) fails the attempt with an error that names that answer and says the protocol is unknown, rather than
+    being sent v1's init and failing with its "not found"."""
+    monkeypatch.setattr(restarts, "HEALTH_TIMEOUT", 0.3)
     probes: list[float] = []
     inits: list[str] = []
 
     async def health(request: web.Request) -> web.Response:
         probes.append(time.monotonic())
-        return web.Response(status=status, body=body, content_type="application/json")
+        if status == 0:
+            await asyncio.sleep(1.0)  # a server too slow to answer: the read gives up at 0.3 s
+        return web.Response(status=status or 200, body=body, content_type="application/json")
 
     async def init(request: web.Request) -> web.Response:
         inits.append(request.path)
