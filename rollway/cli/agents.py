@@ -24,6 +24,12 @@ def agents() -> None:
 @click.option("--api-key", default=None, help="Sent to the server as Authorization: Bearer (stored, never shown).")
 @click.option("--max-concurrent", type=click.IntRange(1, 100_000), default=None, help="Rollouts at once.")
 @click.option("--param", "params", multiple=True, help="A completion parameter KEY=VALUE (JSON value), repeatable.")
+@click.option(
+    "--protocol",
+    type=click.Choice(["v1", "0.3"]),
+    default=None,
+    help="The Osmosis protocol it speaks, so its /health is not read (else told by its /health).",
+)
 @JSON_OPTION
 def agents_put(
     connection: Connection,
@@ -32,6 +38,7 @@ def agents_put(
     api_key: str | None,
     max_concurrent: int | None,
     params: tuple[str, ...],
+    protocol: str | None,
     as_json: bool,
 ) -> None:
     """Register (or replace) remote agent server NAME at URL (it serves /v1/rollout/init); tasks enqueued
@@ -55,6 +62,7 @@ def agents_put(
         api_key=api_key,
         max_concurrent=max_concurrent,
         completion_params=completion or None,
+        protocol=protocol,
     )
 
 

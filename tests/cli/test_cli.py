@@ -372,6 +372,17 @@ def test_agents_put_list_delete_never_show_the_api_key(gateway: GatewayProcess) 
     assert bad.exit_code == 2 and "KEY=VALUE" in bad.output
 
 
+def test_agents_put_registers_the_protocol_a_server_speaks(gateway: GatewayProcess) -> None:
+    """``--protocol v1|0.3`` is kept with the registration (its server is then never asked its ``/health``);
+    without it the protocol is null, and any other value is refused before anything is sent."""
+    put = rollway(gateway, "agents", "put", "osm", "http://127.0.0.1:9", "--protocol", "0.3", "--json")
+    assert [a["protocol"] for a in as_json(put)] == ["0.3"]
+    again = rollway(gateway, "agents", "put", "osm", "http://127.0.0.1:9", "--json")
+    assert [a["protocol"] for a in as_json(again)] == [None]
+    bad = rollway(gateway, "agents", "put", "osm", "http://127.0.0.1:9", "--protocol", "0.2")
+    assert bad.exit_code == 2 and "--protocol" in bad.output
+
+
 @pytest.mark.parametrize(
     "args",
     [
