@@ -131,7 +131,8 @@ def label_of(task_input: Any, metadata: dict[str, Any]) -> str | None:
 
 
 def result_report(rollout_id: str, result: dict[str, Any]) -> RemoteCompletion | None:
-    """A 0.3 result as the completion Rollway records (None while the rollout has not ended)."""
+    """A 0.3 result as the completion Rollway records (None while the rollout has not ended). A success whose
+    reward is NaN or infinite is recorded as a failure (``invalid_reward``) that names it."""
     status = result.get("status")
     sample = result.get("sample") if isinstance(result.get("sample"), dict) else {}
     assert isinstance(sample, dict)
@@ -143,7 +144,19 @@ def result_report(rollout_id: str, result: dict[str, Any]) -> RemoteCompletion |
         if removed:
             extra["remove_sample"] = True
         reward = sample.get("reward")
-        if removed or isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        if not removed and isinstance(reward, float) and not math.isfinite(reward):
+            # a grader's NaN is no reward to train on, nor a success without one (v1's report would be refused)
+            name = "NaN" if math.isnan(reward) else "Infinity" if reward > 0 else "-Infinity"
+            return RemoteCompletion(
+                rollout_id=rollout_id,
+                status="ERROR",
+                final_messages=messages,
+                finish_reason="invalid_reward",
+                error_message=f"the agent server reported a reward of {name}: not a finite number",
+                metrics=metrics,
+                extra_fields=extra,
+            )
+        if removed or isinstance(reward, bool) or not isinstance(reward, int | float):
             reward = None  # the server sends null unless a success keeps its sample
         return RemoteCompletion(
             rollout_id=rollout_id,

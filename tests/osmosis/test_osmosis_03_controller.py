@@ -353,3 +353,28 @@ async def test_a_03_attempt_is_running_once_the_server_says_it_runs(tmp_path: Pa
         finish_run.set()
         [rollout] = await finish(gw, ["ro-runs"], timeout=20)
     assert rollout.status == "succeeded" and running.attempt_id == polls[0]
+
+
+@pytest.mark.parametrize(("reward", "name"), [(math.nan, "NaN"), (math.inf, "Infinity")])
+async def test_a_03_success_whose_reward_is_not_finite_fails_saying_so(
+    tmp_path: Path, reward: float, name: str
+) -> None:
+    """A 0.3 success whose grader's reward is NaN or infinite (as Python's json module writes them) is no reward
+    to train on, nor a success without one: the attempt fails, its error names the reward, and it keeps no reward
+    (as a v1 report with such a reward is refused)."""
+
+    async def admit(request: web.Request) -> web.Response:
+        rollout_id = (await request.json())["rollout_id"]
+        return web.json_response({"rollout_id": rollout_id, "polling_lease_token": "t"}, status=202)
+
+    async def result(request: web.Request) -> web.Response:
+        sample = {"reward": reward, "messages": [], "metrics": {"calls": 1}}
+        body = {"rollout_id": request.match_info["id"], "status": "success", "sample": sample}
+        return web.Response(text=json.dumps(body), content_type="application/json")
+
+    routes = [health_route(), web.post("/rollout", admit), web.get("/rollout/{id}/result", result)]
+    async with serving(*routes) as url:
+        rollout, attempt = await one_task(tmp_path, url, "nanreward")
+    completion = (attempt.metadata or {})["completion"]
+    assert rollout.status == "failed" and completion["reward"] is None, completion
+    assert f"reward of {name}" in completion["error_message"] and completion["metrics"] == {"calls": 1}
