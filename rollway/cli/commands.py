@@ -242,6 +242,7 @@ def show_agents(agents: list[AgentView], as_json: bool) -> None:
     table = FitTable(
         ("name", "name"),
         ("url", "name"),
+        ("protocol", "name"),
         ("max concurrent", "text"),
         ("api key", "text"),
         ("completion params", "text"),
@@ -249,7 +250,12 @@ def show_agents(agents: list[AgentView], as_json: bool) -> None:
     for a in agents:
         params = json.dumps(a.completion_params) if a.completion_params else ""
         table.add_row(
-            escape(a.name), escape(a.url), str(a.max_concurrent or "∞"), "set" if a.has_api_key else "", escape(params)
+            escape(a.name),
+            escape(a.url),
+            a.protocol or "auto",  # auto: told from the server's /health
+            str(a.max_concurrent or "∞"),
+            "set" if a.has_api_key else "",
+            escape(params),
         )
     console = out_console()
     console.print(render(console, table))

@@ -530,7 +530,11 @@ def test_rollouts_and_agents_at_80_columns_split_no_name(gateway: GatewayProcess
     params = ("--param", "model=policy", "--param", "max_tokens=32", "--param", "temperature=0.7")
     put = rollway(gateway, "agents", "put", "math-agent-server", url, *params, "--max-concurrent", "4", columns=80)
     assert put.exit_code == 0, put.output
-    whole(put.stdout, "math-agent-server", url, '"max_tokens":')
+    whole(put.stdout, "math-agent-server", url, '"max_tokens":', "auto")
+    pinned = rollway(gateway, "agents", "put", "math-agent-server", url, "--protocol", "0.3", columns=80)
+    assert pinned.exit_code == 0, pinned.output
+    whole(pinned.stdout, "math-agent-server", url, "0.3")
+    assert "auto" not in pinned.stdout
     assert rollway(gateway, "agents", "delete", "math-agent-server").exit_code == 0
 
 
