@@ -176,12 +176,14 @@ class Call:
         self._lease, self._in_flight = lease, gateway.metrics.count_in_flight(alias)
         lease.on_abort = self._abort
 
-    def _abort(self, reason: str) -> None:
-        """A weight update ends the call (``ModelRegistry.abort``): its task is cancelled and its span says why."""
+    def _abort(self, reason: str) -> bool:
+        """A weight update ends the call (``ModelRegistry.abort``): its task is cancelled and its span says why.
+        Whether this ended it: not when it was answered already, or ended by an abort before."""
         if self._watch is None or self._aborted is not None:
-            return
+            return False
         self._aborted = reason
         self._watch.cancel()
+        return True
 
     def _whole(self, answer: Answer, whole: bytes, injected: Injected, headers: Headers) -> WholeAnswer:
         """A whole answer (read by ``connect``), as the client gets it; a backend echoing its key (an answer

@@ -78,7 +78,7 @@ class Lease:
     _state: AliasState
     _key: str = ""
     _released: bool = False
-    on_abort: Callable[[str], None] | None = None
+    on_abort: Callable[[str], bool] | None = None  # whether it ended the call
 
     def __post_init__(self) -> None:
         self._state.leases.add(self)
@@ -88,11 +88,11 @@ class Lease:
         return self.config.version
 
     def abort(self, reason: str) -> bool:
-        """End the call for ``reason`` (a weight update's); whether there was a call to end."""
+        """End the call for ``reason`` (a weight update's); whether this ended it (a call answered already, or
+        ended by an earlier abort, is not counted again)."""
         if self._released or self.on_abort is None:
             return False
-        self.on_abort(reason)
-        return True
+        return self.on_abort(reason)
 
     def release(self) -> None:
         if self._released:

@@ -349,7 +349,7 @@ class ModelRegistry:
 
     def abort(self, alias: str, reason: str) -> int:
         """End this process's calls of ``alias`` in flight (a weight update that aborts them): each writes its
-        span as aborted. How many were ended."""
+        span as aborted. How many this ended (each call is counted once, by the abort that ended it)."""
         state = self._states.get(alias)
         if state is None:
             return 0

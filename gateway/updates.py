@@ -161,7 +161,8 @@ class WeightUpdates:
         try:
             self._registry.install(alias, await self._store.get_model(alias))  # held here from now on
             if plan.in_flight == "abort" and (aborted := self._registry.abort(alias, _abort_reason(update))):
-                await self._store.count_aborted_calls(update.update_id, aborted)  # the other replicas' add to it
+                with contextlib.suppress(StoreError):  # the count only: the calls are ended, their spans say so
+                    await self._store.count_aborted_calls(update.update_id, aborted)  # other replicas add theirs
             drained = await self._registry.drain(alias, plan.drain_timeout)
         except BaseException as exc:
             with contextlib.suppress(StoreError, ConflictError):

@@ -224,6 +224,23 @@ async def test_abort_ends_the_calls_in_flight_as_recorded_spans(gw: RunningGatew
     mock.configure(hold=False)
 
 
+async def test_a_call_is_counted_once_by_the_abort_that_ended_it(gw: RunningGateway, mock: MockBackendProcess) -> None:
+    """A replica looks again for calls to abort while an update is open: a call it ended already, still writing its
+    span, is not ended (nor counted) a second time."""
+    rollout_id, _ = await claim_one(gw.store)
+    mock.configure(hold=True)
+    first = asyncio.create_task(ask(gw.client(f"{gw.url}/rollout/{rollout_id}/v1"), "first"))
+    await held_until_drained(mock, 1)
+    registry = gw.state.registry
+    assert [registry.abort(ALIAS, "a weight update"), registry.abort(ALIAS, "a weight update")] == [1, 0]
+    with pytest.raises(openai.InternalServerError):
+        await first
+    assert registry.abort(ALIAS, "a weight update") == 0
+    [span] = await gw.store.query_spans(rollout_id)
+    assert span.attributes["error.type"] == "aborted"
+    mock.configure(hold=False)
+
+
 async def test_the_trainer_form_holds_until_commit(gw: RunningGateway, mock: MockBackendProcess) -> None:
     rollout_id, _ = await claim_one(gw.store)
     client = gw.client(f"{gw.url}/rollout/{rollout_id}/v1")
