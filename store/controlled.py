@@ -152,5 +152,5 @@ class ProxyPause(BaseModel):
     #: The model aliases the pause also holds, so calls that reach another replica before it sees the pause wait,
     #: and so those its resume resumes: the registered models' aliases it paused, those created or registered
     #: while it lasts, and those a weight update held that was to resume them. Not one an admin had paused, nor
-    #: one an admin pauses or resumes meanwhile (``store.sql.controlled``).
+    #: one an admin pauses or resumes meanwhile, nor an alias of no registered model (``store.sql.controlled``).
     aliases: list[str] = Field(default_factory=list)

@@ -46,8 +46,9 @@ class CatalogMixin(StorePlumbing):
         version: str | None = None,
         sampling: dict[str, Any] | None = None,
     ) -> ModelAlias:
-        """Create or replace ``alias``; one created while the proxy is paused is held by its pause
-        (``store.sql.controlled.hold``), as the registered models' aliases are."""
+        """Create or replace ``alias``; a registered model's alias created while the proxy is paused is held by
+        its pause (``store.sql.controlled.holds_new``), as those it paused are; an alias of no registered model is
+        not."""
         parsed = [b if isinstance(b, Backend) else Backend.model_validate(b) for b in backends]
         now = self.clock()
 

@@ -286,8 +286,9 @@ def engine_models(conn: Connection) -> list[EngineModel]:
 
 
 # The pause holds model aliases so that a call reaching a replica that has not seen the pause yet waits. Which
-# ones it holds (``ProxyPause.aliases``) are those it paused itself, or that a weight update was to resume and will
-# now leave paused, and that nobody paused or resumed since: its resume resumes those and no other. Every write
+# ones it holds (``ProxyPause.aliases``) are registered models' aliases (an alias of no registered model is an
+# admin's, never the pause's), those it paused itself, or that a weight update was to resume and will now leave
+# paused, and that nobody paused or resumed since: its resume resumes those and no other. Every write
 # that reads or changes that list takes the pause's turn first (``locked_pause``), then an alias's own turn
 # (``_turn_of``) before it writes the alias: two of them run one after the other, and none waits in a circle with
 # a put or a weight update of the alias.
@@ -363,9 +364,10 @@ def _turn_of(conn: Connection, alias: str) -> None:
 
 
 def holds_new(conn: Connection, alias: str) -> bool:
-    """Whether the proxy's pause is to hold ``alias`` once it is put: the proxy is paused and no such alias exists
-    yet (one created during the pause is held like the registered ones). Takes the pause's turn."""
-    if not locked_pause(conn).paused:
+    """Whether the proxy's pause is to hold ``alias`` once it is put: the proxy is paused, ``alias`` is a registered
+    model's (the proxy's; an admin's alias of another model, a judge's say, is none of the pause's) and it does not
+    exist yet, so that one created during the pause is held like those the pause paused. Takes the pause's turn."""
+    if not locked_pause(conn).paused or alias not in {alias_for(m.model) for m in engine_models(conn)}:
         return False
     return conn.execute(select(A.c.alias).where(A.c.alias == alias)).first() is None
 

@@ -465,12 +465,13 @@ async def v1_status(gw: RunningGateway, alias: str) -> int:
     return answer.status_code
 
 
-async def test_a_model_registered_during_the_pause_is_held_until_the_resume(
+async def test_a_registered_models_alias_is_held_whenever_it_is_registered_or_created(
     tmp_path: Path, mock: MockBackendProcess, store_url: str
 ) -> None:
-    """While the proxy is paused a trainer is changing weights, so an alias that appears meanwhile (through
-    ``/api/models`` or the admin API), or a model registered again whose alias the pause did not hold, is held like
-    the others: its ``/v1`` calls wait (refused at once here), and ``/proxy/resume`` resumes it."""
+    """While the proxy is paused a trainer is changing weights, so a registered model's alias that appears
+    meanwhile (made again through the admin API, or a new model's), a model registered again whose alias the pause
+    did not hold, and an admin's alias that becomes a registered model's (from then on, not before) are held like
+    the others: their ``/v1`` calls wait (refused at once here), and ``/proxy/resume`` resumes them."""
     settings: dict[str, Any] = {"admin_token": TOKEN, "agl_model": MODEL, "pause_wait_seconds": 0}
     async with (
         running_gateway(tmp_path, database_url=store_url, **settings) as gw,
@@ -485,20 +486,65 @@ async def test_a_model_registered_during_the_pause_is_held_until_the_resume(
         assert (await client.post("/proxy/pause", json={"reason": "sync"})).status_code == 200
         assert await v1_status(gw, policy) == 429 and await v1_status(gw, "again") == 200
 
-        # The pause's own alias deleted and made again (it is new, running until the pause holds it), a new model,
-        # one registered again, and an alias put through the admin API.
+        # The pause's own alias deleted and made again through the admin API: still the registered model's.
+        [backend] = [b.model_dump(mode="json") for b in (await gw.store.get_model(policy)).backends]
         assert (await admin.delete(f"/admin/v1/models/{policy}")).status_code == 204
-        endpoints = [{"model": m, "endpoint": mock.base_url} for m in (MODEL, "fresh", "again")]
+        assert (await admin.put(f"/admin/v1/models/{policy}", json={"backends": [backend]})).status_code == 200
+        # An admin's alias made during the pause runs until a model it serves is registered.
+        scorer = {"backend_id": "scorer", "base_url": mock.base_url, "model": "scorer"}
+        assert (await admin.put("/admin/v1/models/scorer", json={"backends": [scorer]})).status_code == 200
+        assert await v1_status(gw, "scorer") == 200
+        # A new model, one registered again, and the admin's alias registered as a model.
+        endpoints = [{"model": m, "endpoint": mock.base_url} for m in ("fresh", "again", "scorer")]
         assert (await client.post("/api/models", json=endpoints)).status_code == 201
-        backend = {"backend_id": "judge", "base_url": mock.base_url, "model": "judge"}
-        assert (await admin.put("/admin/v1/models/judge", json={"backends": [backend]})).status_code == 200
-        aliases = [policy, "fresh", "again", "judge"]
+        aliases = [policy, "fresh", "again", "scorer"]
         assert [await v1_status(gw, alias) for alias in aliases] == [429] * 4
         assert {m.alias: m.paused for m in await gw.store.list_models()} == dict.fromkeys(aliases, True)
+        assert sorted((await gw.store.proxy_pause()).aliases) == sorted(aliases)
 
         assert (await client.post("/proxy/resume")).json()["paused"] is False
         assert {m.alias: m.paused for m in await gw.store.list_models()} == dict.fromkeys(aliases, False)
         assert [await v1_status(gw, alias) for alias in aliases] == [200] * 4
+
+
+async def test_an_alias_of_no_registered_model_is_never_held_by_the_proxy_pause(
+    tmp_path: Path, mock: MockBackendProcess, store_url: str
+) -> None:
+    """An alias put through the admin API that no model registered through ``/api/models`` has (a judge's or a
+    scorer's, which a trainer's grader calls during a weight sync) is none of the proxy pause's: made before the
+    pause or during it, put again or deleted and made again meanwhile, and with the pause sent again, it takes its
+    ``/v1`` calls throughout, and ``/proxy/resume`` leaves it as it is."""
+    settings: dict[str, Any] = {"admin_token": TOKEN, "agl_model": MODEL, "pause_wait_seconds": 0}
+    async with (
+        running_gateway(tmp_path, database_url=store_url, **settings) as gw,
+        gw.http(headers=AUTH, timeout=30) as client,
+        gw.http(headers={"authorization": f"Bearer {TOKEN}"}, timeout=30) as admin,
+    ):
+
+        async def put(alias: str) -> None:
+            backend = {"backend_id": alias, "base_url": mock.base_url, "model": alias}
+            answer = await admin.put(f"/admin/v1/models/{alias}", json={"backends": [backend]})
+            assert answer.status_code == 200, answer.text
+
+        await client.post("/api/models", json=[{"model": MODEL, "endpoint": mock.base_url}])
+        [policy] = [m.alias for m in await gw.store.list_models()]
+        await put("judge")
+        await put("grader")
+        assert (await client.post("/proxy/pause", json={"reason": "sync"})).status_code == 200
+        await put("scorer")  # made during the pause
+        await put("judge")  # put again during it
+        assert (await admin.delete("/admin/v1/models/grader")).status_code == 204
+        await put("grader")  # deleted and made again during it
+        assert (await client.post("/proxy/pause", json={"reason": "sync"})).status_code == 200  # a retry
+        others = ["judge", "grader", "scorer"]
+        assert await v1_status(gw, policy) == 429
+        assert [await v1_status(gw, alias) for alias in others] == [200] * 3
+        paused = {m.alias: m.paused for m in await gw.store.list_models()}
+        assert paused == {policy: True} | dict.fromkeys(others, False)
+        assert (await gw.store.proxy_pause()).aliases == [policy]
+
+        assert (await client.post("/proxy/resume")).json()["paused"] is False
+        assert [await v1_status(gw, alias) for alias in [policy, *others]] == [200] * 4
 
 
 async def test_resume_leaves_paused_an_alias_an_admin_paused_during_the_pause(
