@@ -236,10 +236,10 @@ class Dispatcher:
 
     async def protocol(self, server: AgentServer) -> Protocol:
         """The protocol ``server`` speaks: the one it was registered with, else asked once per registration
-        (``wire.probe``). An answer that tells nothing (no answer, a 429 or a 5xx) is asked again as an init is
-        retried (``ROLLWAY_AGENT_INIT_RETRIES``, the same backoff); ``InitFailed``, naming the last answer, when
-        none tells, or at once on an answer that a second try would not change (401, 403, a redirect): the
-        attempt is never sent in a protocol guessed."""
+        (``wire.probe``: v1 on a 404, 405 or any answer no 0.3 server gives). An answer that tells nothing for
+        now (no answer, a 408, 429 or 5xx) is asked again as an init is retried (``ROLLWAY_AGENT_INIT_RETRIES``,
+        the same backoff); ``InitFailed``, naming the last answer, when none tells, or at once on an answer that a
+        second try would not change (401, 403, a redirect): the attempt is never sent in a protocol guessed."""
         if server.protocol is not None:  # registered with it: never asked
             return server.protocol
         known = self._protocols.get(server.name)

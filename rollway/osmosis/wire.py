@@ -16,6 +16,7 @@ import orjson
 from rollway.osmosis import restarts
 from rollway.osmosis.restarts import health_of
 from rollway.store import AgentServer, RemoteCompletion
+from rollway.store.db.limits import nonfinite_name
 from rollway.store.schemas import AgentProtocol
 
 LEASE_HEADER = "X-Osmosis-Rollout-Lease"
@@ -105,21 +106,28 @@ class Probed:
 
 
 async def probe(session: aiohttp.ClientSession, server: AgentServer) -> Probed:
-    """Which protocol ``server`` speaks: ``0.3`` when its ``/health`` is a 0.3 RolloutServer's, ``v1`` on a clear
-    answer that it is not (a 404, or a 200 without ``process_id`` and ``lifecycle``), None otherwise (no answer, a
-    5xx, 401, 403, 429 or any other status: a 0.3 server that is failing, busy or refusing the key says nothing
-    of its protocol), for the caller to ask again or give up."""
+    """Which protocol ``server`` speaks. A 0.3 RolloutServer always serves ``GET /health``: 200 with
+    ``process_id`` and ``lifecycle``, or 401 when the request lacks its key (the probe sends the registered one).
+    So ``0.3`` on such a 200; ``v1`` on any other 2xx, or a 4xx that is not 401, 403, 408 or 429 (a 404; a 405
+    from a server with POST routes only; a 400, 410 or 422 from one that refuses the GET): no 0.3 server says
+    that. None otherwise, for the caller to ask again or give up: no answer, a 408, 429 or 5xx (a server
+    starting, busy or failing for now, ``passing``); a 401 or 403, which a 0.3 server answers to a wrong key as a
+    v1 server behind auth does, so it tells nothing until the key is right (a guess would be kept for the
+    registration); a redirect (never followed) or any other status."""
     url = f"{server.url}/health"
     status, health = await health_of(session, url, headers_of(server))
-    if status == 404:
-        return Probed("v1")
-    if status == 200:
-        clear = isinstance(health, dict) and "process_id" in health and "lifecycle" in health
+    if 200 <= status < 300:
+        clear = status == 200 and isinstance(health, dict) and "process_id" in health and "lifecycle" in health
         return Probed("0.3" if clear else "v1")
+    if 400 <= status < 500 and status not in (401, 403, 408, 429):
+        return Probed("v1")
     if status == 0:
         return Probed(None, f"GET {url} had no answer within {restarts.HEALTH_TIMEOUT:g} s", passing=True)
     body = masked(orjson.dumps(health), server, "") if health is not None else "a body that is not JSON"
-    return Probed(None, f"GET {url} answered {status}: {body}", passing=status == 429 or status >= 500)
+    said = f"GET {url} answered {status}: {body}"
+    if status in (401, 403):
+        said += " (the registered api key was refused)" if server.api_key is not None else " (no api key is registered)"
+    return Probed(None, said, passing=status in (408, 429) or status >= 500)
 
 
 def label_of(task_input: Any, metadata: dict[str, Any]) -> str | None:
@@ -146,13 +154,12 @@ def result_report(rollout_id: str, result: dict[str, Any]) -> RemoteCompletion |
         reward = sample.get("reward")
         if not removed and isinstance(reward, float) and not math.isfinite(reward):
             # a grader's NaN is no reward to train on, nor a success without one (v1's report would be refused)
-            name = "NaN" if math.isnan(reward) else "Infinity" if reward > 0 else "-Infinity"
             return RemoteCompletion(
                 rollout_id=rollout_id,
                 status="ERROR",
                 final_messages=messages,
                 finish_reason="invalid_reward",
-                error_message=f"the agent server reported a reward of {name}: not a finite number",
+                error_message=f"the agent server reported a reward of {nonfinite_name(reward)}: not a finite number",
                 metrics=metrics,
                 extra_fields=extra,
             )

@@ -60,15 +60,16 @@ def check_finite(value: Any, what: str) -> None:
         item = pending.pop()
         if isinstance(item, float):
             if not math.isfinite(item):
-                raise StoreValidationError(f"{what} holds {_name(item)}: a JSON number must be finite")
+                raise StoreValidationError(f"{what} holds {nonfinite_name(item)}: a JSON number must be finite")
         elif isinstance(item, dict):
             pending.extend(item.values())
         elif isinstance(item, list | tuple):
             pending.extend(item)
 
 
-def _name(number: float) -> str:
-    """The name Python's json module writes a number that is not finite by."""
+def nonfinite_name(number: float) -> str:
+    """The name Python's json module writes a number that is not finite by: ``"NaN"``, ``"Infinity"`` or
+    ``"-Infinity"``."""
     return "NaN" if math.isnan(number) else "Infinity" if number > 0 else "-Infinity"
 
 
@@ -78,7 +79,7 @@ def named_nonfinite(value: Any) -> Any:
     server's completion metrics): the JSON columns' encoder would write such a number as ``null``, and a NaN loss
     would read back as no value at all."""
     if isinstance(value, float):
-        return value if math.isfinite(value) else _name(value)
+        return value if math.isfinite(value) else nonfinite_name(value)
     if isinstance(value, dict):
         return {key: named_nonfinite(item) for key, item in value.items()}
     if isinstance(value, list | tuple):

@@ -27,25 +27,76 @@ pytestmark = pytest.mark.slow
     [
         (200, {"status": "ok", "process_id": "p-1", "lifecycle": {"accepting_rollouts": True}}, "0.3", False),
         (200, {"status": "ok"}, "v1", False),
-        (404, {"detail": "Not Found"}, "v1", False),
-        *((status, {"detail": "no"}, None, False) for status in (401, 403)),
-        *((status, {"detail": "no"}, None, True) for status in (429, 500, 502, 503)),
+        (200, {"status": "ok", "process_id": "p-1"}, "v1", False),
+        (204, None, "v1", False),
+        *((status, {"detail": "no"}, "v1", False) for status in (400, 404, 405, 410, 422)),
+        *((status, {"detail": "no"}, None, False) for status in (401, 403, 307)),
+        *((status, {"detail": "no"}, None, True) for status in (408, 429, 500, 502, 503)),
     ],
 )
 async def test_a_protocol_is_told_only_by_a_clear_health_answer(
-    status: int, health: dict[str, Any], spoken: str | None, passing: bool
+    status: int, health: dict[str, Any] | None, spoken: str | None, passing: bool
 ) -> None:
     """``/health`` tells a 0.3 server from a v1 one, and the dispatcher keeps the answer for the registration: a
-    5xx, 401, 403 or 429 (a 0.3 server failing, busy or refusing the key) tells nothing; a 429 or a 5xx may pass,
-    so it is asked again, and the answer is kept as text for the attempt's error."""
+    4xx no 0.3 server gives (404, 405, 400, 410, 422) is v1's; a 5xx, 401, 403, 408, 429 or redirect (a 0.3
+    server failing, busy or refusing the key) tells nothing; a 408, 429 or 5xx may pass, so it is asked again,
+    and the answer is kept as text for the attempt's error."""
 
     async def answer(request: web.Request) -> web.Response:
-        return web.json_response(health, status=status)
+        if health is None:
+            return web.Response(status=status)
+        return web.json_response(health, status=status, headers={"Location": "/elsewhere"})
 
     async with serving(web.get("/health", answer)) as url, aiohttp.ClientSession() as session:
         probed = await wire.probe(session, AgentServer(name="a", url=url))
     assert (probed.spoken, probed.passing) == (spoken, passing)
-    assert probed.said == ("" if spoken else f'GET {url}/health answered {status}: {{"detail":"no"}}')
+    refused = " (no api key is registered)" if status in (401, 403) else ""
+    assert probed.said == ("" if spoken else f'GET {url}/health answered {status}: {{"detail":"no"}}{refused}')
+
+
+async def test_a_health_refusing_the_registered_key_says_so() -> None:
+    """A 401 from ``/health`` (a 0.3 server's answer to a wrong key) is not taken for v1: the probe sends the
+    registered key, and the answer says it was refused, masked."""
+    seen: list[str | None] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        return web.json_response({"detail": f"unauthorized: {request.headers['Authorization']}"}, status=401)
+
+    async with serving(web.get("/health", answer)) as url, aiohttp.ClientSession() as session:
+        probed = await wire.probe(session, AgentServer(name="a", url=url, api_key="srv-key"))
+    assert (probed.spoken, probed.passing, seen) == (None, False, ["Bearer srv-key"])
+    refusal = 'answered 401: {"detail":"unauthorized: Bearer ***"} (the registered api key was refused)'
+    assert probed.said == f"GET {url}/health {refusal}"
+
+
+@pytest.mark.parametrize("health", ["none", 400, 410, 422])
+async def test_a_v1_server_without_a_usable_health_gets_its_init(tmp_path: Path, health: str | int) -> None:
+    """A v1 server registered without a protocol whose ``GET /health`` is no route of its own (aiohttp's 405 to
+    a GET on a catch-all POST route) or is refused (400, 410, a strict validator's 422) is sent v1's init, and
+    its rollout succeeds: no 0.3 server answers so."""
+    inits: list[str] = []
+    reports: list[asyncio.Future[httpx.Response]] = []
+
+    async def refused(request: web.Request) -> web.Response:
+        return web.json_response({"detail": "refused"}, status=int(health))
+
+    async def init(request: web.Request) -> web.Response:
+        inits.append(request.path)
+        body = await request.json()
+        report = {"rollout_id": body["rollout_id"], "status": "COMPLETED", "reward": 1.0}
+        headers = {"Authorization": f"Bearer {body['api_key']}"}
+        reports.append(
+            asyncio.ensure_future(http.post(f"{body['server_url']}/v1/rollout/completed", json=report, headers=headers))
+        )
+        return web.json_response({"rollout_id": body["rollout_id"]}, status=202)
+
+    routes = [web.post("/{tail:.*}", init)] + ([] if health == "none" else [web.get("/health", refused)])
+    async with httpx.AsyncClient() as http, serving(*routes) as url:
+        rollout, attempt = await one_task(tmp_path, url, "v1-plain")
+        assert [(await report).status_code for report in reports] == [200]
+    assert rollout.status == "succeeded", attempt.metadata
+    assert inits == ["/v1/rollout/init"]
 
 
 async def test_a_health_answer_that_tells_nothing_is_asked_again_before_the_attempt_is_sent(tmp_path: Path) -> None:
