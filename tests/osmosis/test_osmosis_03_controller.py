@@ -74,18 +74,20 @@ async def test_a_03_admission_waiting_out_429s_is_not_taken_for_lost_by_another_
     """A 0.3 server that answers 429 for longer than an init may take (here 2.5 s): the admission marks itself in
     progress meanwhile, so another process's look for lost inits leaves it alone (it would be admitted twice: the
     second admission's 409 would cancel the first one's run), and it is admitted once when the server has room.
-    The marks are renewed every 0.3 s here, so a first mark never renewed would be lost by the look at 3.5 s."""
+    The marks are renewed every 0.3 s here, so a first mark never renewed would be lost by the look, made once the
+    429s have gone on for 3.5 s and while they go on: the server has room only once the look is done."""
     monkeypatch.setattr(v03, "ADMIT_MARK_EVERY", 0.3)
     monkeypatch.setattr(restarts, "HEALTH_TIMEOUT", 0.5)  # the probe's part of an init's 2.5 s
     first_try: list[float] = []
     admitted: list[str] = []
     past_window = asyncio.Event()  # set once the 429s have gone on for longer than an init may take
+    looked = asyncio.Event()  # set once the other process has looked for lost inits: the server has room then
 
     async def admit(request: web.Request) -> web.Response:
         first_try.append(first_try[0] if first_try else time.monotonic())
         if time.monotonic() - first_try[0] >= 3.5:
             past_window.set()
-        if time.monotonic() - first_try[0] < 4.5:
+        if not looked.is_set():
             return web.json_response({"detail": "busy"}, status=429, headers={"Retry-After": "0.2"})
         admitted.append((await request.json())["rollout_id"])
         return web.json_response({"rollout_id": admitted[-1], "polling_lease_token": "t"}, status=202)
@@ -109,6 +111,8 @@ async def test_a_03_admission_waiting_out_429s_is_not_taken_for_lost_by_another_
         server = await gw.store.get_agent("busy")
         await asyncio.wait_for(past_window.wait(), 10)
         assert await other.lost_inits(server) == []
+        assert admitted == []  # (the look was made while the admission waited)
+        looked.set()
         [rollout] = await finish(gw, ["ro-busy"], timeout=20)
         [attempt] = await gw.store.list_attempts("ro-busy")
     assert rollout.status == "succeeded" and admitted == [attempt.attempt_id]
