@@ -41,8 +41,8 @@ def agents_put(
     protocol: str | None,
     as_json: bool,
 ) -> None:
-    """Register (or replace) remote agent server NAME at URL (it serves /v1/rollout/init); tasks enqueued
-    with agent: NAME are dispatched to it."""
+    """Register (or replace) remote agent server NAME at URL (an Osmosis agent server: v1's or 0.3's, told from
+    its /health unless --protocol names it); tasks enqueued with agent: NAME are dispatched to it."""
     from rollway.cli.commands import agents_put as put
 
     completion: dict[str, Any] = {}

@@ -238,7 +238,8 @@ class AgentServerRow(SQLModel, table=True):
     api_key_sealed: str | None = Field(default=None, sa_type=Text)
     max_concurrent: int | None = None
     completion_params: Any = _json()
-    #: ``v1`` or ``0.3``, or None: told by the server's ``/health`` (migration 0010).
+    #: ``v1`` or ``0.3``, the protocol given at registration, or None when none was: the dispatcher then tells it
+    #: from the server's ``/health`` and keeps that in memory, never here (migration 0010).
     protocol: str | None = Field(default=None, max_length=8)
     created_time: float
     updated_time: float
