@@ -24,6 +24,8 @@ from rollway.admin.client_types import MergedTriplet, RollwayAPIError, Triplet
 CURSOR_HEADER = "x-rollway-next-cursor"
 REMOVED_HEADER = "x-rollway-removed-samples"
 REMOVED_GROUPS_HEADER = "x-rollway-removed-groups"
+#: Asks a streamed JSON Lines page for its totals as its last line (an older server ignores the header).
+TOTALS_LINE = {"X-Rollway-Totals": "line"}
 #: The members of the line a streamed JSON Lines page ends with (its totals; no record has a ``next_cursor``).
 TOTALS = frozenset({"next_cursor", "deduped_calls", "removed_samples", "removed_groups"})
 T = TypeVar("T")
@@ -196,7 +198,7 @@ class ExportsMixin:
             next_cursor: str | None = None
             if jsonl:
                 sent: dict[str, str | None] = {}  # the cursor and count headers, also of a page with no lines
-                request = self._t.build("GET", path, params=params)
+                request = self._t.build("GET", path, params=params, headers=TOTALS_LINE)
                 async for record in self._t.json_lines(request, functools.partial(_keep_cursor, sent)):
                     if isinstance(record, dict) and "next_cursor" in record and record.keys() <= TOTALS:
                         next_cursor = record["next_cursor"]  # the totals line a streamed page ends with

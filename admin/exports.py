@@ -25,7 +25,7 @@ from fastapi.responses import Response
 from rollway.admin.adapters.trainers import slime_samples, verl_rows
 from rollway.admin.context import Context
 from rollway.admin.route import AdminRoute
-from rollway.admin.triplets import known_parameters, respond
+from rollway.admin.triplets import TotalsLine, known_parameters, respond
 from rollway.store.exports import ExportQuery, ExportRollout
 
 router = APIRouter(tags=["exports"], route_class=AdminRoute)
@@ -55,14 +55,19 @@ async def export(
             "`removed_groups`)"
         ),
     ] = None,
+    totals: TotalsLine = None,
 ) -> Response:
     """Finished rollouts as SLIME `Sample` records (`slime`) or verl-style rows (`verl`), one per rollout
     segment; groups come whole and only once complete unless `partial=true`; `since` continues from a
-    previous `next_cursor`; `format=jsonl` streams one record per line. The rollouts whose agent server asked
-    to drop their sample are left out unless `keep_removed=true`, and in a grouped SLIME export their whole
-    groups with them unless `keep_short_groups=true` (SLIME only: verl rows keep a group's other members)."""
+    previous `next_cursor`; `format=jsonl` streams one record per line (a page of over 500 rollouts ends with
+    its totals line when asked with `X-Rollway-Totals: line`, as for `/triplets`). The rollouts whose agent
+    server asked to drop their sample are left out unless `keep_removed=true`, and in a grouped SLIME export
+    their whole groups with them unless `keep_short_groups=true` (SLIME only: verl rows keep a group's other
+    members)."""
     if kind == "verl" and keep_short_groups is not None:
         raise HTTPException(400, "keep_short_groups is the SLIME export's: verl rows keep a group's other members")
     build = renderer(FORMATS[kind], query.dedupe)
     whole_groups = kind == "slime" and not keep_short_groups
-    return await respond(context, query, build, format_, drop_removed=True, whole_groups=whole_groups)
+    return await respond(
+        context, query, build, format_, drop_removed=True, whole_groups=whole_groups, totals_line=totals == "line"
+    )

@@ -9,11 +9,13 @@ gateway's calls run on.
 A page of more than ``CHUNK`` rollouts, and every JSON Lines page, is streamed: the status and the
 ``x-rollway-next-cursor`` header go out before the rows are read. A page's totals (``Tally``: the calls
 de-duplication removed, the samples and groups left out) close a JSON body; a JSON Lines page of at most
-``CHUNK`` rollouts sends them as headers, a larger one (read and rendered after its headers went out) as its last
-line, ``{"next_cursor": …, "deduped_calls": …, "removed_samples": …, "removed_groups": …}``: the one line with a
-``next_cursor``. Should reading fail after the status went out, a JSON Lines body ends with an
-``{"error": {...}}`` line instead, and a JSON body closes its items and ends with ``"next_cursor": null`` and an
-``"error"`` member: a client that finds an error does not advance its cursor.
+``CHUNK`` rollouts sends them as headers. A larger one is read and rendered after its headers went out: a request
+that asks with ``X-Rollway-Totals: line`` (the Python client does) gets them as the last line,
+``{"next_cursor": …, "deduped_calls": …, "removed_samples": …, "removed_groups": …}``, the one line with a
+``next_cursor``; other requests get only records, one per line, as JSON Lines readers expect. Should reading fail
+after the status went out, a JSON Lines body ends with an ``{"error": {...}}`` line instead, and a JSON body closes
+its items and ends with ``"next_cursor": null`` and an ``"error"`` member: a client that finds an error does not
+advance its cursor.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from rollway.admin.adapters.calls import deduped, llm_calls
@@ -70,6 +72,10 @@ DEDUPED_HEADER = "x-rollway-deduped-calls"
 REMOVED_HEADER = "x-rollway-removed-samples"
 #: The groups the page left out whole because such a rollout was one of them (known as above).
 REMOVED_GROUPS_HEADER = "x-rollway-removed-groups"
+#: The request header by which a JSON Lines reader asks for a streamed page's totals as its last line (``line``).
+TOTALS_REQUEST_HEADER = "x-rollway-totals"
+#: A request's ``X-Rollway-Totals`` (only ``line`` means anything).
+TotalsLine = Annotated[str | None, Header(alias=TOTALS_REQUEST_HEADER)]
 #: Turns a chunk of exported rollouts into JSON documents (triplets here; trainer records in ``admin.exports``).
 Renderer = Callable[[list[ExportRollout]], list[bytes]]
 JSON = "application/json"
@@ -256,17 +262,19 @@ async def export_triplets(
     query: Annotated[ExportQuery, Query()],
     merge: bool = False,
     format_: Annotated[Literal["json", "jsonl"], Query(alias="format")] = "json",
+    totals: TotalsLine = None,
 ) -> Response:
     """Triplets of finished rollouts (the latest attempt of each): per LLM call, or with `merge=true` one row
     per multi-turn segment. `limit` counts rollouts; groups come whole and only once complete unless
     `partial=true`; `since` continues from a previous `next_cursor` (also in the `x-rollway-next-cursor`
-    header). `format=jsonl` streams one row per line, its totals in headers, or with a `limit` over 500 in a
-    last line `{"next_cursor", "deduped_calls", "removed_samples", "removed_groups"}`. Pages of more than 500
+    header). `format=jsonl` streams one row per line, its totals in headers, or with a `limit` over 500 and
+    the request header `X-Rollway-Totals: line` in a last line
+    `{"next_cursor", "deduped_calls", "removed_samples", "removed_groups"}`. Pages of more than 500
     rollouts are streamed in either format; a failure mid-stream ends the body with an error (see the module
     docstring). Merged rows leave out the rollouts whose agent server asked to drop their sample unless
     `keep_removed=true`; triplets keep them."""
     render_page = functools.partial(render, merge=merge, dedupe=query.dedupe)
-    return await respond(context, query, render_page, format_, drop_removed=merge)
+    return await respond(context, query, render_page, format_, drop_removed=merge, totals_line=totals == "line")
 
 
 async def respond(
@@ -277,12 +285,13 @@ async def respond(
     *,
     drop_removed: bool,
     whole_groups: bool = False,
+    totals_line: bool = False,
 ) -> Response:
     """The export page ``query`` asks for, rendered by ``render``: a JSON document or JSON Lines, streamed when
     large (the module docstring); shared by the triplet and trainer exports. ``drop_removed``: leave out the
     rollouts whose agent server asked to drop their sample, unless the query keeps them; ``whole_groups``: and,
-    in a grouped export, their groups. A grouped page's groups are counted by health (``admin.groups``) once it
-    is rendered."""
+    in a grouped export, their groups; ``totals_line``: a streamed JSON Lines page ends with its totals. A
+    grouped page's groups are counted by health (``admin.groups``) once it is rendered."""
     store = context.store
     groups = None if query.one_by_one else ExportedGroups(context.groups_exported)
     loaded = query.limit <= CHUNK
@@ -298,8 +307,9 @@ async def respond(
             known.add(page.rollouts, selection, query.dedupe)
             headers.update(known.headers())
             lines = _lines(_rendered(store, page, render, loaded, selection, tally, False, groups), page)
-        else:  # the totals end the body
-            lines = _lines(_rendered(store, page, render, loaded, selection, tally, query.dedupe, groups), page, tally)
+        else:  # the totals end the body, when asked for
+            rendered = _rendered(store, page, render, loaded, selection, tally, query.dedupe, groups)
+            lines = _lines(rendered, page, tally if totals_line else None)
         return StreamingResponse(lines, media_type=JSONL, headers=headers)
     rendered = _rendered(store, page, render, loaded, selection, tally, query.dedupe, groups)
     if len(page.rollouts) > CHUNK:

@@ -187,7 +187,6 @@ class RollwayDataSource:
         records = [json.loads(line) for line in response.text.splitlines() if line.strip()]
         if any("error" in r and "tokens" not in r for r in records):
             raise RuntimeError(f"the export failed mid-stream: {records[-1]}")
-        records = [r for r in records if "next_cursor" not in r]  # the totals line of a page over 500 rollouts
         groups: dict[int, list[dict[str, Any]]] = {}  # by group_index, in the order groups first appear
         for record in records:  # with partial=True a group's members need not be next to each other
             groups.setdefault(record["group_index"], []).append(record)

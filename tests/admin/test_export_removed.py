@@ -165,29 +165,33 @@ def lines(response: httpx.Response) -> list[dict[str, Any]]:
 async def test_a_streamed_json_lines_page_ends_with_its_totals(
     store: Store, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A JSON Lines page of more than ``CHUNK`` rollouts streams before its totals are known: its last line holds
-    them, as a JSON page's closing members do (the one line with ``next_cursor``); a smaller page says them in
-    headers and has no such line."""
+    """A JSON Lines page of more than ``CHUNK`` rollouts streams before its totals are known: asked with
+    ``X-Rollway-Totals: line``, its last line holds them, as a JSON page's closing members do (the one line with
+    ``next_cursor``); asked without, every line is a record, as a plain JSON Lines reader expects; a smaller page
+    says them in headers and has no such line."""
     solo, _ = await a_group_with_a_removed_member(store, client)
     small = await client.get("/admin/v1/exports/slime", params={"format": "jsonl"})
     [sample] = lines(small)
     json_page = (await client.get("/admin/v1/exports/slime")).json()
     monkeypatch.setattr(admin_triplets, "CHUNK", 1)
 
-    response = await client.get("/admin/v1/exports/slime", params={"format": "jsonl", "limit": 10})
+    plain = await client.get("/admin/v1/exports/slime", params={"format": "jsonl", "limit": 10})
+    assert lines(plain) == [sample]
+    totals = {"x-rollway-totals": "line"}
+    response = await client.get("/admin/v1/exports/slime", params={"format": "jsonl", "limit": 10}, headers=totals)
     *records, last = lines(response)
     assert records == [sample] and sample["metadata"]["rollout_id"] == solo
     assert last == {"next_cursor": json_page["next_cursor"], "deduped_calls": 0} | counts(1, 1)
     assert "x-rollway-removed-samples" not in response.headers  # not known before the body
 
-    response = await client.get("/admin/v1/triplets", params={"format": "jsonl", "limit": 10})
+    response = await client.get("/admin/v1/triplets", params={"format": "jsonl", "limit": 10}, headers=totals)
     *rows, last = lines(response)
     assert len(rows) == 8 and all("next_cursor" not in r for r in rows)  # two calls of each of four rollouts
     assert last == {"next_cursor": json_page["next_cursor"], "deduped_calls": 0} | counts(0, 0)
-    response = await client.get("/admin/v1/exports/verl", params={"format": "jsonl", "limit": 10})
+    response = await client.get("/admin/v1/exports/verl", params={"format": "jsonl", "limit": 10}, headers=totals)
     assert lines(response)[-1] == {"next_cursor": json_page["next_cursor"], "deduped_calls": 0} | counts(1, 0)
     params: dict[str, Any] = {"format": "jsonl", "limit": 10, "model_version": "not-it"}
-    response = await client.get("/admin/v1/exports/slime", params=params)
+    response = await client.get("/admin/v1/exports/slime", params=params, headers=totals)
     assert lines(response) == [{"next_cursor": json_page["next_cursor"], "deduped_calls": 0} | counts(0, 0)]
 
 

@@ -173,7 +173,7 @@ async def test_every_member_of_a_group_has_one_group_index_in_every_mode(
         members = [sorted(s.metadata["rollout_id"] for s in g) for g in groups]
         assert sorted(members) == sorted([sorted([g0, g1, g2]), [solo.rollout_id]])
 
-        large = module.RollwayDataSource(gw.url, page_size=600, poll_interval=0.2)  # streamed, ends with totals
+        large = module.RollwayDataSource(gw.url, page_size=600, poll_interval=0.2)  # streamed: records only
         try:
             groups = await asyncio.to_thread(large.get_samples, 2, 10)
         finally:

@@ -578,10 +578,13 @@ async def test_large_pages_stream_in_chunks_with_the_same_rows(
     whole = await export(client)
     monkeypatch.setattr(admin_triplets, "CHUNK", 1)  # every page is "large": read and streamed one rollout at a time
     assert await export(client, limit=10) == whole
-    response = await client.get("/admin/v1/triplets", params={"limit": 10, "format": "jsonl"})
+    asked = {"x-rollway-totals": "line"}
+    response = await client.get("/admin/v1/triplets", params={"limit": 10, "format": "jsonl"}, headers=asked)
     *rows, totals = [orjson.loads(line) for line in response.text.splitlines()]
     assert rows == whole["items"]
     assert totals == {k: v for k, v in whole.items() if k != "items"}  # the JSON page's closing members
+    plain = await client.get("/admin/v1/triplets", params={"limit": 10, "format": "jsonl"})
+    assert [orjson.loads(line) for line in plain.text.splitlines()] == whole["items"]  # records only
 
 
 async def test_a_rollout_that_finishes_again_while_a_large_page_streams_is_rendered_as_the_page_read_it(
