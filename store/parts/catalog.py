@@ -9,7 +9,7 @@ from typing import Any
 from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.replicas import ReplicaInfo, ReplicaReport
 from rollway.store.schemas import ApiKey, AttemptedRollout, Backend, KeyScope, ModelAlias, Page, ResourcesUpdate
-from rollway.store.sql import catalog, controlled, keys, replicas, resources
+from rollway.store.sql import catalog, keys, proxy, replicas, resources
 
 
 class CatalogMixin(StorePlumbing):
@@ -47,15 +47,15 @@ class CatalogMixin(StorePlumbing):
         sampling: dict[str, Any] | None = None,
     ) -> ModelAlias:
         """Create or replace ``alias``; a registered model's alias created while the proxy is paused is held by
-        its pause (``store.sql.controlled.holds_new``), as those it paused are; an alias of no registered model is
+        its pause (``store.sql.proxy.holds_new``), as those it paused are; an alias of no registered model is
         not."""
         parsed = [b if isinstance(b, Backend) else Backend.model_validate(b) for b in backends]
         now = self.clock()
 
         def op(conn: Any) -> ModelAlias:
-            held = controlled.holds_new(conn, alias)
+            held = proxy.holds_new(conn, alias)
             model = catalog.put_model(conn, alias, parsed, version, sampling, now, self.cipher)
-            if held and controlled.hold(conn, [alias], now):
+            if held and proxy.hold(conn, [alias], now):
                 model = catalog.get_model(conn, alias, self.cipher)
             return model
 
@@ -76,11 +76,11 @@ class CatalogMixin(StorePlumbing):
 
     async def set_model_paused(self, alias: str, paused: bool) -> ModelAlias:
         """An admin's pause or resume: the alias is no longer one the proxy's pause holds
-        (``store.sql.controlled.release``), so the proxy's resume leaves it as this leaves it."""
+        (``store.sql.proxy.release``), so the proxy's resume leaves it as this leaves it."""
         now = self.clock()
 
         def op(conn: Any) -> ModelAlias:
-            controlled.release(conn, alias, now)
+            proxy.release(conn, alias, now)
             return catalog.set_paused(conn, alias, paused, now, self.cipher)
 
         return await self._write(op)

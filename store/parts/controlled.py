@@ -17,7 +17,7 @@ from rollway.store.controlled import (
 from rollway.store.db import limits
 from rollway.store.parts.plumbing import StorePlumbing
 from rollway.store.schemas import ModelAlias
-from rollway.store.sql import catalog, controlled
+from rollway.store.sql import catalog, controlled, proxy
 
 
 class ControlledMixin(StorePlumbing):
@@ -71,28 +71,28 @@ class ControlledMixin(StorePlumbing):
         now = self.clock()
 
         def op(conn: Any) -> list[ModelAlias]:
-            return self._aliases(conn, controlled.put_models(conn, models, now))
+            return self._aliases(conn, proxy.put_models(conn, models, now))
 
         return await self._write(op)
 
     async def delete_engine_models(self) -> None:
-        await self._write(controlled.delete_models)
+        await self._write(proxy.delete_models)
 
     async def engine_models(self) -> list[EngineModel]:
-        return await self._read(controlled.engine_models)
+        return await self._read(proxy.engine_models)
 
     async def proxy_pause(self) -> ProxyPause:
-        return await self._read(controlled.pause)
+        return await self._read(proxy.pause)
 
     async def pause_proxy(self, retry_after_seconds: int, reason: str | None) -> tuple[ProxyPause, list[ModelAlias]]:
-        """Pause the proxy and the registered models' aliases not paused yet (``store.sql.controlled.hold``), in one
+        """Pause the proxy and the registered models' aliases not paused yet (``store.sql.proxy.hold``), in one
         transaction; the catalog revision moves, so other replicas reload what they cached. The pause and the
         aliases it paused."""
         now = self.clock()
 
         def op(conn: Any) -> tuple[ProxyPause, list[ModelAlias]]:
-            paused = controlled.pause_proxy(conn, retry_after_seconds, reason, now)
-            return controlled.pause(conn), self._aliases(conn, paused)
+            paused = proxy.pause_proxy(conn, retry_after_seconds, reason, now)
+            return proxy.pause(conn), self._aliases(conn, paused)
 
         return await self._write(op)
 
@@ -102,8 +102,8 @@ class ControlledMixin(StorePlumbing):
         now = self.clock()
 
         def op(conn: Any) -> tuple[ProxyPause, list[ModelAlias]]:
-            resumed = controlled.resume_proxy(conn, now)
-            return controlled.pause(conn), self._aliases(conn, resumed)
+            resumed = proxy.resume_proxy(conn, now)
+            return proxy.pause(conn), self._aliases(conn, resumed)
 
         return await self._write(op)
 
