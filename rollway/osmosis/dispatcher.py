@@ -37,7 +37,7 @@ import aiohttp
 import orjson
 
 from rollway.gateway.upstream import backoff, wait
-from rollway.osmosis import restarts, v03, wire
+from rollway.osmosis import admission, restarts, v03, wire
 from rollway.osmosis.wire import Protocol
 from rollway.settings import Settings
 from rollway.store import AgentServer, AttemptedRollout, ConflictError, NotFoundError, Store, StoreError
@@ -202,7 +202,7 @@ class Dispatcher:
         longer than ``init_window`` ago with nothing recorded, or a 0.3 admission not marked for as long, plus
         the two ``ADMIT_MARK_EVERY`` a mark may be late by (``store.sql.agents.undispatched``)."""
         started_before = self.store.clock() - self.init_window
-        marked_before = started_before - 2 * v03.ADMIT_MARK_EVERY
+        marked_before = started_before - 2 * admission.ADMIT_MARK_EVERY
         return await self.store.undispatched_attempts(server.name, started_before, marked_before)
 
     async def resend_lost(self, servers: list[AgentServer]) -> None:
@@ -282,10 +282,10 @@ class Dispatcher:
             await self.store.record_dispatch(
                 rollout_id, attempt_id, {"agent": server.name, "tools": tools, "init_tries": tries}
             )
-        except (InitFailed, v03.Refused) as exc:
+        except (InitFailed, admission.Refused) as exc:
             log.warning("agent server '%s' refused rollout %s: %s", server.name, rollout_id, exc)
             await self._fail(rollout_id, attempt_id, {"agent": server.name, "error": str(exc)})
-        except v03.HeldElsewhere as exc:  # another process's admission: its run is polled from the kept lease
+        except admission.HeldElsewhere as exc:  # another process's admission: its run is polled from the kept lease
             log.info("rollout %s at agent server '%s' is admitted already: %s", rollout_id, server.name, exc)
         except StoreError as exc:
             self.store.failures.log(

@@ -18,7 +18,7 @@ attempt the dispatcher has claimed, ``Controller.run``:
    followed), and a 409 (the id is the server's already: a run whose lease was lost) also cancels it there,
    unless the store keeps a lease for the attempt (``HeldElsewhere``: another process had it admitted and polls
    it). An accepted admission is written to the store (its lease, its ``dispatch`` record) while the polls go
-   on from memory, and written again until the store takes it (``Controller._hold``);
+   on from memory, and written again until the store takes it (``rollway.osmosis.admission``);
 2. polls ``GET {url}/rollout/{id}/result`` with the lease header (``X-Osmosis-Rollout-Lease``). The server answers
    at once when the rollout has ended, else after up to ``result_wait_timeout_sec`` (30 s), and each poll renews
    the lease (``polling_lease_timeout_sec``, 120 s): transport errors and 502/503/504 are retried within it. An
@@ -50,19 +50,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import aiohttp
-import orjson
 
-from rollway.gateway.upstream import backoff, wait
+from rollway.osmosis.admission import Admissions
 from rollway.osmosis.restarts import Restarts
 from rollway.osmosis.wire import (
     LEASE_HEADER,
     Admitted,
-    admitted_of,
     headers_of,
     json_of,
     label_of,
-    masked,
-    redirected,
     result_report,
 )
 from rollway.store import (
@@ -74,7 +70,6 @@ from rollway.store import (
     Store,
     StoreError,
 )
-from rollway.store.states import ATTEMPT_TERMINAL, FINISHED
 
 log = logging.getLogger("rollway.dispatcher")
 
@@ -83,10 +78,6 @@ RETRY_POLL = frozenset({502, 503, 504})
 RUNNING = frozenset({"running", "grading"})
 #: How long a poll may take beyond the server's own wait before it counts as lost.
 POLL_SLACK = 10.0
-#: Seconds between the marks of an admission waiting out 429s (``Controller._mark``).
-ADMIT_MARK_EVERY = 5.0
-#: The longest wait before an accepted admission's write, refused by the store, is tried again (``_hold``).
-HOLD_RETRY_MAX = 2.0
 
 
 def stale(lease: dict[str, Any], now: float) -> bool:
@@ -98,15 +89,6 @@ def stale(lease: dict[str, Any], now: float) -> bool:
     waited = now - float(lease.get("polled_at") or 0.0)
     wait, lease_seconds = float(lease.get("wait") or 30.0), float(lease.get("lease_timeout") or 120.0)
     return waited > min(wait + POLL_SLACK, lease_seconds / 2)
-
-
-class Refused(Exception):
-    """The agent server did not take (or lost) the rollout: the attempt fails with this message."""
-
-
-class HeldElsewhere(Exception):
-    """The agent server holds the attempt's id already, and the store keeps its lease: another process had the
-    admission accepted and polls that run (or will resume its polls), so this one leaves the attempt alone."""
 
 
 class Controller:
@@ -122,8 +104,7 @@ class Controller:
         record: Callable[[str, str, dict[str, Any]], Awaitable[None]],
     ) -> None:
         self._store, self._session = store, session
-        self._retries, self._retry_max_wait = retries, retry_max_wait
-        self._record = record  # the dispatcher's record of dispatch facts in the attempt's metadata
+        self._admissions = Admissions(store, session, retries=retries, retry_max_wait=retry_max_wait, record=record)
         self._restarts = Restarts(session)
 
     async def close(self) -> None:
@@ -150,10 +131,11 @@ class Controller:
         timeout = (rollout.config.timeout_seconds if rollout.config is not None else None) or None
         if timeout is not None:
             body["agent_timeout_sec"] = float(timeout)
-        admitted = await self._admit(server, rollout_id, attempt_id, body)
+        admitted = await self._admissions.admit(server, rollout_id, attempt_id, body)
         admission = {"agent": server.name, "protocol": "osmosis-0.3", "osmosis_id": admitted.osmosis_id}
         held = asyncio.create_task(
-            self._hold(rollout_id, attempt_id, admitted, admission | {"admitting": None}), name="rollway-agent-hold"
+            self._admissions.hold(rollout_id, attempt_id, admitted, admission | {"admitting": None}),
+            name="rollway-agent-hold",
         )
         await self._finish(server, rollout_id, attempt_id, admitted, held)
 
@@ -176,8 +158,8 @@ class Controller:
         admitted: Admitted,
         held: asyncio.Task[None] | None = None,
     ) -> None:
-        """Poll the admitted attempt to its end and record that; ``held`` is the admission's write (``_hold``),
-        stopped once the polls end."""
+        """Poll the admitted attempt to its end and record that; ``held`` is the admission's write
+        (``Admissions.hold``), stopped once the polls end."""
         try:
             report = await self._poll(server, rollout_id, attempt_id, admitted)
             if report is not None:
@@ -189,145 +171,8 @@ class Controller:
                 with contextlib.suppress(asyncio.CancelledError):
                     await held
             with contextlib.suppress(StoreError):  # ended: nothing left to poll (a live lease is never dropped)
-                if await self._ended(rollout_id, attempt_id):
+                if await self._admissions.ended(rollout_id, attempt_id):
                     await self._store.record_lease(rollout_id, attempt_id, None)
-
-    def _lease(self, admitted: Admitted) -> dict[str, Any]:
-        """The lease as the store keeps it, with when it was last polled: a process that finds it not polled for
-        longer than a poll takes (this one gone) resumes the polls (``stale``)."""
-        return {
-            "osmosis_id": admitted.osmosis_id,
-            "lease": admitted.lease,
-            "wait": admitted.wait_seconds,
-            "lease_timeout": admitted.lease_seconds,
-            "polled_at": self._store.clock(),
-        }
-
-    async def _keep(self, rollout_id: str, attempt_id: str, admitted: Admitted) -> None:
-        """Keep the lease in the store after a poll (``_lease``)."""
-        with contextlib.suppress(StoreError):  # the database is down: the polls go on, the next one keeps it
-            await self._store.record_lease(rollout_id, attempt_id, self._lease(admitted))
-
-    async def _hold(self, rollout_id: str, attempt_id: str, admitted: Admitted, admission: dict[str, Any]) -> None:
-        """Write an accepted admission to the store: its lease, then its record in the attempt's ``dispatch``
-        (which clears the ``admitting`` mark). A write the store refuses (the database down for a while) is tried
-        again, 0.1 s later, then up to every ``HOLD_RETRY_MAX`` seconds, for as long as the polls go on from
-        memory (``_finish`` stops this once they end): until the lease is written, another process would take
-        the admission for lost (``store.sql.agents.undispatched``) and send it again, and that 409 would cancel
-        the run polled here."""
-        failures = 0
-        kept = False
-        while True:
-            try:
-                if not kept:
-                    kept = await self._store.record_lease(rollout_id, attempt_id, self._lease(admitted))
-                    if not kept:  # the attempt is gone
-                        return
-                await self._record(rollout_id, attempt_id, admission)
-                return
-            except NotFoundError:  # the rollout is gone: nothing to keep
-                return
-            except StoreError as exc:
-                failures += 1
-                self._store.failures.log(
-                    log,
-                    "dispatch",
-                    "keeping the admission of %s failed (try %d; polled meanwhile): %s",
-                    attempt_id,
-                    failures,
-                    exc.message,
-                )
-                await asyncio.sleep(min(0.1 * 2 ** (failures - 1), HOLD_RETRY_MAX))
-
-    async def _admit(self, server: AgentServer, rollout_id: str, attempt_id: str, body: dict[str, Any]) -> Admitted:
-        url = f"{server.url}/rollout"
-        data = orjson.dumps(body)
-        tries = 0
-        marked: float | None = None  # when this process last marked the admission as its own (``_mark``)
-        while True:
-            tries += 1
-            try:
-                async with self._session().post(
-                    url, data=data, headers=headers_of(server), allow_redirects=False
-                ) as response:
-                    raw = await response.read()
-                    status = response.status
-                    retry_after = response.headers.get("Retry-After")
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                problem, status = f"no answer from {url}: {type(exc).__name__}", 0
-            else:
-                said = masked(raw, server, body["llm_api_key"])
-                if status == 202:
-                    if (admitted := admitted_of(raw, attempt_id)) is not None:
-                        return admitted
-                    await self._cancel(server, attempt_id)  # a run there that nothing can poll
-                    raise Refused(f"{url} answered 202 with no polling lease (cancelled there): {said}")
-                problem = f"{url} answered {status}{redirected(response)}: {said}"
-                if status == 429:  # no room now: wait as told, for as long as the attempt lives
-                    marked = await self._wait_out(server, rollout_id, attempt_id, _clamped(retry_after), marked)
-                    tries -= 1
-                    continue
-                if status == 409:  # the id is the server's already: a run this process cannot poll (no lease)
-                    if await self._leased(server, attempt_id):
-                        raise HeldElsewhere(f"{problem} (its lease is kept in the store: the run is polled from it)")
-                    await self._cancel(server, attempt_id)
-                    raise Refused(f"{problem} (cancelled there: its lease was lost)")
-                if status < 500:
-                    raise Refused(problem)
-            if marked is not None:  # a 429 came first: the retries keep the mark too
-                marked = await self._mark(server, rollout_id, attempt_id, marked)
-            if tries > self._retries:
-                raise Refused(f"{problem} (after {tries} tries)")
-            await wait(max(backoff(tries, self._retry_max_wait), 0.05 * 2 ** (tries - 1)))
-
-    async def _wait_out(
-        self, server: AgentServer, rollout_id: str, attempt_id: str, seconds: float, marked: float | None
-    ) -> float:
-        """Wait out a 429 for ``seconds`` (``Refused`` once the attempt has ended), marking the admission as this
-        process's meanwhile: when it was last marked."""
-        marked = await self._mark(server, rollout_id, attempt_id, marked)
-        await self._still_live(rollout_id, attempt_id)
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            await asyncio.sleep(min(left, ADMIT_MARK_EVERY))
-            marked = await self._mark(server, rollout_id, attempt_id, marked)
-        return marked
-
-    async def _mark(self, server: AgentServer, rollout_id: str, attempt_id: str, marked: float | None) -> float:
-        """Record in the attempt's ``dispatch`` that this process is admitting it (``admitting``: the store's clock
-        time), unless it did less than ``ADMIT_MARK_EVERY`` seconds ago: an admission that waits out 429s for
-        longer than an init may take is not taken for lost and sent again by another process, which would get a
-        409 and cancel the run this one is about to have (``store.sql.agents.undispatched``). Returns when the
-        admission was last marked."""
-        now = self._store.clock()
-        if marked is not None and now - marked < ADMIT_MARK_EVERY:
-            return marked
-        mark = {"agent": server.name, "protocol": "osmosis-0.3", "admitting": now}
-        with contextlib.suppress(StoreError):  # the database is down: only another process's resend needs it
-            await self._record(rollout_id, attempt_id, mark)
-        return now
-
-    async def _leased(self, server: AgentServer, attempt_id: str) -> bool:
-        """Whether the store keeps a polling lease for the attempt: a process whose admission of it was accepted
-        wrote it (``_hold``), perhaps after this one took the admission for lost. A store that cannot be read
-        says nothing: the ``StoreError`` goes up and the run is not cancelled (a run nobody polls is ended by the
-        server when its lease runs out; cancelling another process's run would lose its trajectory)."""
-        return any(held.attempt.attempt_id == attempt_id for held, _ in await self._store.agent_leases(server.name))
-
-    async def _still_live(self, rollout_id: str, attempt_id: str) -> bool:
-        """Whether the attempt has not ended in the store; raises ``Refused`` once it has."""
-        if await self._ended(rollout_id, attempt_id):
-            raise Refused("the attempt ended while the agent server had no room for it")
-        return True
-
-    async def _ended(self, rollout_id: str, attempt_id: str) -> bool:
-        """Whether the attempt has ended in the store (or its rollout: cancelled, say)."""
-        try:
-            rollout = await self._store.get_rollout(rollout_id)
-            attempt = await self._store.get_attempt(rollout_id, attempt_id)
-        except NotFoundError:
-            return True
-        return rollout.status in FINISHED or attempt.status in ATTEMPT_TERMINAL
 
     async def _poll(
         self, server: AgentServer, rollout_id: str, attempt_id: str, admitted: Admitted
@@ -349,7 +194,7 @@ class Controller:
             sent = time.monotonic()
             raced = await self._raced_poll(url, headers, timeout, rollout_id, attempt_id, admitted, restarted)
             if raced == "ended":  # cancelled or timed out here: tell the server
-                await self._cancel(server, admitted.osmosis_id)
+                await self._admissions.cancel(server, admitted.osmosis_id)
                 return None
             if raced == "restarted":
                 return _lost(rollout_id, "the agent server restarted (its /health shows a new process_id)")
@@ -362,7 +207,7 @@ class Controller:
                     return report
                 if result.get("status") in RUNNING:
                     await self._running(rollout_id, attempt_id)
-                await self._keep(rollout_id, attempt_id, admitted)
+                await self._admissions.keep(rollout_id, attempt_id, admitted)
                 continue
             if status == 404:
                 return _lost(rollout_id, "the agent server no longer knows the rollout (restarted?)")
@@ -426,34 +271,13 @@ class Controller:
         """Whether the attempt ends in the store within ``within`` seconds (a cancel, a timeout)."""
         deadline = time.monotonic() + within
         while True:
-            if await self._ended(rollout_id, attempt_id):
+            if await self._admissions.ended(rollout_id, attempt_id):
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
             await self._store.wait_for_rollouts([rollout_id], min(left, 5.0))  # woken by the rollout's end
 
-    async def _cancel(self, server: AgentServer, osmosis_id: str) -> None:
-        try:
-            async with self._session().post(
-                f"{server.url}/rollout/cancel",
-                data=orjson.dumps({"ids": [osmosis_id]}),
-                headers=headers_of(server),
-                timeout=aiohttp.ClientTimeout(total=5),
-                allow_redirects=False,
-            ) as response:
-                await response.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("cancel of %s at agent server '%s' failed: %s", osmosis_id, server.name, type(exc).__name__)
-
 
 def _lost(rollout_id: str, message: str) -> RemoteCompletion:
     return RemoteCompletion(rollout_id=rollout_id, status="ERROR", finish_reason="lost", error_message=message)
-
-
-def _clamped(retry_after: str | None) -> float:
-    try:
-        seconds = float(retry_after) if retry_after is not None else 1.0
-    except ValueError:
-        seconds = 1.0
-    return min(max(seconds, 0.05), 60.0)

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from rollway.osmosis import dispatcher, restarts, v03, wire
+from rollway.osmosis import admission, dispatcher, restarts, v03, wire
 from rollway.osmosis.dispatcher import Dispatcher
 from rollway.settings import Settings
 from rollway.store import UnavailableError
@@ -76,7 +76,7 @@ async def test_a_03_admission_waiting_out_429s_is_not_taken_for_lost_by_another_
     second admission's 409 would cancel the first one's run), and it is admitted once when the server has room.
     The marks are renewed every 0.3 s here, so a first mark never renewed would be lost by the look, made once the
     429s have gone on for 3.5 s and while they go on: the server has room only once the look is done."""
-    monkeypatch.setattr(v03, "ADMIT_MARK_EVERY", 0.3)
+    monkeypatch.setattr(admission, "ADMIT_MARK_EVERY", 0.3)
     monkeypatch.setattr(restarts, "HEALTH_TIMEOUT", 0.5)  # the probe's part of an init's 2.5 s
     first_try: list[float] = []
     admitted: list[str] = []
