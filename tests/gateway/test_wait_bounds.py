@@ -12,6 +12,7 @@ import pytest
 
 from rollway.gateway.bounds import Sweeper
 from rollway.gateway.dataplane import DataPlane, Serving
+from rollway.gateway.proxy import Running
 
 
 async def test_a_wait_past_its_bound_is_a_timeout_and_the_task_goes_on() -> None:
@@ -78,7 +79,8 @@ async def test_an_error_answer_its_client_does_not_take_ends_the_request_as_a_st
     sweeper.start()
     rejected: list[int] = []
     gateway = SimpleNamespace(
-        settings=SimpleNamespace(write_timeout=0.05, gateway_auth="none"),
+        settings=SimpleNamespace(write_timeout=0.05, gateway_auth="none", max_calls_in_flight=0),
+        running=Running(),
         sweeper=sweeper,
         metrics=SimpleNamespace(observe_rejected=lambda op, status: rejected.append(status)),
     )
