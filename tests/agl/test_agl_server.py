@@ -8,7 +8,9 @@ The real Agent-lightning 1.0.2 clients drive it in ``test_agl1_clients.py``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -456,6 +458,21 @@ async def test_resume_leaves_paused_an_alias_an_admin_paused_before(
         await client.aclose()
 
 
+@contextlib.asynccontextmanager
+async def paused_gateway(
+    tmp_path: Path, store_url: str
+) -> AsyncIterator[tuple[RunningGateway, httpx.AsyncClient, httpx.AsyncClient]]:
+    """A gateway whose held calls are refused at once (``pause_wait_seconds: 0``), with the trainer's client (the
+    Agent-lightning routes) and an operator's (the admin API)."""
+    settings: dict[str, Any] = {"admin_token": TOKEN, "agl_model": MODEL, "pause_wait_seconds": 0}
+    async with (
+        running_gateway(tmp_path, database_url=store_url, **settings) as gw,
+        gw.http(headers=AUTH, timeout=30) as client,
+        gw.http(headers={"authorization": f"Bearer {TOKEN}"}, timeout=30) as admin,
+    ):
+        yield gw, client, admin
+
+
 async def v1_status(gw: RunningGateway, alias: str) -> int:
     """The status of a ``/v1`` call to ``alias`` (with ``pause_wait_seconds=0``, a paused alias's 429 at once)."""
     async with gw.http(timeout=30) as llm:
@@ -472,12 +489,7 @@ async def test_a_registered_models_alias_is_held_whenever_it_is_registered_or_cr
     meanwhile (made again through the admin API, or a new model's), a model registered again whose alias the pause
     did not hold, and an admin's alias that becomes a registered model's (from then on, not before) are held like
     the others: their ``/v1`` calls wait (refused at once here), and ``/proxy/resume`` resumes them."""
-    settings: dict[str, Any] = {"admin_token": TOKEN, "agl_model": MODEL, "pause_wait_seconds": 0}
-    async with (
-        running_gateway(tmp_path, database_url=store_url, **settings) as gw,
-        gw.http(headers=AUTH, timeout=30) as client,
-        gw.http(headers={"authorization": f"Bearer {TOKEN}"}, timeout=30) as admin,
-    ):
+    async with paused_gateway(tmp_path, store_url) as (gw, client, admin):
         await client.post("/api/models", json=[{"model": MODEL, "endpoint": mock.base_url}])
         await client.post("/api/models", json=[{"model": "again", "endpoint": mock.base_url}])
         await client.delete("/api/models")  # the aliases stay, not registered: the pause does not hold "again"
@@ -514,12 +526,7 @@ async def test_an_alias_of_no_registered_model_is_never_held_by_the_proxy_pause(
     scorer's, which a trainer's grader calls during a weight sync) is none of the proxy pause's: made before the
     pause or during it, put again or deleted and made again meanwhile, and with the pause sent again, it takes its
     ``/v1`` calls throughout, and ``/proxy/resume`` leaves it as it is."""
-    settings: dict[str, Any] = {"admin_token": TOKEN, "agl_model": MODEL, "pause_wait_seconds": 0}
-    async with (
-        running_gateway(tmp_path, database_url=store_url, **settings) as gw,
-        gw.http(headers=AUTH, timeout=30) as client,
-        gw.http(headers={"authorization": f"Bearer {TOKEN}"}, timeout=30) as admin,
-    ):
+    async with paused_gateway(tmp_path, store_url) as (gw, client, admin):
 
         async def put(alias: str) -> None:
             backend = {"backend_id": alias, "base_url": mock.base_url, "model": alias}
@@ -552,12 +559,7 @@ async def test_resume_leaves_paused_an_alias_an_admin_paused_during_the_pause(
 ) -> None:
     """An admin's pause of an alias the proxy's pause already holds makes it the admin's: ``/proxy/resume`` (after
     the trainer's pause sent again) leaves it paused until the admin resumes it."""
-    settings: dict[str, Any] = {"admin_token": TOKEN, "agl_model": MODEL, "pause_wait_seconds": 0}
-    async with (
-        running_gateway(tmp_path, database_url=store_url, **settings) as gw,
-        gw.http(headers=AUTH, timeout=30) as client,
-        gw.http(headers={"authorization": f"Bearer {TOKEN}"}, timeout=30) as admin,
-    ):
+    async with paused_gateway(tmp_path, store_url) as (gw, client, admin):
         await client.post("/api/models", json=[{"model": MODEL, "endpoint": mock.base_url}])
         await client.post("/api/models", json=[{"model": "held", "endpoint": mock.base_url}])
         [policy] = [m.alias for m in await gw.store.list_models() if m.alias != "held"]
@@ -577,12 +579,7 @@ async def test_a_weight_update_across_the_pause_leaves_its_alias_held_until_the_
     """A weight update's end gives its alias back the pause it found. One begun before the proxy's pause and ended
     during it leaves the alias to the pause, held until ``/proxy/resume``; one begun during the pause and still
     open at ``/proxy/resume`` resumes the alias when it ends."""
-    settings: dict[str, Any] = {"admin_token": TOKEN, "agl_model": MODEL, "pause_wait_seconds": 0}
-    async with (
-        running_gateway(tmp_path, database_url=store_url, **settings) as gw,
-        gw.http(headers=AUTH, timeout=30) as client,
-        gw.http(headers={"authorization": f"Bearer {TOKEN}"}, timeout=30) as admin,
-    ):
+    async with paused_gateway(tmp_path, store_url) as (gw, client, admin):
         await client.post("/api/models", json=[{"model": MODEL, "endpoint": mock.base_url}])
         [policy] = [m.alias for m in await gw.store.list_models()]
 
