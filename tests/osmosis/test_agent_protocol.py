@@ -19,6 +19,27 @@ from rollway.store import AgentServer
 from support.fake_agents import finish, one_task, serving
 from support.gateway_harness import running_gateway
 
+
+class V1Inits:
+    """A v1 agent server's init route: it records the path, and reports each rollout completed (reward 1.0) to
+    Rollway's callback at once, through ``http`` (set once the test's client is open)."""
+
+    def __init__(self, sent: list[str]) -> None:
+        self.sent = sent
+        self.reports: list[asyncio.Future[httpx.Response]] = []
+        self.http: httpx.AsyncClient | None = None
+
+    async def route(self, request: web.Request) -> web.Response:
+        self.sent.append(request.path)
+        body = await request.json()
+        assert self.http is not None
+        report = {"rollout_id": body["rollout_id"], "status": "COMPLETED", "reward": 1.0}
+        headers = {"Authorization": f"Bearer {body['api_key']}"}
+        url = f"{body['server_url']}/v1/rollout/completed"
+        self.reports.append(asyncio.ensure_future(self.http.post(url, json=report, headers=headers)))
+        return web.json_response({"rollout_id": body["rollout_id"]}, status=202)
+
+
 pytestmark = pytest.mark.slow
 
 
@@ -76,25 +97,15 @@ async def test_a_v1_server_without_a_usable_health_gets_its_init(tmp_path: Path,
     a GET on a catch-all POST route) or is refused (400, 410, a strict validator's 422) is sent v1's init, and
     its rollout succeeds: no 0.3 server answers so."""
     inits: list[str] = []
-    reports: list[asyncio.Future[httpx.Response]] = []
+    init = V1Inits(inits)
 
     async def refused(request: web.Request) -> web.Response:
         return web.json_response({"detail": "refused"}, status=int(health))
 
-    async def init(request: web.Request) -> web.Response:
-        inits.append(request.path)
-        body = await request.json()
-        report = {"rollout_id": body["rollout_id"], "status": "COMPLETED", "reward": 1.0}
-        headers = {"Authorization": f"Bearer {body['api_key']}"}
-        reports.append(
-            asyncio.ensure_future(http.post(f"{body['server_url']}/v1/rollout/completed", json=report, headers=headers))
-        )
-        return web.json_response({"rollout_id": body["rollout_id"]}, status=202)
-
-    routes = [web.post("/{tail:.*}", init)] + ([] if health == "none" else [web.get("/health", refused)])
-    async with httpx.AsyncClient() as http, serving(*routes) as url:
+    routes = [web.post("/{tail:.*}", init.route)] + ([] if health == "none" else [web.get("/health", refused)])
+    async with httpx.AsyncClient() as init.http, serving(*routes) as url:
         rollout, attempt = await one_task(tmp_path, url, "v1-plain")
-        assert [(await report).status_code for report in reports] == [200]
+        assert [(await report).status_code for report in init.reports] == [200]
     assert rollout.status == "succeeded", attempt.metadata
     assert inits == ["/v1/rollout/init"]
 
@@ -194,28 +205,19 @@ async def test_a_server_registered_with_its_protocol_is_never_asked_its_health(t
         sample = {"reward": 1.0, "messages": []}
         return web.json_response({"rollout_id": request.match_info["id"], "status": "success", "sample": sample})
 
-    async def init(request: web.Request) -> web.Response:
-        sent.append(request.path)
-        body = await request.json()
-        report = {"rollout_id": body["rollout_id"], "status": "COMPLETED", "reward": 1.0}
-        headers = {"Authorization": f"Bearer {body['api_key']}"}
-        reports.append(
-            asyncio.ensure_future(http.post(f"{body['server_url']}/v1/rollout/completed", json=report, headers=headers))
-        )
-        return web.json_response({"rollout_id": body["rollout_id"]}, status=202)
-
-    reports: list[asyncio.Future[httpx.Response]] = []
+    init = V1Inits(sent)
     routes = [
         web.get("/health", health),
         web.post("/rollout", admit),
         web.get("/rollout/{id}/result", result),
-        web.post("/v1/rollout/init", init),
+        web.post("/v1/rollout/init", init.route),
     ]
     async with (
         serving(*routes) as url,
         running_gateway(tmp_path) as gw,
         httpx.AsyncClient(base_url=gw.url) as http,
     ):
+        init.http = http
         bad = await http.put("/admin/v1/agents/known", json={"url": url, "protocol": "0.2"})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "protocol", bad.text
         put = await http.put("/admin/v1/agents/known", json={"url": url, "protocol": protocol})
@@ -223,7 +225,7 @@ async def test_a_server_registered_with_its_protocol_is_never_asked_its_health(t
         task = {"rollout_id": "ro-known", "input": "x", "agent": "known"}
         await http.post("/admin/v1/rollouts", json={"tasks": [task]})
         [rollout] = await finish(gw, ["ro-known"], timeout=20)
-        assert [(await answer).status_code for answer in reports] == ([200] if protocol == "v1" else [])
+        assert [(await answer).status_code for answer in init.reports] == ([200] if protocol == "v1" else [])
         [attempt] = await gw.store.list_attempts("ro-known")
     assert rollout.status == "succeeded", attempt.metadata
     assert sent == ["/rollout" if protocol == "0.3" else "/v1/rollout/init"]
